@@ -1,0 +1,139 @@
+"""The ``seqlab`` command line: train, generate, list. The only module that parses argv."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+TRAIN_HELP = """\
+Train a model on a task. Settings come from an optional YAML run file, then dotted overrides:
+
+  seqlab train configs/lstm-shakespeare.yaml
+  seqlab train --model.name=gru-lm-small --task.name=shakespeare --train.steps=3000
+  seqlab train --model.name=lstm-lm-small --task.name=text --task.source=my.txt --out runs/mine
+  seqlab train configs/lstm-shakespeare.yaml --out runs/demo --resume     # continue an interrupted run
+
+Sections: model (name: a preset from `seqlab list`, then config fields), task (name: shakespeare, text,
+adding, copy, then its arguments), train (steps, lr, warmup_steps, weight_decay, grad_clip, grad_accum,
+eval_every, save_every, max_minutes, seed, device, ...).
+"""
+
+
+def _cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from seqlab.run import DEFAULT_RUN, build_run, default_out, load_run_file, merge_run, parse_overrides
+    from seqlab.training import Trainer
+    from seqlab.training.checkpoint import resolve_checkpoint
+
+    file_run = load_run_file(args.run_file) if args.run_file else {}
+    run = merge_run(DEFAULT_RUN, file_run, parse_overrides(extra))
+    out = Path(args.out or run.get("out") or default_out(run))
+    run["out"] = str(out)
+    has_ckpt = (out / "latest").is_file()
+    if args.resume and not has_ckpt:
+        raise SystemExit(f"error: --resume given but {out} holds no checkpoint to resume from")
+    if has_ckpt and not args.resume:
+        raise SystemExit(f"error: {out} already holds a run; pass --resume to continue it, or choose another "
+                         f"--out (nothing is overwritten)")
+    model, task, train = build_run(run)
+    if args.resume:  # the run's own settings win, so that the continuation is exact
+        saved = json.loads((resolve_checkpoint(out) / "config.json").read_text(encoding="utf-8"))["run"]
+        if saved != run:
+            logging.getLogger("seqlab").warning("resuming with the settings saved in %s", out)
+            run = saved
+            model, task, train = build_run(run)
+    from seqlab.models import count_parameters
+
+    print(f"model {run['model']['name']} ({count_parameters(model):,} parameters), task {task.name}, "
+          f"{train.steps} steps -> {out}", flush=True)
+    summary = Trainer(model, task, train, out, run).fit(resume=args.resume)
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()}), flush=True)
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from seqlab.tasks.text import CharTokenizer
+    from seqlab.training.checkpoint import load_model, load_tokenizer_json, resolve_checkpoint
+
+    where = resolve_checkpoint(args.checkpoint)
+    tok_json = load_tokenizer_json(where)
+    if tok_json is None:
+        raise SystemExit(f"error: {where} has no tokenizer.json: it was not trained on text, nothing to sample")
+    tok = CharTokenizer.from_json(tok_json)
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = load_model(where, device=device)
+    if not hasattr(model, "generate"):
+        raise SystemExit(f"error: the model in {where} is not a generative language model")
+    try:
+        prompt = tok.encode(args.prompt)
+    except ValueError as e:
+        raise SystemExit(f"error: the prompt cannot be encoded: {e}") from None
+    if prompt.numel() == 0:
+        raise SystemExit("error: the prompt is empty; give at least one character, e.g. --prompt 'ROMEO:'")
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    ids = model.generate(prompt.to(device), args.max_new_tokens, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, generator=gen)
+    print(tok.decode(ids))
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from seqlab.models import PRESETS, count_parameters, list_models
+    from seqlab.tasks import list_tasks
+
+    print(f"{'model':<22} {'family':<10} {'parameters':>12}   (vocab_size 256 unless the task sets it)")
+    for name in list_models(args.pattern):
+        print(f"{name:<22} {PRESETS[name][0]:<10} {count_parameters(name):>12,}")
+    print("\ntasks: " + ", ".join(list_tasks()))
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="seqlab", description="Sequence models from RNNs to Transformers and SSMs.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a model on a task", description=TRAIN_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("run_file", nargs="?", help="YAML run file (optional)")
+    t.add_argument("--out", help="run directory (default: the run file's 'out', else runs/MODEL-TASK)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+
+    g = sub.add_parser("generate", help="sample text from a trained language model")
+    g.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
+    g.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    g.add_argument("--max-new-tokens", type=int, default=500)
+    g.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="auto")
+
+    ls = sub.add_parser("list", help="list model presets and tasks")
+    ls.add_argument("pattern", nargs="?", help="shell-style filter, e.g. 'lstm*'")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args, extra = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
+    if args.command != "train" and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "train":
+            return _cmd_train(args, extra)
+        if args.command == "generate":
+            return _cmd_generate(args)
+        return _cmd_list(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""Model registry: ``create(name, **overrides)`` builds a preset; ``list_models()`` names them.
+
+A family is a (config dataclass, model class) pair; a preset is a family plus literal config fields. Models
+keep their config as ``model.config`` and their family as ``model.family``, which is all a checkpoint needs
+to rebuild them (``build(family, config_dict)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from typing import Any
+
+import torch
+from torch import nn
+
+from seqlab.models import rnn_lm
+
+FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
+    "rnn_lm": (rnn_lm.RNNLMConfig, rnn_lm.RNNLM),
+}
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    name: ("rnn_lm", fields) for name, fields in rnn_lm.PRESETS.items()
+}
+
+__all__ = ["FAMILIES", "PRESETS", "build", "count_parameters", "create", "list_models", "make_config"]
+
+
+def list_models(pattern: str | None = None) -> list[str]:
+    """Preset names, sorted; ``pattern`` is a shell-style filter such as ``'lstm*'``."""
+    names = sorted(PRESETS)
+    return [n for n in names if fnmatch.fnmatch(n, pattern)] if pattern else names
+
+
+def make_config(family: str, fields: dict[str, Any]):
+    """The family's config dataclass from a dict, rejecting unknown fields with the list of known ones."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}")
+    cls = FAMILIES[family][0]
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(known)}")
+    return cls(**fields)
+
+
+def _resolve(name: str, overrides: dict[str, Any]):
+    if name not in PRESETS:
+        raise ValueError(f"unknown model {name!r}; `seqlab list` shows the presets: {', '.join(list_models())}")
+    family, fields = PRESETS[name]
+    return family, make_config(family, {**fields, **overrides})
+
+
+def build(family: str, config, device=None, dtype=None) -> nn.Module:
+    """A model of ``family`` from its config (a dataclass or a dict, e.g. read from a checkpoint)."""
+    if isinstance(config, dict):
+        config = make_config(family, config)
+    return FAMILIES[family][1](config, device=device, dtype=dtype)
+
+
+def create(name: str, *, device=None, dtype=None, **overrides) -> nn.Module:
+    """Build the preset ``name`` with config fields overridden, e.g. ``create('lstm-lm-small', n_layers=1)``."""
+    family, config = _resolve(name, overrides)
+    return build(family, config, device=device, dtype=dtype)
+
+
+def count_parameters(name_or_model, **overrides) -> int:
+    """Parameter count of a model or a preset; presets are built on the meta device (nothing allocated)."""
+    if isinstance(name_or_model, nn.Module):
+        model = name_or_model
+    else:
+        model = create(name_or_model, device=torch.device("meta"), **overrides)
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once

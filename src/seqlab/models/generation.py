@@ -1,0 +1,81 @@
+"""Sampling from causal models through their ``init_state`` / ``step`` interface.
+
+The prompt is read in one parallel (or fused) forward pass; every new token then costs one ``step``:
+O(1) in the context length for recurrent and state-space models, O(t) for attention with a KV cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Pick one token per row of ``logits`` (b, vocab) -> (b,). ``temperature=0`` is greedy (argmax).
+
+    top-k keeps the k most likely tokens; top-p (nucleus, Holtzman et al. 2019, arXiv 1904.09751) keeps the
+    smallest set whose probability mass reaches p. Both filters may be combined; the most likely token
+    always survives.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (b, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above this one
+        drop_sorted = mass_before >= top_p  # the top token has mass_before 0 and is always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompt_ids: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """prompt_ids (b, t) or (t,) long -> (b, t + max_new_tokens): the prompt followed by the continuation."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    squeeze = prompt_ids.dim() == 1
+    ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
+    if ids.dim() != 2 or ids.size(1) == 0 or ids.dtype != torch.long:
+        raise ValueError(f"prompt_ids must be a non-empty long tensor (b, t) or (t,), got "
+                         f"{ids.dtype} of shape {tuple(prompt_ids.shape)}")
+    was_training = model.training
+    model.eval()
+    try:
+        logits, state = model(ids, return_state=True)  # (b, t, vocab): read the prompt in one pass
+        logits = logits[:, -1]
+        out = [ids]
+        for i in range(max_new_tokens):
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (b,)
+            out.append(nxt[:, None])
+            if i < max_new_tokens - 1:
+                logits, state = model.step(nxt, state)  # (b, vocab)
+    finally:
+        model.train(was_training)
+    res = torch.cat(out, dim=1)
+    return res[0] if squeeze else res

@@ -1,0 +1,49 @@
+"""Tasks: data, loss and metric for one problem each. ``create_task(name, **kwargs)`` builds one."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from seqlab.tasks.base import Task
+
+
+def _registry() -> dict[str, Any]:
+    from seqlab.tasks import synthetic, text
+
+    return {
+        "shakespeare": lambda **kw: text.CharLMTask(source="shakespeare", **kw),
+        "text": text.CharLMTask,  # needs source=PATH
+        "adding": synthetic.AddingTask,
+        "copy": synthetic.CopyTask,
+    }
+
+
+def task_signature(name: str) -> inspect.Signature:
+    from seqlab.tasks import text
+
+    reg = _registry()
+    if name not in reg:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(reg))}")
+    if name == "shakespeare":
+        sig = inspect.signature(text.CharLMTask)
+        return sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "source"])
+    return inspect.signature(reg[name])
+
+
+def list_tasks() -> list[str]:
+    return sorted(_registry())
+
+
+def create_task(name: str, **kwargs) -> Task:
+    """Build a task by name, rejecting unknown arguments with the list of accepted ones."""
+    sig = task_signature(name)
+    unknown = sorted(set(kwargs) - set(sig.parameters))
+    if unknown:
+        raise ValueError(f"unknown argument(s) {unknown} for task {name!r}; it accepts {list(sig.parameters)}")
+    if name == "text" and "source" not in kwargs:
+        raise ValueError("task 'text' needs a file: set task.source=PATH (e.g. --task.source=my.txt)")
+    return _registry()[name](**kwargs)
+
+
+__all__ = ["Task", "create_task", "list_tasks", "task_signature"]

@@ -1,0 +1,144 @@
+"""Character-level language modelling on the built-in Shakespeare corpus or on any text file.
+
+Two ways to cut the training text into batches:
+
+* ``sampling="stream"`` (char-rnn style truncated BPTT): the text is split into ``batch_size`` contiguous
+  streams; batch ``i`` holds the ``i``-th window of ``seq_len`` characters of every stream, so the model's
+  state carries over from one batch to the next (the trainer detaches it). The state is reset at the start
+  of every pass over the streams.
+* ``sampling="random"``: independent windows at random offsets, each read from an empty state (GPT style).
+
+Validation always reads ``eval_batches`` fixed random windows of the held-out tail of the text, from an
+empty state, and reports the mean cross-entropy in nats per character (``val_loss``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqlab.tasks.base import Batch, Task, generator_for
+
+
+class CharTokenizer:
+    """Characters <-> ids. The vocabulary is the sorted set of characters of the text it was built from."""
+
+    def __init__(self, chars: str):
+        if len(set(chars)) != len(chars) or not chars:
+            raise ValueError("chars must be a non-empty string of distinct characters")
+        self.chars = chars
+        self.index = {ch: i for i, ch in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        return cls("".join(sorted(set(text))))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> Tensor:
+        unknown = sorted({ch for ch in text if ch not in self.index})
+        if unknown:
+            raise ValueError(f"characters not in the vocabulary: {unknown[:10]!r}; the vocabulary has "
+                             f"{self.vocab_size} characters: {self.chars!r}")
+        return torch.tensor([self.index[ch] for ch in text], dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        ids = ids.tolist() if isinstance(ids, Tensor) else ids
+        return "".join(self.chars[i] for i in ids)
+
+    def to_json(self) -> str:
+        return json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> CharTokenizer:
+        data = json.loads(text)
+        if data.get("type") != "char":
+            raise ValueError(f"not a character tokenizer: type={data.get('type')!r}")
+        return cls(data["chars"])
+
+
+class CharLMTask(Task):
+    """Next-character prediction. ``source`` is ``"shakespeare"`` (built in) or a path to a text file."""
+
+    def __init__(
+        self,
+        source: str = "shakespeare",
+        seq_len: int = 128,
+        batch_size: int = 32,
+        sampling: Literal["stream", "random"] = "stream",
+        val_fraction: float = 0.1,
+        seed: int = 0,
+    ):
+        if seq_len < 1 or batch_size < 1:
+            raise ValueError(f"seq_len and batch_size must be positive, got {seq_len}, {batch_size}")
+        if sampling not in ("stream", "random"):
+            raise ValueError(f"sampling must be 'stream' or 'random', got {sampling!r}")
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        from seqlab.tasks import corpus
+
+        text = corpus.shakespeare_text() if source == "shakespeare" else corpus.read_text_file(source)
+        self.name = "shakespeare" if source == "shakespeare" else "text"
+        self.source, self.seq_len, self.batch_size = source, seq_len, batch_size
+        self.sampling, self.val_fraction, self.seed = sampling, val_fraction, seed
+        self.stateful = sampling == "stream"
+        self.tokenizer = CharTokenizer.from_text(text)
+        data = self.tokenizer.encode(text)
+        n_val = int(len(data) * val_fraction)
+        self.train_data, self.val_data = data[: len(data) - n_val], data[len(data) - n_val :]
+        for split, d in (("train", self.train_data), ("validation", self.val_data)):
+            if len(d) < seq_len + 2:
+                raise ValueError(f"the {split} text has {len(d)} characters, fewer than seq_len + 2 = "
+                                 f"{seq_len + 2}; use a longer text, a smaller seq_len or another val_fraction")
+        # stream layout: batch_size contiguous streams of stream_len characters each
+        self.stream_len = len(self.train_data) // batch_size
+        self.windows_per_pass = (self.stream_len - 1) // seq_len
+        if sampling == "stream" and self.windows_per_pass < 1:
+            raise ValueError(f"the text is too short for {batch_size} streams of seq_len {seq_len}; "
+                             f"lower batch_size or seq_len, or use sampling='random'")
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"vocab_size": self.tokenizer.vocab_size}
+
+    def _random_windows(self, data: Tensor, g: torch.Generator) -> tuple[Tensor, Tensor]:
+        starts = torch.randint(0, len(data) - self.seq_len - 1, (self.batch_size,), generator=g)
+        idx = starts[:, None] + torch.arange(self.seq_len + 1)  # (b, t + 1)
+        chunk = data[idx]
+        return chunk[:, :-1], chunk[:, 1:]
+
+    def get_batch(self, split: str, index: int) -> Batch:
+        if split == "train" and self.sampling == "stream":
+            k = index % self.windows_per_pass  # window number within this pass over the streams
+            starts = torch.arange(self.batch_size) * self.stream_len + k * self.seq_len
+            chunk = self.train_data[starts[:, None] + torch.arange(self.seq_len + 1)]  # (b, t + 1)
+            return {"x": chunk[:, :-1], "y": chunk[:, 1:], "reset": torch.tensor(k == 0)}
+        data = self.train_data if split == "train" else self.val_data
+        x, y = self._random_windows(data, generator_for(self.seed, split, index))
+        return {"x": x, "y": y}
+
+    def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
+        logits, state = model(batch["x"], state=state, return_state=True)  # (b, t, vocab)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["y"].flatten())
+        return loss, {"loss": loss.item()}, state
+
+    @torch.no_grad()
+    def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
+        device = next(model.parameters()).device
+        total = 0.0
+        for i in range(max_batches):
+            b = self.get_batch("val", i)
+            logits = model(b["x"].to(device))
+            total += F.cross_entropy(logits.flatten(0, 1).float(), b["y"].to(device).flatten()).item()
+        return {"val_loss": total / max_batches}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "seq_len": self.seq_len, "batch_size": self.batch_size,
+                "sampling": self.sampling, "val_fraction": self.val_fraction, "seed": self.seed,
+                "train_chars": len(self.train_data), "val_chars": len(self.val_data),
+                "vocab_size": self.tokenizer.vocab_size}

@@ -1,0 +1,261 @@
+"""A model-agnostic training loop.
+
+The trainer knows a model only as an ``nn.Module`` and a task only through its interface
+(``seqlab.tasks.base.Task``): the task turns a batch into a loss. What the trainer adds is the engineering
+every run needs: AdamW with weight-decay groups, warmup + cosine learning rate, gradient clipping by global
+norm, gradient accumulation, truncated BPTT (the recurrent state is carried from batch to batch and detached),
+periodic evaluation, metrics as JSON lines, a progress bar, atomic checkpoints and an exact resume.
+
+Exact resume: batches are a pure function of their index, the learning rate a pure function of the step,
+and the checkpoint holds the optimizer, the RNG state and any carried recurrent state, so a resumed run
+produces the same loss sequence as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from seqlab.training import checkpoint as ckpt
+from seqlab.training.optim import lr_at, make_optimizer
+
+log = logging.getLogger("seqlab.train")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    """Optimizer steps (each one is ``grad_accum`` batches)."""
+    lr: float = 2e-3
+    min_lr: float | None = None
+    """Learning rate at the end of the cosine; None means lr / 10."""
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this value (Pascanu et al. 2013); None disables clipping."""
+    grad_accum: int = 1
+    eval_every: int = 250
+    eval_batches: int = 20
+    log_every: int = 10
+    save_every: int = 500
+    """Checkpoint every this many steps (and always at the end); 0 saves only at the end."""
+    keep_checkpoints: int = 2
+    max_minutes: float | None = None
+    """Wall-time budget: when exceeded, evaluate, save and stop early."""
+    seed: int = 0
+    device: str = "auto"
+    """'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
+    threads: int | None = None
+    """torch.set_num_threads for this run; None leaves PyTorch's default."""
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("steps", "grad_accum", "eval_batches", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"train.lr must be positive, got {self.lr}")
+        if self.warmup_steps < 0 or self.save_every < 0 or self.eval_every < 0:
+            raise ValueError("train.warmup_steps, train.save_every and train.eval_every must be >= 0")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(f"train.grad_clip must be positive or None, got {self.grad_clip}")
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+def detach_state(state: Any) -> Any:
+    """Cut the graph behind a carried recurrent state (truncated BPTT), keeping its values."""
+    if isinstance(state, Tensor):
+        return state.detach()
+    if isinstance(state, tuple | list):
+        return type(state)(detach_state(s) for s in state)
+    return state
+
+
+def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+class Trainer:
+    """Trains ``model`` on ``task``; writes metrics and checkpoints to ``out_dir`` when given."""
+
+    def __init__(self, model: nn.Module, task, config: TrainConfig, out_dir: str | Path | None = None,
+                 run_config: dict[str, Any] | None = None):
+        self.model, self.task, self.config = model, task, config
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.run_config = run_config or {}
+        self.device = config.resolved_device()
+        self.model.to(self.device)
+        self.optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
+        self.step = 0
+        self.elapsed = 0.0  # seconds of training, summed over resumed segments
+        self.carry: Any = None  # recurrent state carried between batches (stateful tasks only)
+        self.history: list[dict[str, Any]] = []  # every metrics record of this process
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------
+
+    def _checkpoint_config(self) -> dict[str, Any]:
+        m = self.model
+        return {"family": getattr(m, "family", type(m).__name__),
+                "model": dataclasses.asdict(m.config) if dataclasses.is_dataclass(getattr(m, "config", None))
+                else {},
+                "task": self.task.describe(), "train": dataclasses.asdict(self.config), "run": self.run_config}
+
+    def save(self) -> Path:
+        if self.out_dir is None:
+            raise ValueError("this trainer has no out_dir to save to")
+        state = {"step": self.step, "elapsed": self.elapsed, "optimizer": self.optimizer.state_dict(),
+                 "rng_cpu": torch.get_rng_state(), "carry": self.carry}
+        if torch.cuda.is_available():
+            state["rng_cuda"] = torch.cuda.get_rng_state_all()
+        tok = getattr(self.task, "tokenizer", None)
+        return ckpt.save_checkpoint(self.out_dir, self.step, self.model, self._checkpoint_config(), state,
+                                    tok.to_json() if tok is not None else None, self.config.keep_checkpoints)
+
+    def resume(self, path: str | Path | None = None) -> None:
+        """Load weights and trainer state from ``path`` (default: this run's latest checkpoint)."""
+        where = ckpt.resolve_checkpoint(path or self.out_dir)
+        ckpt.load_weights(self.model, where / "model.safetensors")
+        state = ckpt.load_trainer_state(where)
+        if state is None:
+            raise FileNotFoundError(f"{where} has no trainer state to resume from")
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng_cpu"])
+        if "rng_cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(list(state["rng_cuda"]))
+        self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
+        self.carry = _move(state["carry"], self.device)
+        if self.out_dir is not None:  # forget metrics logged after the checkpoint by the interrupted run
+            mfile = self.out_dir / "metrics.jsonl"
+            if mfile.is_file():
+                keep = [ln for ln in mfile.read_text(encoding="utf-8").splitlines()
+                        if ln.strip() and json.loads(ln)["step"] <= self.step]
+                ckpt.write_text_atomic(mfile, "".join(ln + "\n" for ln in keep))
+        log.info("resumed from %s at step %d", where, self.step)
+
+    # ---- the loop -------------------------------------------------------------------------------------------
+
+    def _record(self, rec: dict[str, Any]) -> None:
+        self.history.append(rec)
+        if self.out_dir is not None:
+            with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        try:
+            return self.task.evaluate(self.model, self.config.eval_batches)
+        finally:
+            self.model.train()
+
+    def train_step(self) -> tuple[float, int]:
+        """One optimizer step over ``grad_accum`` batches. Returns (mean loss, tokens seen)."""
+        c, task = self.config, self.task
+        lr = lr_at(self.step, c.lr, c.steps, c.warmup_steps, c.min_lr if c.min_lr is not None else c.lr / 10)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total, tokens = 0.0, 0
+        for micro in range(c.grad_accum):
+            batch = _to(task.get_batch("train", self.step * c.grad_accum + micro), self.device)
+            state = None
+            if task.stateful:
+                reset = batch.pop("reset", None)
+                state = None if reset is None or bool(reset) else detach_state(self.carry)
+            loss, _, new_state = task.loss(self.model, batch, state)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss.item()} at step {self.step}; lower train.lr or set "
+                                         f"train.grad_clip")
+            (loss / c.grad_accum).backward()
+            self.carry = detach_state(new_state) if task.stateful else None
+            total += loss.item()
+            tokens += batch["x"].shape[0] * batch["x"].shape[1]
+        if c.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return total / c.grad_accum, tokens
+
+    def fit(self, resume: bool = False, until: int | None = None) -> dict[str, Any]:
+        """Train to ``config.steps`` (or stop early at step ``until``, saving there, as a pause point)."""
+        c = self.config
+        if c.threads:
+            torch.set_num_threads(c.threads)
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.resume()
+        self.model.train()
+        bar = None
+        if c.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=c.steps, initial=self.step, desc="train", dynamic_ncols=True, leave=True)
+        last = {"train_loss": math.nan}
+        window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+        n_window = 0
+        stopped_early = False
+        while self.step < c.steps:
+            t0 = time.perf_counter()
+            loss, tokens = self.train_step()
+            self.elapsed += time.perf_counter() - t0
+            window_loss, window_tokens, n_window = window_loss + loss, window_tokens + tokens, n_window + 1
+            over_budget = c.max_minutes is not None and self.elapsed > 60 * c.max_minutes
+            paused = until is not None and self.step >= until
+            done = self.step >= c.steps or over_budget or paused
+            if self.step % c.log_every == 0 or done:
+                now = time.perf_counter()
+                rec = {"step": self.step, "split": "train", "loss": window_loss / n_window,
+                       "lr": self.optimizer.param_groups[0]["lr"],
+                       "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
+                       "elapsed_s": round(self.elapsed, 3)}
+                self._record(rec)
+                last["train_loss"] = rec["loss"]
+                window_loss, window_tokens, window_start, n_window = 0.0, 0, now, 0
+                if bar is not None:
+                    bar.set_postfix(loss=f"{rec['loss']:.3f}", refresh=False)
+            if (c.eval_every and self.step % c.eval_every == 0) or done:
+                t_eval = time.perf_counter()
+                metrics = self.evaluate()
+                self._record({"step": self.step, "split": "val", **metrics, "elapsed_s": round(self.elapsed, 3)})
+                last.update(metrics)
+                window_start += time.perf_counter() - t_eval  # evaluation does not count against throughput
+                if bar is not None:
+                    bar.set_postfix(loss=f"{last['train_loss']:.3f}",
+                                    **{k: f"{v:.3f}" for k, v in metrics.items()}, refresh=False)
+                log.info("step %d: %s", self.step, metrics)
+            if self.out_dir is not None and ((c.save_every and self.step % c.save_every == 0) or done):
+                self.save()
+            if bar is not None:
+                bar.update(1)
+            if paused:
+                break
+            if over_budget:
+                log.warning("stopping at step %d: train.max_minutes=%s reached", self.step, c.max_minutes)
+                stopped_early = True
+                break
+        if bar is not None:
+            bar.close()
+        return {"step": self.step, "elapsed_s": self.elapsed, "stopped_early": stopped_early, **last}
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.to(device)
+    if isinstance(obj, tuple | list):
+        return type(obj)(_move(o, device) for o in obj)
+    return obj

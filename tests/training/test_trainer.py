@@ -1,0 +1,129 @@
+import json
+import math
+
+import pytest
+import torch
+
+from seqlab.models import create
+from seqlab.tasks.text import CharLMTask
+from seqlab.training import TrainConfig, Trainer
+from seqlab.training import checkpoint as ckpt
+from seqlab.training.optim import lr_at, param_groups
+
+TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400))
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / "corpus.txt"
+    p.write_text(TEXT, encoding="utf-8")
+    return p
+
+
+def _run(text_file, out, steps, sampling="stream", resume=False, until=None, **train):
+    torch.manual_seed(0)
+    task = CharLMTask(source=str(text_file), seq_len=16, batch_size=4, sampling=sampling)
+    model = create("test-lstm-lm", vocab_size=task.tokenizer.vocab_size, dropout=0.2)
+    cfg = TrainConfig(steps=steps, lr=3e-3, warmup_steps=3, eval_every=5, eval_batches=2, log_every=1,
+                      save_every=5, progress=False, **train)
+    tr = Trainer(model, task, cfg, out)
+    summary = tr.fit(resume=resume, until=until)
+    return [r["loss"] for r in tr.history if r["split"] == "train"], summary, tr
+
+
+@pytest.mark.parametrize("sampling", ["stream", "random"])
+def test_resume_reproduces_the_uninterrupted_loss_sequence(text_file, tmp_path, sampling):
+    # dropout (RNG state), truncated BPTT (carried state) and AdamW moments all have to survive the checkpoint
+    full, _, _ = _run(text_file, tmp_path / "a", 16, sampling)
+    first, _, _ = _run(text_file, tmp_path / "b", 16, sampling, until=7)
+    rest, summary, _ = _run(text_file, tmp_path / "b", 16, sampling, resume=True)
+    assert len(first) == 7 and len(rest) == 9
+    assert first + rest == full  # exact, not approximate
+    assert summary["step"] == 16
+    steps = [json.loads(ln)["step"] for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps)  # the resumed run continued the metrics file without duplicates
+
+
+def test_training_reduces_loss_and_writes_checkpoints(text_file, tmp_path):
+    losses, summary, tr = _run(text_file, tmp_path / "r", 40, grad_accum=2)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+    assert math.isfinite(summary["val_loss"])
+    kept = sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir())
+    assert kept == ["step-00000035", "step-00000040"]  # keep_checkpoints=2 prunes older ones
+    loaded = ckpt.load_model(tmp_path / "r")
+    for (k, v), (k2, v2) in zip(tr.model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(v, v2)
+    cfg = ckpt.load_config(tmp_path / "r")
+    assert cfg["family"] == "rnn_lm" and cfg["step"] == 40 and cfg["model"]["cell"] == "lstm"
+
+
+def test_interrupted_save_leaves_previous_checkpoint_loadable(text_file, tmp_path, monkeypatch):
+    _run(text_file, tmp_path / "r", 5)
+    before = ckpt.resolve_checkpoint(tmp_path / "r")
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt("killed mid-save")
+
+    monkeypatch.setattr(ckpt, "save_file", boom)
+    with pytest.raises(KeyboardInterrupt):
+        _run(text_file, tmp_path / "r", 10, resume=True)
+    assert ckpt.resolve_checkpoint(tmp_path / "r") == before
+    assert ckpt.load_trainer_state(before)["step"] == 5
+    leftovers = [p.name for p in (tmp_path / "r" / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_checkpoint_holds_no_pickle(text_file, tmp_path):
+    _run(text_file, tmp_path / "r", 5)
+    files = sorted(p.name for p in ckpt.resolve_checkpoint(tmp_path / "r").iterdir())
+    assert files == ["config.json", "model.safetensors", "tokenizer.json", "trainer_state.json",
+                     "trainer_state.safetensors"]
+
+
+def test_flatten_round_trip():
+    obj = {"a": torch.arange(3), "b": [1, 2.5, None, "x"], "c": (torch.ones(2), {"d": torch.zeros(1)})}
+    tensors = {}
+    meta = json.loads(json.dumps(ckpt.flatten(obj, "s", tensors)))
+    back = ckpt.unflatten(meta, tensors)
+    assert isinstance(back["c"], tuple) and back["b"] == [1, 2.5, None, "x"]
+    assert torch.equal(back["a"], obj["a"]) and torch.equal(back["c"][1]["d"], obj["c"][1]["d"])
+
+
+def test_tied_weights_survive_a_checkpoint(tmp_path):
+    model = create("test-lstm-lm", vocab_size=9, tie_weights=True)
+    ckpt.save_checkpoint(tmp_path, 1, model, {"family": "rnn_lm", "model": vars(model.config)})
+    loaded = ckpt.load_model(tmp_path)
+    assert loaded.head.weight is loaded.embed.weight
+    assert torch.equal(loaded.embed.weight, model.embed.weight)
+
+
+def test_resolve_checkpoint_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such"):
+        ckpt.resolve_checkpoint(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="neither a run directory"):
+        ckpt.resolve_checkpoint(tmp_path)
+
+
+def test_lr_schedule():
+    kw = {"max_lr": 1.0, "total_steps": 110, "warmup_steps": 10, "min_lr": 0.1}
+    assert lr_at(0, **kw) == pytest.approx(0.1)
+    assert lr_at(9, **kw) == pytest.approx(1.0)
+    assert lr_at(60, **kw) == pytest.approx(0.55)
+    assert lr_at(110, **kw) == pytest.approx(0.1)
+    values = [lr_at(s, **kw) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+
+
+def test_weight_decay_groups_skip_vectors():
+    model = create("test-lstm-lm", vocab_size=9)
+    decay, no_decay = param_groups(model, 0.1)
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_train_config_validation():
+    with pytest.raises(ValueError, match="train.steps"):
+        TrainConfig(steps=0)
+    with pytest.raises(ValueError, match="grad_clip"):
+        TrainConfig(grad_clip=-1.0)
