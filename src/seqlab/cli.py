@@ -35,8 +35,10 @@ def _cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.resume and not has_ckpt:
         raise SystemExit(f"error: --resume given but {out} holds no checkpoint to resume from")
     if has_ckpt and not args.resume:
-        raise SystemExit(f"error: {out} already holds a run; pass --resume to continue it, or choose another "
-                         f"--out (nothing is overwritten)")
+        raise SystemExit(
+            f"error: {out} already holds a run; pass --resume to continue it, or choose another "
+            f"--out (nothing is overwritten)"
+        )
     model, task, train = build_run(run)
     if args.resume:  # the run's own settings win, so that the continuation is exact
         saved = json.loads((resolve_checkpoint(out) / "config.json").read_text(encoding="utf-8"))["run"]
@@ -46,10 +48,15 @@ def _cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             model, task, train = build_run(run)
     from seqlab.models import count_parameters
 
-    print(f"model {run['model']['name']} ({count_parameters(model):,} parameters), task {task.name}, "
-          f"{train.steps} steps -> {out}", flush=True)
+    print(
+        f"model {run['model']['name']} ({count_parameters(model):,} parameters), task {task.name}, "
+        f"{train.steps} steps -> {out}",
+        flush=True,
+    )
     summary = Trainer(model, task, train, out, run).fit(resume=args.resume)
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()}), flush=True)
+    print(
+        json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()}), flush=True
+    )
     return 0
 
 
@@ -62,9 +69,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     where = resolve_checkpoint(args.checkpoint)
     tok_json = load_tokenizer_json(where)
     if tok_json is None:
-        raise SystemExit(f"error: {where} has no tokenizer.json: it was not trained on text, nothing to sample")
+        raise SystemExit(
+            f"error: {where} has no tokenizer.json: it was not trained on text, nothing to sample"
+        )
     tok = CharTokenizer.from_json(tok_json)
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(
+        args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
     model = load_model(where, device=device)
     if not hasattr(model, "generate"):
         raise SystemExit(f"error: the model in {where} is not a generative language model")
@@ -75,8 +86,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if prompt.numel() == 0:
         raise SystemExit("error: the prompt is empty; give at least one character, e.g. --prompt 'ROMEO:'")
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    ids = model.generate(prompt.to(device), args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, generator=gen)
+    ids = model.generate(
+        prompt.to(device),
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        generator=gen,
+    )
     print(tok.decode(ids))
     return 0
 
@@ -93,15 +110,23 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="seqlab", description="Sequence models from RNNs to Transformers and SSMs.")
+    p = argparse.ArgumentParser(
+        prog="seqlab", description="Sequence models from RNNs to Transformers and SSMs."
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train a model on a task", description=TRAIN_HELP,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    t = sub.add_parser(
+        "train",
+        help="train a model on a task",
+        description=TRAIN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     t.add_argument("run_file", nargs="?", help="YAML run file (optional)")
     t.add_argument("--out", help="run directory (default: the run file's 'out', else runs/MODEL-TASK)")
-    t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    t.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
+    )
 
     g = sub.add_parser("generate", help="sample text from a trained language model")
     g.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
@@ -118,15 +143,34 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate dotted overrides (``--train.lr=3e-3`` or ``--train.lr 3e-3``) from ordinary arguments."""
+    rest, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
+            overrides.append(arg)
+            if "=" not in arg and i + 1 < len(argv):
+                overrides.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args, extra = parser.parse_known_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
-    if args.command != "train" and extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    rest, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(rest)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
+    )
+    if args.command != "train" and overrides:
+        parser.error(f"unrecognized arguments: {' '.join(overrides)}")
     try:
         if args.command == "train":
-            return _cmd_train(args, extra)
+            return _cmd_train(args, overrides)
         if args.command == "generate":
             return _cmd_generate(args)
         return _cmd_list(args)

@@ -21,8 +21,12 @@ import torch
 import yaml
 
 SECTIONS = ("model", "task", "train")
-DEFAULT_RUN: dict[str, Any] = {"model": {"name": "lstm-lm-small"}, "task": {"name": "shakespeare"},
-                               "train": {}, "out": None}
+DEFAULT_RUN: dict[str, Any] = {
+    "model": {"name": "lstm-lm-small"},
+    "task": {"name": "shakespeare"},
+    "train": {},
+    "out": None,
+}
 
 
 def parse_value(text: str) -> Any:
@@ -77,7 +81,9 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             value, i = args[i + 1], i + 1
         section, _, field = key.partition(".")
         if section not in SECTIONS or not field or "." in field:
-            raise ValueError(f"override {arg!r} must name a field of one of {list(SECTIONS)}, e.g. --train.steps=100")
+            raise ValueError(
+                f"override {arg!r} must name a field of one of {list(SECTIONS)}, e.g. --train.steps=100"
+            )
         out.setdefault(section, {})[field] = parse_value(value)
         i += 1
     return out
@@ -116,12 +122,16 @@ def build_run(run: dict[str, Any]):
     if task_name is None:
         raise ValueError("the run names no task: set task.name (shakespeare, text, adding, copy)")
     sig = task_signature(task_name)
-    task_fields = {k: _coerce(v, sig.parameters[k].annotation) if k in sig.parameters else v
-                   for k, v in task_fields.items()}
+    task_fields = {
+        k: _coerce(v, sig.parameters[k].annotation) if k in sig.parameters else v
+        for k, v in task_fields.items()
+    }
     train_fields = dict(run.get("train") or {})
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     if set(train_fields) - known:
-        raise ValueError(f"unknown train field(s) {sorted(set(train_fields) - known)}; known: {sorted(known)}")
+        raise ValueError(
+            f"unknown train field(s) {sorted(set(train_fields) - known)}; known: {sorted(known)}"
+        )
     train = TrainConfig(**coerce_fields(TrainConfig, train_fields))
     task = create_task(task_name, **task_fields)
     if name not in PRESETS:

@@ -28,8 +28,11 @@ def test_chunked_with_carried_state_equals_whole(name):
     a, s = model(x[:, :5], return_state=True)
     b, s = model(x[:, 5:], state=s, return_state=True)
     torch.testing.assert_close(torch.cat([a, b], 1), whole, atol=1e-5, rtol=1e-5)
-    for u, v in zip(s if isinstance(s, tuple) else (s,), s_whole if isinstance(s_whole, tuple) else (s_whole,),
-                    strict=True):
+    for u, v in zip(
+        s if isinstance(s, tuple) else (s,),
+        s_whole if isinstance(s_whole, tuple) else (s_whole,),
+        strict=True,
+    ):
         torch.testing.assert_close(u, v, atol=1e-5, rtol=1e-5)
 
 

@@ -1,3 +1,4 @@
+import itertools
 import json
 import math
 
@@ -24,8 +25,17 @@ def _run(text_file, out, steps, sampling="stream", resume=False, until=None, **t
     torch.manual_seed(0)
     task = CharLMTask(source=str(text_file), seq_len=16, batch_size=4, sampling=sampling)
     model = create("test-lstm-lm", vocab_size=task.tokenizer.vocab_size, dropout=0.2)
-    cfg = TrainConfig(steps=steps, lr=3e-3, warmup_steps=3, eval_every=5, eval_batches=2, log_every=1,
-                      save_every=5, progress=False, **train)
+    cfg = TrainConfig(
+        steps=steps,
+        lr=3e-3,
+        warmup_steps=3,
+        eval_every=5,
+        eval_batches=2,
+        log_every=1,
+        save_every=5,
+        progress=False,
+        **train,
+    )
     tr = Trainer(model, task, cfg, out)
     summary = tr.fit(resume=resume, until=until)
     return [r["loss"] for r in tr.history if r["split"] == "train"], summary, tr
@@ -76,8 +86,13 @@ def test_interrupted_save_leaves_previous_checkpoint_loadable(text_file, tmp_pat
 def test_checkpoint_holds_no_pickle(text_file, tmp_path):
     _run(text_file, tmp_path / "r", 5)
     files = sorted(p.name for p in ckpt.resolve_checkpoint(tmp_path / "r").iterdir())
-    assert files == ["config.json", "model.safetensors", "tokenizer.json", "trainer_state.json",
-                     "trainer_state.safetensors"]
+    assert files == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "trainer_state.json",
+        "trainer_state.safetensors",
+    ]
 
 
 def test_flatten_round_trip():
@@ -111,7 +126,7 @@ def test_lr_schedule():
     assert lr_at(60, **kw) == pytest.approx(0.55)
     assert lr_at(110, **kw) == pytest.approx(0.1)
     values = [lr_at(s, **kw) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(values))
 
 
 def test_weight_decay_groups_skip_vectors():
@@ -123,7 +138,7 @@ def test_weight_decay_groups_skip_vectors():
 
 
 def test_train_config_validation():
-    with pytest.raises(ValueError, match="train.steps"):
+    with pytest.raises(ValueError, match=r"train\.steps"):
         TrainConfig(steps=0)
     with pytest.raises(ValueError, match="grad_clip"):
         TrainConfig(grad_clip=-1.0)

@@ -46,7 +46,9 @@ def make_config(family: str, fields: dict[str, Any]):
 
 def _resolve(name: str, overrides: dict[str, Any]):
     if name not in PRESETS:
-        raise ValueError(f"unknown model {name!r}; `seqlab list` shows the presets: {', '.join(list_models())}")
+        raise ValueError(
+            f"unknown model {name!r}; `seqlab list` shows the presets: {', '.join(list_models())}"
+        )
     family, fields = PRESETS[name]
     return family, make_config(family, {**fields, **overrides})
 

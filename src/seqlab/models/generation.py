@@ -62,8 +62,10 @@ def generate(
     squeeze = prompt_ids.dim() == 1
     ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
     if ids.dim() != 2 or ids.size(1) == 0 or ids.dtype != torch.long:
-        raise ValueError(f"prompt_ids must be a non-empty long tensor (b, t) or (t,), got "
-                         f"{ids.dtype} of shape {tuple(prompt_ids.shape)}")
+        raise ValueError(
+            f"prompt_ids must be a non-empty long tensor (b, t) or (t,), got "
+            f"{ids.dtype} of shape {tuple(prompt_ids.shape)}"
+        )
     was_training = model.training
     model.eval()
     try:

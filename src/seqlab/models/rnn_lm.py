@@ -45,7 +45,9 @@ class RNNLMConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.tie_weights and (self.d_input is not None or self.d_output is not None):
-            raise ValueError("tie_weights needs token inputs and next-token outputs (d_input = d_output = None)")
+            raise ValueError(
+                "tie_weights needs token inputs and next-token outputs (d_input = d_output = None)"
+            )
 
 
 _CELLS = {"rnn": RNN, "lstm": LSTM, "gru": GRU}
@@ -74,7 +76,9 @@ class RNNLM(nn.Module):
         c = self.config
         if c.d_input is None:
             if x.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
-                raise ValueError(f"expected token ids (integer tensor), got {x.dtype}; set d_input for features")
+                raise ValueError(
+                    f"expected token ids (integer tensor), got {x.dtype}; set d_input for features"
+                )
         elif x.size(-1) != c.d_input:
             raise ValueError(f"expected features of shape (..., d_input={c.d_input}), got {tuple(x.shape)}")
         return self.drop(self.embed(x))
@@ -93,9 +97,15 @@ class RNNLM(nn.Module):
         h, state = self.rnn.step(self._embed(x_t), state)  # (b, d)
         return self.head(h), state
 
-    def generate(self, prompt_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None,
-                 generator: torch.Generator | None = None) -> Tensor:
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
         return generate(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)
 
 

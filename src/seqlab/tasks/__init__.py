@@ -40,7 +40,9 @@ def create_task(name: str, **kwargs) -> Task:
     sig = task_signature(name)
     unknown = sorted(set(kwargs) - set(sig.parameters))
     if unknown:
-        raise ValueError(f"unknown argument(s) {unknown} for task {name!r}; it accepts {list(sig.parameters)}")
+        raise ValueError(
+            f"unknown argument(s) {unknown} for task {name!r}; it accepts {list(sig.parameters)}"
+        )
     if name == "text" and "source" not in kwargs:
         raise ValueError("task 'text' needs a file: set task.source=PATH (e.g. --task.source=my.txt)")
     return _registry()[name](**kwargs)

@@ -58,5 +58,5 @@ def generator_for(seed: int, split: str, index: int) -> torch.Generator:
     if split_code is None:
         raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
     g = torch.Generator()
-    g.manual_seed((seed * 1_000_003 + split_code) * 1_000_000_007 + index)
+    g.manual_seed(((seed * 1_000_003 + split_code) * 1_000_000_007 + index) % (1 << 63))
     return g

@@ -44,8 +44,10 @@ class CharTokenizer:
     def encode(self, text: str) -> Tensor:
         unknown = sorted({ch for ch in text if ch not in self.index})
         if unknown:
-            raise ValueError(f"characters not in the vocabulary: {unknown[:10]!r}; the vocabulary has "
-                             f"{self.vocab_size} characters: {self.chars!r}")
+            raise ValueError(
+                f"characters not in the vocabulary: {unknown[:10]!r}; the vocabulary has "
+                f"{self.vocab_size} characters: {self.chars!r}"
+            )
         return torch.tensor([self.index[ch] for ch in text], dtype=torch.long)
 
     def decode(self, ids) -> str:
@@ -94,14 +96,18 @@ class CharLMTask(Task):
         self.train_data, self.val_data = data[: len(data) - n_val], data[len(data) - n_val :]
         for split, d in (("train", self.train_data), ("validation", self.val_data)):
             if len(d) < seq_len + 2:
-                raise ValueError(f"the {split} text has {len(d)} characters, fewer than seq_len + 2 = "
-                                 f"{seq_len + 2}; use a longer text, a smaller seq_len or another val_fraction")
+                raise ValueError(
+                    f"the {split} text has {len(d)} characters, fewer than seq_len + 2 = "
+                    f"{seq_len + 2}; use a longer text, a smaller seq_len or another val_fraction"
+                )
         # stream layout: batch_size contiguous streams of stream_len characters each
         self.stream_len = len(self.train_data) // batch_size
         self.windows_per_pass = (self.stream_len - 1) // seq_len
         if sampling == "stream" and self.windows_per_pass < 1:
-            raise ValueError(f"the text is too short for {batch_size} streams of seq_len {seq_len}; "
-                             f"lower batch_size or seq_len, or use sampling='random'")
+            raise ValueError(
+                f"the text is too short for {batch_size} streams of seq_len {seq_len}; "
+                f"lower batch_size or seq_len, or use sampling='random'"
+            )
 
     def model_overrides(self) -> dict[str, Any]:
         return {"vocab_size": self.tokenizer.vocab_size}
@@ -138,7 +144,15 @@ class CharLMTask(Task):
         return {"val_loss": total / max_batches}
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "seq_len": self.seq_len, "batch_size": self.batch_size,
-                "sampling": self.sampling, "val_fraction": self.val_fraction, "seed": self.seed,
-                "train_chars": len(self.train_data), "val_chars": len(self.val_data),
-                "vocab_size": self.tokenizer.vocab_size}
+        return {
+            "name": self.name,
+            "source": self.source,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "sampling": self.sampling,
+            "val_fraction": self.val_fraction,
+            "seed": self.seed,
+            "train_chars": len(self.train_data),
+            "val_chars": len(self.val_data),
+            "vocab_size": self.tokenizer.vocab_size,
+        }

@@ -97,9 +97,15 @@ def unflatten(obj: Any, tensors: dict[str, Tensor]) -> Any:
 # ---- save / load ----------------------------------------------------------------------------------------------
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, config: dict[str, Any],
-                    trainer_state: dict[str, Any] | None = None, tokenizer_json: str | None = None,
-                    keep: int = 2) -> Path:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    config: dict[str, Any],
+    trainer_state: dict[str, Any] | None = None,
+    tokenizer_json: str | None = None,
+    keep: int = 2,
+) -> Path:
     """Write ``RUN/checkpoints/step-NNNNNNNN`` atomically, point ``latest`` at it, keep the newest ``keep``."""
     run_dir = Path(run_dir)
     ckpt_root = run_dir / "checkpoints"
@@ -161,8 +167,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise FileNotFoundError(f"{latest} points at {target}, which is not a complete checkpoint")
     if not path.exists():
         raise FileNotFoundError(f"no such checkpoint or run directory: {path}")
-    raise FileNotFoundError(f"{path} is neither a run directory (with a 'latest' file) nor a checkpoint "
-                            f"directory (with model.safetensors and config.json)")
+    raise FileNotFoundError(
+        f"{path} is neither a run directory (with a 'latest' file) nor a checkpoint "
+        f"directory (with model.safetensors and config.json)"
+    )
 
 
 def load_config(ckpt: str | Path) -> dict[str, Any]:
@@ -185,7 +193,9 @@ def load_weights(model: torch.nn.Module, file: Path) -> None:
     missing, unexpected = model.load_state_dict(state, strict=False)
     really_missing = [k for k in missing if not _is_tied(model, k, state)]  # tied weights are stored once
     if really_missing or unexpected:
-        raise ValueError(f"checkpoint does not fit the model: missing {really_missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"checkpoint does not fit the model: missing {really_missing}, unexpected {unexpected}"
+        )
 
 
 def _is_tied(model: torch.nn.Module, key: str, stored: dict[str, Tensor]) -> bool:

@@ -18,8 +18,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
-                   eps: float = 1e-8) -> torch.optim.AdamW:
+def make_optimizer(
+    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
+) -> torch.optim.AdamW:
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
 
 

@@ -93,8 +93,14 @@ def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
 class Trainer:
     """Trains ``model`` on ``task``; writes metrics and checkpoints to ``out_dir`` when given."""
 
-    def __init__(self, model: nn.Module, task, config: TrainConfig, out_dir: str | Path | None = None,
-                 run_config: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        task,
+        config: TrainConfig,
+        out_dir: str | Path | None = None,
+        run_config: dict[str, Any] | None = None,
+    ):
         self.model, self.task, self.config = model, task, config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.run_config = run_config or {}
@@ -110,21 +116,38 @@ class Trainer:
 
     def _checkpoint_config(self) -> dict[str, Any]:
         m = self.model
-        return {"family": getattr(m, "family", type(m).__name__),
-                "model": dataclasses.asdict(m.config) if dataclasses.is_dataclass(getattr(m, "config", None))
-                else {},
-                "task": self.task.describe(), "train": dataclasses.asdict(self.config), "run": self.run_config}
+        return {
+            "family": getattr(m, "family", type(m).__name__),
+            "model": dataclasses.asdict(m.config)
+            if dataclasses.is_dataclass(getattr(m, "config", None))
+            else {},
+            "task": self.task.describe(),
+            "train": dataclasses.asdict(self.config),
+            "run": self.run_config,
+        }
 
     def save(self) -> Path:
         if self.out_dir is None:
             raise ValueError("this trainer has no out_dir to save to")
-        state = {"step": self.step, "elapsed": self.elapsed, "optimizer": self.optimizer.state_dict(),
-                 "rng_cpu": torch.get_rng_state(), "carry": self.carry}
+        state = {
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "optimizer": self.optimizer.state_dict(),
+            "rng_cpu": torch.get_rng_state(),
+            "carry": self.carry,
+        }
         if torch.cuda.is_available():
             state["rng_cuda"] = torch.cuda.get_rng_state_all()
         tok = getattr(self.task, "tokenizer", None)
-        return ckpt.save_checkpoint(self.out_dir, self.step, self.model, self._checkpoint_config(), state,
-                                    tok.to_json() if tok is not None else None, self.config.keep_checkpoints)
+        return ckpt.save_checkpoint(
+            self.out_dir,
+            self.step,
+            self.model,
+            self._checkpoint_config(),
+            state,
+            tok.to_json() if tok is not None else None,
+            self.config.keep_checkpoints,
+        )
 
     def resume(self, path: str | Path | None = None) -> None:
         """Load weights and trainer state from ``path`` (default: this run's latest checkpoint)."""
@@ -142,8 +165,11 @@ class Trainer:
         if self.out_dir is not None:  # forget metrics logged after the checkpoint by the interrupted run
             mfile = self.out_dir / "metrics.jsonl"
             if mfile.is_file():
-                keep = [ln for ln in mfile.read_text(encoding="utf-8").splitlines()
-                        if ln.strip() and json.loads(ln)["step"] <= self.step]
+                keep = [
+                    ln
+                    for ln in mfile.read_text(encoding="utf-8").splitlines()
+                    if ln.strip() and json.loads(ln)["step"] <= self.step
+                ]
                 ckpt.write_text_atomic(mfile, "".join(ln + "\n" for ln in keep))
         log.info("resumed from %s at step %d", where, self.step)
 
@@ -177,8 +203,9 @@ class Trainer:
                 state = None if reset is None or bool(reset) else detach_state(self.carry)
             loss, _, new_state = task.loss(self.model, batch, state)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss.item()} at step {self.step}; lower train.lr or set "
-                                         f"train.grad_clip")
+                raise FloatingPointError(
+                    f"loss is {loss.item()} at step {self.step}; lower train.lr or set train.grad_clip"
+                )
             (loss / c.grad_accum).backward()
             self.carry = detach_state(new_state) if task.stateful else None
             total += loss.item()
@@ -219,10 +246,14 @@ class Trainer:
             done = self.step >= c.steps or over_budget or paused
             if self.step % c.log_every == 0 or done:
                 now = time.perf_counter()
-                rec = {"step": self.step, "split": "train", "loss": window_loss / n_window,
-                       "lr": self.optimizer.param_groups[0]["lr"],
-                       "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
-                       "elapsed_s": round(self.elapsed, 3)}
+                rec = {
+                    "step": self.step,
+                    "split": "train",
+                    "loss": window_loss / n_window,
+                    "lr": self.optimizer.param_groups[0]["lr"],
+                    "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
+                    "elapsed_s": round(self.elapsed, 3),
+                }
                 self._record(rec)
                 last["train_loss"] = rec["loss"]
                 window_loss, window_tokens, window_start, n_window = 0.0, 0, now, 0
@@ -231,12 +262,17 @@ class Trainer:
             if (c.eval_every and self.step % c.eval_every == 0) or done:
                 t_eval = time.perf_counter()
                 metrics = self.evaluate()
-                self._record({"step": self.step, "split": "val", **metrics, "elapsed_s": round(self.elapsed, 3)})
+                self._record(
+                    {"step": self.step, "split": "val", **metrics, "elapsed_s": round(self.elapsed, 3)}
+                )
                 last.update(metrics)
                 window_start += time.perf_counter() - t_eval  # evaluation does not count against throughput
                 if bar is not None:
-                    bar.set_postfix(loss=f"{last['train_loss']:.3f}",
-                                    **{k: f"{v:.3f}" for k, v in metrics.items()}, refresh=False)
+                    bar.set_postfix(
+                        loss=f"{last['train_loss']:.3f}",
+                        **{k: f"{v:.3f}" for k, v in metrics.items()},
+                        refresh=False,
+                    )
                 log.info("step %d: %s", self.step, metrics)
             if self.out_dir is not None and ((c.save_every and self.step % c.save_every == 0) or done):
                 self.save()

@@ -1,0 +1,128 @@
+import json
+
+import pytest
+
+from seqlab.cli import main
+from seqlab.run import parse_overrides, parse_value
+
+TEXT = "".join(f"KING:\nline {i}, my lord, the quick brown fox.\n\n" for i in range(300))
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / "play.txt"
+    p.write_text(TEXT, encoding="utf-8")
+    return p
+
+
+def _train(text_file, out, *extra):
+    return main(
+        [
+            "train",
+            "--model.name=test-gru-lm",
+            "--task.name=text",
+            f"--task.source={text_file}",
+            "--task.seq_len=16",
+            "--task.batch_size=4",
+            "--train.steps=12",
+            "--train.eval_every=6",
+            "--train.eval_batches=2",
+            "--train.progress=false",
+            "--train.warmup_steps",
+            "2",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
+
+
+def test_train_then_generate(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(text_file, out) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["step"] == 12 and summary["val_loss"] > 0
+    records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in records} == {"train", "val"}
+    assert main(["generate", "--checkpoint", str(out), "--prompt", "KING:", "--max-new-tokens", "30"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("KING:") and len(text.rstrip("\n")) >= 30
+    # greedy decoding is deterministic
+    main(["generate", "--checkpoint", str(out), "--prompt", "KING:", "--temperature", "0"])
+    a = capsys.readouterr().out
+    main(["generate", "--checkpoint", str(out), "--prompt", "KING:", "--temperature", "0"])
+    assert capsys.readouterr().out == a
+
+
+def test_existing_run_is_never_overwritten(text_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(text_file, out) == 0
+    before = (out / "latest").read_text()
+    with pytest.raises(SystemExit, match="--resume"):
+        _train(text_file, out)
+    assert (out / "latest").read_text() == before
+    # resuming a finished run is a no-op that reports the same step
+    assert _train(text_file, out, "--resume") == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 12
+
+
+def test_run_file_and_overrides(text_file, tmp_path, capsys):
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(
+        f"model: {{name: test-lstm-lm}}\ntask: {{name: text, source: {text_file}, seq_len: 8, "
+        f"batch_size: 2}}\ntrain: {{steps: 3, lr: 3e-3, progress: false}}\n",
+        encoding="utf-8",
+    )
+    assert main(["train", str(run_file), "--train.steps=4", "--out", str(tmp_path / "r")]) == 0
+    cfg = json.loads(next((tmp_path / "r" / "checkpoints").iterdir()).joinpath("config.json").read_text())
+    assert cfg["train"]["steps"] == 4 and cfg["train"]["lr"] == 0.003
+    assert cfg["model"]["cell"] == "lstm"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.name=no-such"], "unknown model"),
+        (["--model.name=test-lstm-lm", "--model.n_layer=3"], "unknown RNNLMConfig field"),
+        (["--model.name=test-lstm-lm", "--train.stepz=3"], "unknown train field"),
+        (["--model.name=test-lstm-lm", "--task.name=text"], "task.source"),
+        (["--model.name=test-lstm-lm", "--task.name=nope"], "unknown task"),
+    ],
+)
+def test_bad_runs_get_clear_errors(tmp_path, capsys, args, message):
+    assert main(["train", *args, "--out", str(tmp_path / "x")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_generate_errors(tmp_path, capsys):
+    assert main(["generate", "--checkpoint", str(tmp_path / "none")]) == 2
+    assert "no such checkpoint" in capsys.readouterr().err
+
+
+def test_generate_rejects_unknown_characters(text_file, tmp_path, capsys):
+    _train(text_file, tmp_path / "run")
+    with pytest.raises(SystemExit, match="cannot be encoded"):
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "Ωmega"])
+
+
+def test_list_and_help(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "lstm-lm-small" in out and "shakespeare" in out
+    for cmd in ("train", "generate", "list"):
+        with pytest.raises(SystemExit) as exc:
+            main([cmd, "--help"])
+        assert exc.value.code == 0
+        assert "usage: seqlab" in capsys.readouterr().out
+
+
+def test_override_parsing():
+    assert parse_overrides(["--model.n_layers=2", "--train.lr", "3e-4", "--train.grad_clip=null"]) == {
+        "model": {"n_layers": 2},
+        "train": {"lr": 3e-4, "grad_clip": None},
+    }
+    assert parse_value("true") is True and parse_value("1e-3") == 1e-3 and parse_value("abc") == "abc"
+    with pytest.raises(ValueError, match="overrides look like"):
+        parse_overrides(["--steps=3"])
+    with pytest.raises(ValueError, match="must name a field"):
+        parse_overrides(["--optim.lr=3"])
