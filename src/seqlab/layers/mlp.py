@@ -1,0 +1,57 @@
+"""Channel mixers: the position-wise feed-forward network of the Transformer (Vaswani et al. 2017, eq. 2) and
+the gated SwiGLU variant (Shazeer 2020, arXiv 2002.05202) used by Llama-style decoders.
+
+    MLP(x)    = W_2 act(W_1 x + b_1) + b_2                    act = ReLU (2017) or GELU (GPT-2, BERT)
+    SwiGLU(x) = W_down (SiLU(W_gate x) ⊙ W_up x)             no biases, as in Llama
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_ACTS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
+
+
+class MLP(nn.Module):
+    """x (..., d_model) -> (..., d_model) through a hidden layer of width d_ff."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: Literal["relu", "gelu", "gelu_tanh", "silu"] = "gelu",
+        bias: bool = True,
+        dropout: float = 0.0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if activation not in _ACTS:
+            raise ValueError(f"activation must be one of {sorted(_ACTS)}, got {activation!r}")
+        self.activation = activation
+        self.fc1 = nn.Linear(d_model, d_ff, bias=bias, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(d_ff, d_model, bias=bias, device=device, dtype=dtype)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(_ACTS[self.activation](self.fc1(x))))  # (.., d) -> (.., d_ff) -> (.., d)
+
+
+class SwiGLU(nn.Module):
+    """x (..., d_model) -> (..., d_model): W_down (SiLU(W_gate x) ⊙ W_up x)."""
+
+    def __init__(
+        self, d_model: int, d_ff: int, bias: bool = False, dropout: float = 0.0, device=None, dtype=None
+    ):
+        super().__init__()
+        kw = {"bias": bias, "device": device, "dtype": dtype}
+        self.gate = nn.Linear(d_model, d_ff, **kw)
+        self.up = nn.Linear(d_model, d_ff, **kw)
+        self.down = nn.Linear(d_ff, d_model, **kw)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.down(F.silu(self.gate(x)) * self.up(x)))

@@ -1,0 +1,56 @@
+"""Normalization layers: LayerNorm (Ba et al. 2016, arXiv 1607.06450) and RMSNorm (Zhang & Sennrich 2019,
+arXiv 1910.07467).
+
+    LayerNorm(x) = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias
+    RMSNorm(x)   = x / sqrt(mean(x²) + eps) * weight             # no centring, no bias
+
+Both normalize over the last dimension. ``make_norm`` resolves the config string.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch.nn.LayerNorm with an optional bias (GPT-2 has one, many later models drop it)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True, device=None, dtype=None):
+        super().__init__(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps) * weight, computed in float32 for low-precision inputs."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).type_as(x) * self.weight
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, eps={self.eps}"
+
+
+def make_norm(
+    kind: Literal["layernorm", "rmsnorm"],
+    d_model: int,
+    eps: float | None = None,
+    bias: bool = True,
+    device=None,
+    dtype=None,
+) -> nn.Module:
+    if kind == "layernorm":
+        return LayerNorm(d_model, eps=1e-5 if eps is None else eps, bias=bias, device=device, dtype=dtype)
+    if kind == "rmsnorm":
+        return RMSNorm(d_model, eps=1e-6 if eps is None else eps, device=device, dtype=dtype)
+    raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")

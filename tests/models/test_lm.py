@@ -1,0 +1,66 @@
+"""The mixer backbone: the DESIGN laws at model level, for every registered mixer."""
+
+import pytest
+import torch
+
+from seqlab.models import create
+from seqlab.models.lm import MIXERS, LMConfig
+
+TEST_PRESETS = {"lstm": "test-lm-lstm", "gru": "test-lm-gru", "rnn": "test-lm-rnn"}
+
+
+def _states_close(a, b):
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    else:
+        assert type(a) is type(b) and len(a) == len(b)
+        for u, v in zip(a, b, strict=True):
+            _states_close(u, v)
+
+
+@pytest.mark.parametrize("mixer", sorted(TEST_PRESETS))
+def test_step_equals_forward_and_chunked_equals_whole(mixer):
+    torch.manual_seed(0)
+    model = create(TEST_PRESETS[mixer], vocab_size=13).eval()
+    x = torch.randint(0, 13, (2, 11))
+    full, s_full = model(x, return_state=True)
+    state, outs = model.init_state(2), []
+    for t in range(11):
+        y, state = model.step(x[:, t], state)
+        outs.append(y)
+    torch.testing.assert_close(torch.stack(outs, 1), full, atol=1e-5, rtol=1e-5)
+    _states_close(state, s_full)
+    a, s = model(x[:, :4], return_state=True)
+    b, s = model(x[:, 4:], state=s, return_state=True)
+    torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mixer", sorted(TEST_PRESETS))
+def test_causal_and_every_parameter_learns(mixer):
+    torch.manual_seed(0)
+    model = create(TEST_PRESETS[mixer], vocab_size=7)
+    x = torch.randint(0, 7, (2, 9))
+    x2 = x.clone()
+    x2[:, 5:] = (x2[:, 5:] + 1) % 7
+    model.eval()
+    torch.testing.assert_close(model(x)[:, :5], model(x2)[:, :5])
+    model.train()
+    model(x).logsumexp(-1).mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_weights_are_tied_and_features_work():
+    model = create("test-lm-lstm", vocab_size=11)
+    assert model.head.weight is model.embed.weight
+    reg = create("test-lm-gru", d_input=3, d_output=1)
+    assert reg(torch.randn(2, 5, 3)).shape == (2, 5, 1)
+    assert reg.head.weight is not getattr(reg.embed, "weight", None)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="unknown mixer"):
+        LMConfig(mixer="transformer-xl")
+    with pytest.raises(ValueError, match="mlp"):
+        LMConfig(mlp="tanh")
+    assert {"rnn", "lstm", "gru"} <= set(MIXERS)
