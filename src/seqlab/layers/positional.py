@@ -1,0 +1,168 @@
+r"""Positional information for attention, which on its own is blind to order (permutation-equivariant).
+
+Notation: ``b`` batch, ``t`` positions, ``d`` model width, ``h`` heads, ``k`` head dim, ``p`` a position.
+
+Absolute encodings, added to the token embeddings:
+
+* Sinusoidal (Vaswani et al. 2017, arXiv 1706.03762, section 3.5), interleaved as in the paper:
+
+      PE[p, 2i]   = sin(p / base^(2i/d))
+      PE[p, 2i+1] = cos(p / base^(2i/d))          base = 10000
+
+* Learned absolute (GPT-2, BERT): a table ``(max_seq_len, d)`` initialised N(0, 0.02).
+* 2-D sinusoidal for a grid of image patches (MAE, He et al. 2021, arXiv 2111.06377): half of the channels
+  encode the column and half the row, each half ``[sin | cos]`` (not interleaved), as MAE's
+  ``get_2d_sincos_pos_embed`` lays them out.
+
+Relative, applied to queries and keys inside attention:
+
+* Rotary (RoPE, Su et al. 2021, arXiv 2104.09864, eq. 34): pairs of channels of q and k are rotated by an
+  angle proportional to the position, ``θ_i = base^(-2i/k)``, so that ``<R(m) q, R(n) k>`` depends on m - n only.
+  Two layouts of the pairs exist and checkpoints depend on which one was trained:
+  ``interleaved=False`` (default) pairs channel ``i`` with ``i + k/2`` ("rotate half": GPT-NeoX, HF Llama);
+  ``interleaved=True`` pairs ``2i`` with ``2i + 1`` (the paper, GPT-J, Meta's original Llama code).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "sinusoidal_2d_table",
+    "sinusoidal_table",
+]
+
+
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """(n_positions, d_model) float32: PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(same angle)."""
+    if d_model % 2:
+        raise ValueError(f"d_model must be even for sinusoidal positions, got {d_model}")
+    pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (t, 1)
+    inv = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d/2,)
+    angle = pos * inv  # (t, 1) * (d/2,) -> (t, d/2)
+    pe = torch.stack([angle.sin(), angle.cos()], dim=-1)  # (t, d/2, 2): sin and cos side by side
+    return pe.flatten(1).float()  # (t, d), interleaved [sin, cos, sin, cos, ...]
+
+
+def _sincos_halves(pos: Tensor, dim: int, base: float) -> Tensor:
+    """MAE's 1-D encoding: (n,) positions -> (n, dim) as [sin(p ω) | cos(p ω)], ω_i = base^(-i / (dim/2))."""
+    omega = base ** (-torch.arange(dim // 2, dtype=torch.float64) / (dim / 2))  # (dim/2,)
+    angle = pos.double().unsqueeze(1) * omega  # (n, dim/2)
+    return torch.cat([angle.sin(), angle.cos()], dim=1)  # (n, dim)
+
+
+def sinusoidal_2d_table(grid_h: int, grid_w: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """(grid_h * grid_w, d_model) float32 for patches in row-major order (patch r * grid_w + c).
+
+    Channels [0, d/2) encode the column c, channels [d/2, d) the row r, each as [sin | cos] (MAE's layout).
+    """
+    if d_model % 4:
+        raise ValueError(f"d_model must be divisible by 4 for 2-D sinusoidal positions, got {d_model}")
+    rows, cols = torch.meshgrid(torch.arange(grid_h), torch.arange(grid_w), indexing="ij")  # (gh, gw) each
+    col = _sincos_halves(cols.flatten(), d_model // 2, base)  # (gh*gw, d/2)
+    row = _sincos_halves(rows.flatten(), d_model // 2, base)  # (gh*gw, d/2)
+    return torch.cat([col, row], dim=1).float()  # (gh*gw, d)
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """x (b, t, d) -> x + PE[offset : offset + t], then dropout (the paper applies dropout to the sum)."""
+
+    def __init__(self, d_model: int, max_seq_len: int = 4096, base: float = 10000.0, dropout: float = 0.0):
+        super().__init__()
+        self.register_buffer("pe", sinusoidal_table(max_seq_len, d_model, base), persistent=False)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        t = x.size(-2)
+        if offset + t > self.pe.size(0):
+            raise ValueError(f"positions up to {offset + t} exceed max_seq_len={self.pe.size(0)}; raise it")
+        return self.drop(x + self.pe[offset : offset + t].to(x.dtype))  # (b, t, d) + (t, d)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """x (b, t, d) -> x + weight[offset : offset + t]; weight (max_seq_len, d) initialised N(0, 0.02) as GPT-2."""
+
+    def __init__(self, max_seq_len: int, d_model: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_seq_len, d_model, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        t = x.size(-2)
+        if offset + t > self.weight.size(0):
+            raise ValueError(f"positions up to {offset + t} exceed max_seq_len={self.weight.size(0)}")
+        return x + self.weight[offset : offset + t]  # (b, t, d) + (t, d)
+
+
+class RotaryEmbedding(nn.Module):
+    r"""Rotary position embedding (RoPE) for queries and keys of shape (b, h, t, k).
+
+    For each pair (x_a, x_b) of channels with frequency θ_i = base^(-2i / rotary_dim) and position p:
+
+        x_a' = x_a cos(p θ_i) - x_b sin(p θ_i)
+        x_b' = x_b cos(p θ_i) + x_a sin(p θ_i)
+
+    Pairs are (i, i + rotary_dim/2) with ``interleaved=False`` (HF Llama's ``rotate_half``) and (2i, 2i+1) with
+    ``interleaved=True``. ``rotary_dim`` < head_dim rotates only the first ``rotary_dim`` channels (GPT-NeoX's
+    partial rotary); the rest pass through. Angles are computed in float32 from the positions on each call
+    (cheap next to the projections), so there is no length limit and no table to grow.
+
+    Call: ``rope(x, offset=0)`` rotates positions offset, offset + 1, ...; ``offset`` may be an int or a 0-d
+    tensor (a KV cache's position); ``positions`` (t,) or (b, t) gives arbitrary positions (left padding).
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        interleaved: bool = False,
+        rotary_dim: int | None = None,
+        device=None,
+    ):
+        super().__init__()
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+            raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
+        self.head_dim, self.rotary_dim, self.base, self.interleaved = head_dim, rotary_dim, base, interleaved
+        inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (rotary_dim/2,)
+
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions (..., t) -> cos, sin (..., t, rotary_dim/2), float32."""
+        angle = positions.float().unsqueeze(-1) * self.inv_freq  # (..., t, 1) * (r/2,) -> (..., t, r/2)
+        return angle.cos(), angle.sin()
+
+    def forward(self, x: Tensor, offset: int | Tensor = 0, positions: Tensor | None = None) -> Tensor:
+        """x (b, h, t, k) -> x rotated, same shape and dtype."""
+        if x.size(-1) != self.head_dim:
+            raise ValueError(f"expected head dim {self.head_dim} in the last axis, got {tuple(x.shape)}")
+        t = x.size(-2)
+        if positions is None:
+            positions = torch.arange(t, device=x.device) + offset  # (t,)
+        cos, sin = self.cos_sin(positions.to(x.device))  # (t, r/2) or (b, t, r/2)
+        if cos.dim() == 3:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (b, 1, t, r/2): the same angles for every head
+        r = self.rotary_dim
+        xr, rest = x[..., :r].float(), x[..., r:]
+        if self.interleaved:
+            a, b = xr[..., 0::2], xr[..., 1::2]  # (b, h, t, r/2) each: the pairs (2i, 2i+1)
+        else:
+            a, b = xr[..., : r // 2], xr[..., r // 2 :]  # (b, h, t, r/2) each: the pairs (i, i + r/2)
+        a2, b2 = a * cos - b * sin, b * cos + a * sin
+        # interleaved: (b, h, t, r/2, 2) -> (b, h, t, r); rotate-half: [a2 | b2] (b, h, t, r)
+        out = torch.stack([a2, b2], dim=-1).flatten(-2) if self.interleaved else torch.cat([a2, b2], dim=-1)
+        out = out.to(x.dtype)
+        return out if rest.size(-1) == 0 else torch.cat([out, rest], dim=-1)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+            f"interleaved={self.interleaved}"
+        )
