@@ -1,0 +1,1 @@
+"""Pictures of what the models do: gradient flow, later attention maps and positional encodings."""
