@@ -143,14 +143,15 @@ def scaled_dot_product_attention_ref(
     return_weights: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The same as :func:`scaled_dot_product_attention`, written out; ``return_weights`` also returns the
-    attention weights (b, h, t_q, t_k) before dropout. The softmax runs in float32."""
+    attention weights (b, h, t_q, t_k) before dropout. The softmax runs in float32 at least."""
     mask, is_causal = _prepare_mask(q, k, v, mask, is_causal)
     t_q, t_k = q.size(-2), k.size(-2)
     if is_causal:
         mask = causal_mask(t_q, t_k, device=q.device)
     k, v = _repeat_kv(k, q.size(-3)), _repeat_kv(v, q.size(-3))  # (b, h, t_k, k)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    scores = (q @ k.transpose(-2, -1)).float() * scale  # (b, h, t_q, k) x (b, h, k, t_k) -> (b, h, t_q, t_k)
+    acc = torch.promote_types(q.dtype, torch.float32)  # float32 at least for the softmax
+    scores = (q @ k.transpose(-2, -1)).to(acc) * scale  # (b, h, t_q, k) x (b, h, k, t_k) -> (b, h, t_q, t_k)
     keep = None
     if mask is not None:
         keep = mask.any(-1, keepdim=True)  # (..., t_q, 1)

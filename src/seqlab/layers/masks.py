@@ -98,7 +98,10 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
         if m is None:
             continue
         if m.dtype != torch.bool:
-            raise TypeError(f"masks must be boolean (True = may attend), got {m.dtype}")
+            raise TypeError(
+                f"masks must be boolean (True = may attend), got {m.dtype}; from_torch_mask converts "
+                "torch.nn's masks (boolean True = not allowed, or additive -inf)"
+            )
         out = m if out is None else out & m
     return out
 

@@ -1,0 +1,62 @@
+"""Masks: one polarity (True = may attend), bottom-right causal alignment, windows, padding, torch's masks."""
+
+import pytest
+import torch
+
+from seqlab.layers.masks import (
+    causal_mask,
+    combine_masks,
+    from_torch_mask,
+    key_padding_mask,
+    padding_mask,
+    sliding_window_mask,
+)
+
+
+def test_causal_mask_square_and_cached():
+    torch.testing.assert_close(causal_mask(4), torch.ones(4, 4).tril().bool())
+    # 2 new queries after 3 cached keys: the queries are positions 3 and 4 of 5 keys
+    assert causal_mask(2, 5).int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_sliding_window_is_the_causal_band(window):
+    m = sliding_window_mask(6, 8, window=window)
+    for i in range(6):
+        p = i + 2  # the query's position among the keys
+        allowed = [j for j in range(8) if m[i, j]]
+        assert allowed == list(range(max(0, p - window + 1), p + 1))
+    sym = sliding_window_mask(5, window=2, causal=False)
+    assert sym.int().tolist()[2] == [0, 1, 1, 1, 0]
+    with pytest.raises(ValueError, match="window"):
+        sliding_window_mask(3, window=0)
+
+
+def test_padding_and_key_padding_masks():
+    assert padding_mask([3, 1]).int().tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert padding_mask(torch.tensor([2]), max_len=4).int().tolist() == [[1, 1, 0, 0]]
+    kp = key_padding_mask([3, 1])
+    assert kp.shape == (2, 1, 1, 3) and kp[1, 0, 0].tolist() == [True, False, False]
+    assert key_padding_mask(torch.tensor([[True, False]])).shape == (1, 1, 1, 2)
+
+
+def test_combine_masks_broadcasts_and_skips_none():
+    assert combine_masks(None, None) is None
+    m = combine_masks(causal_mask(3), None, key_padding_mask([2, 3]))
+    assert m.shape == (2, 1, 3, 3)
+    assert m[0, 0].int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 0]]
+    with pytest.raises(TypeError, match="boolean"):
+        combine_masks(torch.zeros(2, 2))
+
+
+def test_from_torch_mask_flips_polarity():
+    attn = torch.tensor([[False, True], [False, False]])  # torch: True = NOT allowed
+    kpm = torch.tensor([[False, True], [False, False]])  # torch: True = padding
+    m = from_torch_mask(attn, kpm)
+    assert m.shape == (2, 1, 2, 2)
+    assert m[0, 0].int().tolist() == [[1, 0], [1, 0]] and m[1, 0].int().tolist() == [[1, 0], [1, 1]]
+    additive = torch.tensor([[0.0, float("-inf")], [0.0, 0.0]])
+    torch.testing.assert_close(from_torch_mask(additive), ~attn)
+    with pytest.raises(ValueError, match="no boolean equivalent"):
+        from_torch_mask(torch.tensor([[0.0, -1.0]]))
+    assert from_torch_mask() is None
