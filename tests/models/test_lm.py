@@ -6,7 +6,13 @@ import torch
 from seqlab.models import create
 from seqlab.models.lm import MIXERS, LMConfig
 
-TEST_PRESETS = {"lstm": "test-lm-lstm", "gru": "test-lm-gru", "rnn": "test-lm-rnn"}
+TEST_PRESETS = {
+    "lstm": "test-lm-lstm",
+    "gru": "test-lm-gru",
+    "rnn": "test-lm-rnn",
+    "attention": "test-lm-attention",
+    "linear-attention": "test-lm-linear-attention",
+}
 
 
 def _states_close(a, b):

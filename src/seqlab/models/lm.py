@@ -26,8 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from seqlab.layers.attention import LinearAttention, SelfAttention
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
+from seqlab.layers.positional import RotaryEmbedding
 from seqlab.layers.recurrent import GRU, LSTM, RNN
 from seqlab.models.generation import generate
 
@@ -56,6 +58,10 @@ class LMConfig:
     """Longest context for mixers that need one (positions, KV cache); recurrent mixers ignore it."""
     n_heads: int = 4
     n_kv_heads: int | None = None
+    window: int | None = None
+    """Attention: sliding-window size (each position sees itself and the window - 1 before); None: all."""
+    rope_base: float = 10000.0
+    """Attention: the RoPE base θ (Su et al. 2021); 10000 as in the paper and Llama 2, 500000 in Llama 3."""
     d_state: int = 16
     d_conv: int = 4
     expand: int = 2
@@ -82,6 +88,19 @@ MIXERS: dict[str, Callable[[LMConfig], nn.Module]] = {
     "rnn": lambda c: RNN(c.d_model, c.d_model),
     "lstm": lambda c: LSTM(c.d_model, c.d_model),
     "gru": lambda c: GRU(c.d_model, c.d_model),
+    # causal softmax attention; RoPE inside, so the backbone needs no absolute positions; state: a KV cache
+    "attention": lambda c: SelfAttention(
+        c.d_model,
+        c.n_heads,
+        c.n_kv_heads,
+        bias=False,
+        dropout=c.dropout,
+        causal=True,
+        window=c.window,
+        rope=RotaryEmbedding(c.d_model // c.n_heads, base=c.rope_base),
+    ),
+    # causal linear attention (elu + 1 features); state: (S, z), O(1) per step
+    "linear-attention": lambda c: LinearAttention(c.d_model, c.n_heads, causal=True),
 }
 
 
@@ -185,4 +204,6 @@ PRESETS = {
     "test-lm-lstm": {"mixer": "lstm", "d_model": 32, "n_layers": 2},
     "test-lm-gru": {"mixer": "gru", "d_model": 32, "n_layers": 2},
     "test-lm-rnn": {"mixer": "rnn", "d_model": 32, "n_layers": 2},
+    "test-lm-attention": {"mixer": "attention", "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2},
+    "test-lm-linear-attention": {"mixer": "linear-attention", "d_model": 32, "n_layers": 2, "n_heads": 4},
 }
