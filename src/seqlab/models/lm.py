@@ -31,6 +31,7 @@ from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import RotaryEmbedding
 from seqlab.layers.recurrent import GRU, LSTM, RNN
+from seqlab.layers.ssm import S4D, Mamba
 from seqlab.models.generation import generate
 
 
@@ -65,6 +66,10 @@ class LMConfig:
     d_state: int = 16
     d_conv: int = 4
     expand: int = 2
+    dt_rank: int | None = None
+    """Mamba: rank of the Δ projection; None means ceil(d_model / 16), as in the paper."""
+    norm_eps: float | None = None
+    """Epsilon of every norm; None means the norm's default (1e-5 LayerNorm, 1e-6 RMSNorm). HF Mamba: 1e-5."""
 
     def __post_init__(self):
         if self.mixer not in MIXERS:
@@ -84,9 +89,23 @@ class LMConfig:
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
 
+def _lstm_mixer(d_model: int) -> LSTM:
+    """An LSTM mixer whose forget gate starts open: bias +1 (Gers et al. 2000; Jozefowicz et al. 2015).
+
+    torch.nn's init (all biases U(-1/√H, 1/√H)) starts with f ≈ σ(0) = 1/2, so memory decays as 2^-t until
+    training opens the gate; starting at σ(1) ≈ 0.73 lets long-range gradients through from step one. The
+    layer itself keeps torch.nn's init, so that it stays a drop-in; only this backbone mixer deviates.
+    """
+    lstm = LSTM(d_model, d_model)
+    with torch.no_grad():
+        lstm.bias_ih_l0[d_model : 2 * d_model].fill_(1.0)  # gates stacked [i, f, g, o]
+        lstm.bias_hh_l0[d_model : 2 * d_model].zero_()
+    return lstm
+
+
 MIXERS: dict[str, Callable[[LMConfig], nn.Module]] = {
     "rnn": lambda c: RNN(c.d_model, c.d_model),
-    "lstm": lambda c: LSTM(c.d_model, c.d_model),
+    "lstm": lambda c: _lstm_mixer(c.d_model),
     "gru": lambda c: GRU(c.d_model, c.d_model),
     # causal softmax attention; RoPE inside, so the backbone needs no absolute positions; state: a KV cache
     "attention": lambda c: SelfAttention(
@@ -101,6 +120,8 @@ MIXERS: dict[str, Callable[[LMConfig], nn.Module]] = {
     ),
     # causal linear attention (elu + 1 features); state: (S, z), O(1) per step
     "linear-attention": lambda c: LinearAttention(c.d_model, c.n_heads, causal=True),
+    "s4d": lambda c: S4D(c.d_model, c.d_state, dropout=c.dropout),
+    "mamba": lambda c: Mamba(c.d_model, c.d_state, c.d_conv, c.expand, dt_rank=c.dt_rank),
 }
 
 
@@ -110,12 +131,12 @@ class Block(nn.Module):
     def __init__(self, config: LMConfig):
         super().__init__()
         c = config
-        self.norm1 = make_norm(c.norm, c.d_model)
+        self.norm1 = make_norm(c.norm, c.d_model, eps=c.norm_eps)
         self.mixer = MIXERS[c.mixer](c)
         self.drop = nn.Dropout(c.dropout)
         self.norm2 = self.mlp = None
         if c.ff_width > 0:
-            self.norm2 = make_norm(c.norm, c.d_model)
+            self.norm2 = make_norm(c.norm, c.d_model, eps=c.norm_eps)
             if c.mlp == "swiglu":
                 self.mlp = SwiGLU(c.d_model, c.ff_width, dropout=c.dropout)
             else:
@@ -147,7 +168,7 @@ class LM(nn.Module):
             self.embed = nn.Linear(c.d_input, c.d_model)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
-        self.norm = make_norm(c.norm, c.d_model)
+        self.norm = make_norm(c.norm, c.d_model, eps=c.norm_eps)
         self.head = nn.Linear(c.d_model, c.d_output or c.vocab_size, bias=False)
         if c.d_input is None:  # N(0, 0.02) as GPT-2: with tied weights, N(0, 1) would start with huge logits
             nn.init.normal_(self.embed.weight, std=0.02)
