@@ -1,0 +1,35 @@
+"""State-space language models on the shared backbone (``seqlab.models.lm``): Mamba and S4D presets.
+
+    tokens -> embedding -> n_layers x [x + mixer(rmsnorm(x))] -> rmsnorm -> head (tied)       # Mamba
+    tokens -> embedding -> n_layers x [x + s4d(rmsnorm(x)); x + mlp(rmsnorm(x))] -> ...          # S4D
+
+Mamba (Gu & Dao 2023, arXiv 2312.00752) has no channel mixer: the block's gated expansion (expand = 2,
+so about 3·expand·d² parameters per layer) plays the MLP's part, and the paper stacks twice as many
+Mamba blocks as a Transformer has layers at the same width (``d_ff=0`` here). This is also the layout of
+Hugging Face's ``MambaForCausalLM`` (``seqlab.interop.from_hf`` converts it: RMSNorm with eps 1e-5).
+S4D (Gu et al. 2022, arXiv 2206.11893) is an LTI mixer with a small output GLU; it keeps the MLP, as the
+S4/S4D language-model blocks do.
+
+Sizes: ``mamba-tiny`` ≈ 1.5M, ``mamba-small`` ≈ 5.4M, ``s4d-tiny`` ≈ 1.5M, ``s4d-small`` ≈ 5.7M parameters
+at vocab 256 (``seqlab.models.count_parameters`` gives the exact numbers). The ``test-*`` presets are for CI.
+
+The mixers, both views of the LTI SSM, the selective scan and its derivation: ``seqlab.layers.ssm``,
+``seqlab.layers.scan``, docs/scan.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_MAMBA = {"mixer": "mamba", "d_ff": 0, "norm": "rmsnorm", "d_state": 16, "d_conv": 4, "expand": 2}
+_S4D = {"mixer": "s4d", "mlp": "gelu", "norm": "rmsnorm", "d_state": 64}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "mamba-tiny": {**_MAMBA, "d_model": 128, "n_layers": 12},
+    "mamba-small": {**_MAMBA, "d_model": 256, "n_layers": 12},
+    "s4d-tiny": {**_S4D, "d_model": 128, "n_layers": 8},
+    "s4d-small": {**_S4D, "d_model": 256, "n_layers": 8},
+    "test-mamba": {**_MAMBA, "d_model": 32, "n_layers": 2, "d_state": 8},
+    "test-s4d": {**_S4D, "d_model": 32, "n_layers": 2, "d_state": 8},
+}
+"""Family "lm" presets: literal LMConfig fields."""
