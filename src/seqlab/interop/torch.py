@@ -8,7 +8,9 @@
 
 The result has the source's sizes, its ``batch_first`` (passed explicitly, since seqlab's default is True),
 its device and dtype, its train/eval mode and each parameter's ``requires_grad``; the weights are copied,
-not shared. Supported now: nn.RNN, nn.LSTM, nn.GRU and nn.RNNCell, nn.LSTMCell, nn.GRUCell. An LSTM with
+not shared. Supported now: nn.RNN, nn.LSTM, nn.GRU and nn.RNNCell, nn.LSTMCell, nn.GRUCell;
+nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (see their converters for
+masks and batch layout: seqlab's attention is always batch-first). An LSTM with
 ``proj_size > 0`` (Sak et al. 2014) is rejected: seqlab's LSTM has no projection.
 
 Converters live in ``CONVERTERS``, a dict from torch.nn type to a function ``module -> seqlab module``;
@@ -20,9 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch.nn.functional as F
 from torch import nn
 
 from seqlab.layers import recurrent
+from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.transformer_blocks import TransformerDecoderLayer, TransformerEncoderLayer
 
 __all__ = ["CONVERTERS", "from_torch", "register"]
 
@@ -114,3 +119,100 @@ def _recurrent_cell(module: nn.RNNCellBase) -> nn.Module:
         kw["nonlinearity"] = module.nonlinearity
     ours = _CELLS[_registered_base(module, _CELLS)](module.input_size, module.hidden_size, **kw)
     return _with_weights_of(ours, module)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Attention and Transformer layers. seqlab's attention is batch-first only: the converted module takes
+# (b, t, d) whatever the source's batch_first. Masks change polarity at this boundary: torch's boolean
+# attn_mask is True where attending is NOT allowed and key_padding_mask True at padding; seqlab's masks are
+# True where attending is allowed. ``seqlab.layers.masks.from_torch_mask(attn_mask, key_padding_mask)``
+# converts a pair of torch masks into the one seqlab mask.
+
+
+def _load_renamed(ours: nn.Module, theirs: nn.Module, rename: dict[str, str]) -> nn.Module:
+    """Copy ``theirs``'s parameters into ``ours`` under names whose prefixes ``rename`` maps (strict)."""
+
+    def new_name(name: str) -> str:
+        for old, new in rename.items():
+            if name.startswith(old):
+                return new + name[len(old) :]
+        return name
+
+    ours.load_state_dict({new_name(k): v for k, v in theirs.state_dict().items()})
+    frozen = {new_name(name) for name, q in theirs.named_parameters() if not q.requires_grad}
+    for name, p in ours.named_parameters():
+        p.requires_grad_(name not in frozen)
+    return ours.train(theirs.training)
+
+
+@register(nn.MultiheadAttention)
+def _multihead_attention(module: nn.MultiheadAttention) -> nn.Module:
+    """nn.MultiheadAttention -> seqlab MultiheadAttention; the packed in_proj and out_proj keep their names.
+
+    Call it as ``ours(q, k, v, mask=from_torch_mask(attn_mask, key_padding_mask))``; ours returns per-head
+    weights on request, torch's default is their mean over heads.
+    """
+    if not module._qkv_same_embed_dim:
+        raise ValueError(
+            f"kdim={module.kdim}, vdim={module.vdim} differ from embed_dim={module.embed_dim}; seqlab's "
+            "MultiheadAttention projects keys and values from d_model, so only kdim = vdim = embed_dim converts"
+        )
+    if module.bias_k is not None or module.add_zero_attn:
+        raise ValueError("add_bias_kv and add_zero_attn have no seqlab equivalent; only the defaults convert")
+    ours = MultiheadAttention(
+        module.embed_dim,
+        module.num_heads,
+        bias=module.in_proj_bias is not None,
+        dropout=module.dropout,
+        **_factory(module),
+    )
+    return _with_weights_of(ours, module)
+
+
+def _activation_name(module: nn.Module) -> str:
+    act = module.activation
+    if act is F.relu or isinstance(act, nn.ReLU):
+        return "relu"
+    if act is F.gelu or isinstance(act, nn.GELU):
+        return "gelu_tanh" if getattr(act, "approximate", "none") == "tanh" else "gelu"
+    raise ValueError(f"activation {act!r} does not convert; seqlab's blocks take 'relu' or 'gelu'")
+
+
+def _block_kwargs(module: nn.Module, attn: nn.MultiheadAttention) -> dict:
+    if not attn._qkv_same_embed_dim or attn.bias_k is not None or attn.add_zero_attn:
+        raise ValueError("the layer's attention has kdim/vdim, add_bias_kv or add_zero_attn: not supported")
+    return {
+        "d_ff": module.linear1.out_features,
+        "dropout": module.dropout.p,
+        "activation": _activation_name(module),
+        "norm_first": module.norm_first,
+        "bias": module.linear1.bias is not None,
+        "norm_eps": module.norm1.eps,
+        **_factory(module),
+    }
+
+
+_MLP_NAMES = {"linear1.": "mlp.fc1.", "linear2.": "mlp.fc2."}
+
+
+@register(nn.TransformerEncoderLayer)
+def _encoder_layer(module: nn.TransformerEncoderLayer) -> nn.Module:
+    """-> seqlab TransformerEncoderLayer (non-causal); ``linear1``/``linear2`` become ``mlp.fc1``/``mlp.fc2``.
+
+    Call ``ours(x, mask=from_torch_mask(src_mask, src_key_padding_mask))``.
+    """
+    sa = module.self_attn
+    ours = TransformerEncoderLayer(sa.embed_dim, sa.num_heads, **_block_kwargs(module, sa))
+    return _load_renamed(ours, module, _MLP_NAMES)
+
+
+@register(nn.TransformerDecoderLayer)
+def _decoder_layer(module: nn.TransformerDecoderLayer) -> nn.Module:
+    """-> seqlab TransformerDecoderLayer with ``causal=False``, torch's behaviour (the causal mask comes as
+    ``tgt_mask``); ``multihead_attn`` becomes ``cross_attn``. Call ``ours(x, memory,
+    mask=from_torch_mask(tgt_mask, tgt_key_padding_mask), memory_mask=from_torch_mask(memory_mask,
+    memory_key_padding_mask))[0]``; set ``ours.self_attn.causal = True`` to drop the explicit causal mask.
+    """
+    sa = module.self_attn
+    ours = TransformerDecoderLayer(sa.embed_dim, sa.num_heads, causal=False, **_block_kwargs(module, sa))
+    return _load_renamed(ours, module, {**_MLP_NAMES, "multihead_attn.": "cross_attn."})

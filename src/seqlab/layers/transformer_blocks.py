@@ -1,0 +1,162 @@
+r"""Transformer encoder and decoder layers (Vaswani et al. 2017, arXiv 1706.03762, section 3.1), post-norm as
+in the paper or pre-norm (Xiong et al. 2020, arXiv 2002.04745).
+
+Notation: ``b`` batch, ``t`` target positions, ``s`` source (memory) positions, ``d`` model width.
+
+Encoder layer, x (b, t, d) -> (b, t, d):
+
+    post-norm (norm_first=False):  x = LN_1(x + Drop(SelfAttn(x)));      x = LN_2(x + Drop(MLP(x)))
+    pre-norm  (norm_first=True):   x = x + Drop(SelfAttn(LN_1(x)));      x = x + Drop(MLP(LN_2(x)))
+
+Decoder layer, x (b, t, d), memory (b, s, d) -> (b, t, d), with a causal self-attention by default:
+
+    post-norm:  x = LN_1(x + Drop(SelfAttn(x)));  x = LN_2(x + Drop(CrossAttn(x, memory)));  x = LN_3(x + Drop(MLP(x)))
+    pre-norm:   x = x + Drop(SelfAttn(LN_1 x));   x = x + Drop(CrossAttn(LN_2 x, memory));   x = x + Drop(MLP(LN_3 x))
+
+Sub-modules mirror torch.nn.TransformerEncoderLayer / TransformerDecoderLayer (``self_attn``, ``norm1``...) with
+``cross_attn`` for torch's ``multihead_attn`` and ``mlp.fc1``/``mlp.fc2`` for ``linear1``/``linear2``; the
+converters in ``seqlab.interop.torch`` map the names. Masks are seqlab's (boolean, True = may attend,
+broadcastable to (b, h, t_q, t_k); ``seqlab.layers.masks.key_padding_mask`` makes one from lengths).
+
+Deviation from torch.nn: no dropout inside the MLP (torch applies one after the activation too); dropout is
+on the attention weights and on each residual branch, as in the paper (section 5.4).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor, nn
+
+from seqlab.layers.attention import KVCache, MultiheadAttention, SelfAttention
+from seqlab.layers.mlp import MLP
+from seqlab.layers.norms import LayerNorm
+
+__all__ = ["TransformerDecoderLayer", "TransformerEncoderLayer"]
+
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
+
+
+class TransformerEncoderLayer(nn.Module):
+    """Self-attention and an MLP, each in a residual with LayerNorm; see the module docstring.
+
+    ``layer(x, mask=None) -> (b, t, d)``. With ``causal=True`` this is a GPT-style decoder-only block.
+    ``n_kv_heads`` and ``rope`` pass through to :class:`SelfAttention`.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        bias: bool = True,
+        norm_eps: float = 1e-5,
+        causal: bool = False,
+        n_kv_heads: int | None = None,
+        rope=None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        self.norm_first = norm_first
+        self.self_attn = SelfAttention(
+            d_model, n_heads, n_kv_heads, bias=bias, dropout=dropout, causal=causal, rope=rope, **kw
+        )
+        self.mlp = MLP(d_model, d_ff, activation=activation, bias=bias, **kw)
+        self.norm1 = LayerNorm(d_model, eps=norm_eps, bias=bias, **kw)
+        self.norm2 = LayerNorm(d_model, eps=norm_eps, bias=bias, **kw)
+        self.drop1, self.drop2 = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def _sa(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        return self.drop1(self.self_attn(x, mask=mask)[0])  # (b, t, d)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if self.norm_first:
+            x = x + self._sa(self.norm1(x), mask)
+            return x + self.drop2(self.mlp(self.norm2(x)))
+        x = self.norm1(x + self._sa(x, mask))
+        return self.norm2(x + self.drop2(self.mlp(x)))
+
+
+DecoderState = tuple[KVCache | None, KVCache | None]
+"""(self-attention KV cache, cross-attention cache of the projected memory); None entries start empty."""
+
+
+class TransformerDecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the memory and an MLP, each in a residual with LayerNorm.
+
+    ``layer(x, memory, mask=None, memory_mask=None, state=None) -> (y, state)``: x (b, t, d), memory (b, s, d);
+    ``mask`` for the self-attention (combined with the causal structure when ``causal``), ``memory_mask``
+    (b, h, t, s)-broadcastable for the cross-attention, e.g. ``key_padding_mask(src_lengths)``. ``state``
+    continues incremental decoding: the self-attention KV cache and the projected memory, so a step costs
+    O(t + s), not a recomputation. ``causal=False`` gives torch.nn.TransformerDecoderLayer's behaviour, where
+    the causal mask must be passed explicitly (``from_torch`` converts to that).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        bias: bool = True,
+        norm_eps: float = 1e-5,
+        causal: bool = True,
+        n_kv_heads: int | None = None,
+        rope=None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        self.norm_first = norm_first
+        self.self_attn = SelfAttention(
+            d_model, n_heads, n_kv_heads, bias=bias, dropout=dropout, causal=causal, rope=rope, **kw
+        )
+        self.cross_attn = MultiheadAttention(d_model, n_heads, n_kv_heads, bias=bias, dropout=dropout, **kw)
+        self.mlp = MLP(d_model, d_ff, activation=activation, bias=bias, **kw)
+        self.norm1 = LayerNorm(d_model, eps=norm_eps, bias=bias, **kw)
+        self.norm2 = LayerNorm(d_model, eps=norm_eps, bias=bias, **kw)
+        self.norm3 = LayerNorm(d_model, eps=norm_eps, bias=bias, **kw)
+        self.drop1, self.drop2, self.drop3 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def init_state(self, batch_size: int) -> DecoderState:
+        return self.self_attn.init_state(batch_size), None
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        state: DecoderState | None = None,
+    ) -> tuple[Tensor, DecoderState]:
+        self_cache, cross_cache = (None, None) if state is None else state
+
+        def sa(h: Tensor) -> Tensor:
+            nonlocal self_cache
+            y, self_cache = self.self_attn(h, state=self_cache, mask=mask)  # (b, t, d)
+            return self.drop1(y)
+
+        def ca(h: Tensor) -> Tensor:
+            nonlocal cross_cache
+            y, cross_cache = self.cross_attn(h, memory, mask=memory_mask, state=cross_cache)  # (b, t, d)
+            return self.drop2(y)
+
+        if self.norm_first:
+            x = x + sa(self.norm1(x))
+            x = x + ca(self.norm2(x))
+            x = x + self.drop3(self.mlp(self.norm3(x)))
+        else:
+            x = self.norm1(x + sa(x))
+            x = self.norm2(x + ca(x))
+            x = self.norm3(x + self.drop3(self.mlp(x)))
+        return x, (self_cache, cross_cache)
