@@ -1,0 +1,92 @@
+"""Hugging Face ``LlamaForCausalLM`` -> seqlab ``GPT`` in its Llama shape.
+
+    model.embed_tokens.weight                       -> tok_embed.weight
+    model.layers.{i}.input_layernorm.weight         -> blocks.{i}.norm1.weight           (RMSNorm)
+    model.layers.{i}.self_attn.{q,k,v}_proj.weight  -> blocks.{i}.attn.in_proj_weight    stacked [q; k; v]
+    model.layers.{i}.self_attn.o_proj.weight        -> blocks.{i}.attn.out_proj.weight
+    model.layers.{i}.post_attention_layernorm.weight-> blocks.{i}.norm2.weight
+    model.layers.{i}.mlp.{gate,up,down}_proj.weight -> blocks.{i}.mlp.{gate,up,down}.weight   (SwiGLU)
+    model.norm.weight                               -> norm.weight
+    lm_head.weight                                  -> head.weight                       (untied unless tied)
+
+HF Llama's rotary embedding rotates the halves of each head (``rotate_half``), which is seqlab's
+``RotaryEmbedding(interleaved=False)``; its q/k weights are already laid out for that. RoPE scaling
+variants (linear, dynamic, llama3, yarn) are rejected: only the default rotary is implemented.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from seqlab.interop.hf_gpt2 import load_mapped
+from seqlab.models.gpt import GPT, GPTConfig
+
+__all__ = ["convert_llama", "llama_config"]
+
+
+def _rope_theta(c) -> tuple[float, str]:
+    params = getattr(c, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    kind = params.get("rope_type", (getattr(c, "rope_scaling", None) or {}).get("rope_type", "default"))
+    return float(theta), kind
+
+
+def llama_config(hf_config) -> GPTConfig:
+    """The GPTConfig equivalent to a transformers ``LlamaConfig``."""
+    c = hf_config
+    theta, kind = _rope_theta(c)
+    attn_bias, mlp_bias = bool(getattr(c, "attention_bias", False)), bool(getattr(c, "mlp_bias", False))
+    checks = [
+        (c.hidden_act == "silu", f"hidden_act={c.hidden_act!r} (SwiGLU uses SiLU)"),
+        (kind == "default", f"rope_type={kind!r} (only the default rotary embedding)"),
+        (attn_bias == mlp_bias, "attention_bias != mlp_bias (one bias switch for both)"),
+    ]
+    for ok, what in checks:
+        if not ok:
+            raise ValueError(f"cannot convert this LlamaConfig: seqlab's GPT does not support {what}")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return GPTConfig(
+        vocab_size=c.vocab_size,
+        max_seq_len=c.max_position_embeddings,
+        n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads,
+        d_model=c.hidden_size,
+        head_dim=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
+        d_ff=c.intermediate_size,
+        mlp="swiglu",
+        norm="rmsnorm",
+        norm_eps=c.rms_norm_eps,
+        position="rope",
+        rope_base=theta,
+        bias=attn_bias,
+        tie_weights=bool(getattr(c, "tie_word_embeddings", False)),
+    )
+
+
+def convert_llama(hf_model: nn.Module) -> GPT:
+    """seqlab GPT with the weights of a transformers ``LlamaForCausalLM`` (same device, dtype and mode)."""
+    config = llama_config(hf_model.config)
+    sd = hf_model.state_dict()
+    ref = sd["model.embed_tokens.weight"]
+    out = {"tok_embed.weight": ref, "norm.weight": sd["model.norm.weight"]}
+    if not config.tie_weights:
+        out["head.weight"] = sd["lm_head.weight"]
+    for i in range(config.n_layers):
+        src, dst = f"model.layers.{i}.", f"blocks.{i}."
+        attn = src + "self_attn."
+        out[dst + "attn.in_proj_weight"] = torch.cat([sd[attn + f"{p}_proj.weight"] for p in "qkv"])
+        out[dst + "attn.out_proj.weight"] = sd[attn + "o_proj.weight"]
+        out[dst + "norm1.weight"] = sd[src + "input_layernorm.weight"]
+        out[dst + "norm2.weight"] = sd[src + "post_attention_layernorm.weight"]
+        for p in ("gate", "up", "down"):
+            out[dst + f"mlp.{p}.weight"] = sd[src + f"mlp.{p}_proj.weight"]
+        if config.bias:
+            out[dst + "attn.in_proj_bias"] = torch.cat([sd[attn + f"{p}_proj.bias"] for p in "qkv"])
+            out[dst + "attn.out_proj.bias"] = sd[attn + "o_proj.bias"]
+            for p in ("gate", "up", "down"):
+                out[dst + f"mlp.{p}.bias"] = sd[src + f"mlp.{p}_proj.bias"]
+    model = GPT(config, device=ref.device, dtype=ref.dtype)
+    load_mapped(model, out)
+    return model.train(hf_model.training)

@@ -1,0 +1,94 @@
+"""The GPT family: model protocol, the DESIGN laws at model level, configuration and initialization."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from seqlab.models import build, create
+from seqlab.models.gpt import GPTConfig
+
+PRESETS = ["test-gpt", "test-gpt-llama"]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_step_equals_forward_and_chunked_equals_whole(name):
+    torch.manual_seed(0)
+    model = create(name, vocab_size=13).eval()
+    x = torch.randint(0, 13, (2, 11))
+    full = model(x)
+    state, outs = model.init_state(2), []
+    for t in range(11):
+        y, state = model.step(x[:, t], state)
+        outs.append(y)
+    torch.testing.assert_close(torch.stack(outs, 1), full, atol=1e-5, rtol=1e-5)
+    a, s = model(x[:, :4], return_state=True)
+    b, s = model(x[:, 4:], state=s, return_state=True)
+    torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=1e-5)
+    assert int(s[0].pos) == 11 and s[0].k.shape[2] == 11
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_causal_batch_independent_and_every_parameter_learns(name):
+    torch.manual_seed(0)
+    model = create(name, vocab_size=7, dropout=0.1)
+    x = torch.randint(0, 7, (3, 9))
+    x2 = x.clone()
+    x2[:, 5:] = (x2[:, 5:] + 1) % 7
+    model.eval()
+    torch.testing.assert_close(model(x)[:, :5], model(x2)[:, :5])
+    torch.testing.assert_close(model(x[1:2]), model(x)[1:2], atol=1e-5, rtol=1e-5)
+    model.train()
+    model(x).logsumexp(-1).mean().backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
+
+
+def test_gpt2_initialization_and_tying():
+    torch.manual_seed(0)
+    model = create("gpt-tiny", vocab_size=65)
+    assert model.head.weight is model.tok_embed.weight
+    c = model.config
+    resid = torch.cat([p.weight.flatten() for b in model.blocks for p in b.residual_projections()])
+    assert abs(resid.std().item() - 0.02 / math.sqrt(2 * c.n_layers)) < 2e-4
+    assert abs(model.blocks[0].attn.in_proj_weight.std().item() - 0.02) < 1e-3
+    assert all(b.attn.in_proj_bias.abs().sum() == 0 for b in model.blocks)
+    llama = create("test-gpt-llama")
+    assert llama.head.weight is not llama.tok_embed.weight and llama.blocks[0].attn.in_proj_bias is None
+    assert llama.pos_embed is None and llama.blocks[0].attn.rope is not None
+
+
+def test_config_round_trip_and_validation():
+    cfg = create("test-gpt-llama").config
+    again = GPTConfig(**json.loads(json.dumps(dataclasses.asdict(cfg))))
+    assert again == cfg
+    model = build("gpt", dataclasses.asdict(cfg))
+    assert model.family == "gpt"
+    with pytest.raises(ValueError, match="norm must be one of"):
+        GPTConfig(norm="batchnorm")
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        GPTConfig(n_heads=4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(d_model=30, n_heads=4)
+
+
+def test_generate_and_attention_maps():
+    torch.manual_seed(0)
+    model = create("test-gpt", vocab_size=11)
+    prompt = torch.randint(0, 11, (5,))
+    out = model.generate(prompt, 7, temperature=0)
+    assert out.shape == (12,) and torch.equal(out[:5], prompt)
+    g = torch.Generator().manual_seed(1)
+    sampled = model.generate(prompt[None], 7, top_k=3, generator=g)
+    assert sampled.shape == (1, 12)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model.generate(prompt, 100)
+    maps = model.attention_maps(prompt[None], layers=[1])
+    w = maps[1]
+    assert list(maps) == [1] and w.shape == (1, 4, 5, 5)
+    torch.testing.assert_close(w.sum(-1), torch.ones(1, 4, 5))
+    assert torch.all(w.triu(1) == 0)  # causal: no weight on future keys
+    with pytest.raises(ValueError, match="out of range"):
+        model.attention_maps(prompt[None], layers=[2])
