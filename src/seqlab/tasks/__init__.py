@@ -9,13 +9,17 @@ from seqlab.tasks.base import Task
 
 
 def _registry() -> dict[str, Any]:
-    from seqlab.tasks import synthetic, text
+    from seqlab.tasks import images, probes, synthetic, text
 
     return {
         "shakespeare": lambda **kw: text.CharLMTask(source="shakespeare", **kw),
         "text": text.CharLMTask,  # needs source=PATH
         "adding": synthetic.AddingTask,
         "copy": synthetic.CopyTask,
+        "selective_copy": probes.SelectiveCopyTask,
+        "associative_recall": probes.AssociativeRecallTask,
+        "induction": probes.InductionHeadsTask,
+        "seq_image": images.SequentialImageTask,
     }
 
 
