@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from seqlab.interop.hf_bert import convert_bert
 from seqlab.interop.hf_gpt2 import convert_gpt2
 from seqlab.interop.hf_llama import convert_llama
 from seqlab.interop.hf_mamba import convert_mamba
@@ -26,6 +27,7 @@ CONVERTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "MambaForCausalLM": convert_mamba,
     "GPT2LMHeadModel": convert_gpt2,
     "LlamaForCausalLM": convert_llama,
+    "BertModel": convert_bert,
 }
 
 

@@ -14,18 +14,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from seqlab.models import gpt, lm, mamba, rnn_lm
+from seqlab.models import encoder, gpt, lm, mamba, rnn_lm
 
 FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "rnn_lm": (rnn_lm.RNNLMConfig, rnn_lm.RNNLM),
     "lm": (lm.LMConfig, lm.LM),
     "gpt": (gpt.GPTConfig, gpt.GPT),
+    "encoder": (encoder.EncoderConfig, encoder.Encoder),
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("rnn_lm", fields) for name, fields in rnn_lm.PRESETS.items()},
     **{name: ("lm", fields) for name, fields in lm.PRESETS.items()},
     **{name: ("lm", fields) for name, fields in mamba.PRESETS.items()},
     **{name: ("gpt", fields) for name, fields in gpt.PRESETS.items()},
+    **{name: ("encoder", fields) for name, fields in encoder.PRESETS.items()},
 }
 
 __all__ = ["FAMILIES", "PRESETS", "build", "count_parameters", "create", "list_models", "make_config"]

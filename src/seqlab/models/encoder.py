@@ -1,0 +1,253 @@
+r"""BERT-style bidirectional Transformer encoders (Devlin et al. 2018, arXiv 1810.04805).
+
+Notation: ``b`` batch, ``t`` time, ``d`` d_model, ``v`` vocabulary, ``c`` classes.
+
+    x_0 = LayerNorm(E_tok[ids] + E_pos[0..t-1] + E_seg[token_type_ids])      then dropout
+    x_l = LN_2(y + MLP(y)),  y = LN_1(x_{l-1} + SelfAttn(x_{l-1}, padding mask))   post-norm (BERT, as Vaswani)
+    returns x_L (b, t, d): the last hidden states
+
+Padding: ``attention_mask`` (b, t) is 1/True at real tokens; padded keys receive no attention. Padded
+positions still get hidden states (computed from the real tokens), as in BERT; pool with the mask.
+The pooler (``tanh(W h_[CLS] + b)``, BERT's next-sentence pooler) belongs to the encoder when
+``config.pooler`` is set, so that BERT checkpoints load whole; :meth:`Encoder.pool` applies it (``"cls"``) or
+takes the masked mean of the hidden states (``"mean"``, Sentence-BERT, Reimers & Gurevych 2019).
+
+Heads are separate modules: :class:`MaskedLMHead` (dense -> GELU -> LayerNorm -> vocabulary, decoder tied
+to the token embedding) and :class:`ClassificationHead` (pool -> dropout -> linear), composed by
+:class:`EncoderForMaskedLM` and :class:`EncoderForSequenceClassification`.
+
+Initialization as BERT: N(0, 0.02) weights and embeddings, zero biases, LayerNorm (1, 0).
+Layers are :class:`seqlab.layers.transformer_blocks.TransformerEncoderLayer` (post-norm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.masks import key_padding_mask
+from seqlab.layers.norms import LayerNorm
+from seqlab.layers.transformer_blocks import TransformerEncoderLayer
+
+__all__ = [
+    "PRESETS",
+    "ClassificationHead",
+    "Encoder",
+    "EncoderConfig",
+    "EncoderForMaskedLM",
+    "EncoderForSequenceClassification",
+    "MaskedLMHead",
+]
+
+
+@dataclass
+class EncoderConfig:
+    vocab_size: int = 30522
+    max_seq_len: int = 512
+    """Size of the learned position table."""
+    type_vocab_size: int = 2
+    """Segment (sentence A / B) embeddings; 0 means none."""
+    n_layers: int = 12
+    n_heads: int = 12
+    d_model: int = 768
+    d_ff: int | None = None
+    """Hidden width of the MLP; None means 4 * d_model."""
+    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"
+    norm_eps: float = 1e-12
+    dropout: float = 0.1
+    """On the embeddings, the attention weights and the residual branches (training only)."""
+    pooler: bool = True
+    """Include BERT's pooler tanh(W h_[CLS] + b)."""
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.activation not in ("gelu", "gelu_tanh", "relu"):
+            raise ValueError(f"activation must be 'gelu', 'gelu_tanh' or 'relu', got {self.activation!r}")
+        for name in ("vocab_size", "max_seq_len", "n_layers", "n_heads", "d_model"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def ff_width(self) -> int:
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+
+def _bert_init(module: nn.Module, std: float = 0.02) -> None:
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.Linear | nn.Embedding):
+                nn.init.normal_(m.weight, std=std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, MultiheadAttention):
+                nn.init.normal_(m.in_proj_weight, std=std)
+                if m.in_proj_bias is not None:
+                    nn.init.zeros_(m.in_proj_bias)
+
+
+class Encoder(nn.Module):
+    """``encoder(input_ids (b, t), attention_mask=None, token_type_ids=None) -> hidden (b, t, d)``."""
+
+    family = "encoder"
+
+    def __init__(self, config: EncoderConfig, device=None, dtype=None):
+        super().__init__()
+        self.config = c = config
+        kw = {"device": device, "dtype": dtype}
+        self.tok_embed = nn.Embedding(c.vocab_size, c.d_model, **kw)
+        self.pos_embed = nn.Embedding(c.max_seq_len, c.d_model, **kw)
+        self.type_embed = nn.Embedding(c.type_vocab_size, c.d_model, **kw) if c.type_vocab_size else None
+        self.embed_norm = LayerNorm(c.d_model, eps=c.norm_eps, **kw)
+        self.drop = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(
+            TransformerEncoderLayer(
+                c.d_model,
+                c.n_heads,
+                c.ff_width,
+                dropout=c.dropout,
+                activation=c.activation,
+                norm_first=False,
+                norm_eps=c.norm_eps,
+                **kw,
+            )
+            for _ in range(c.n_layers)
+        )
+        self.pooler = nn.Linear(c.d_model, c.d_model, **kw) if c.pooler else None
+        _bert_init(self)
+
+    def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        t = input_ids.size(1)
+        if t > self.config.max_seq_len:
+            raise ValueError(f"sequence of {t} tokens exceeds max_seq_len={self.config.max_seq_len}")
+        h = self.tok_embed(input_ids) + self.pos_embed.weight[:t]  # (b, t, d) + (t, d)
+        if self.type_embed is not None:
+            types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+            h = h + self.type_embed(types)  # (b, t, d)
+        return self.drop(self.embed_norm(h))
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+    ) -> Tensor:
+        if input_ids.dim() != 2 or input_ids.is_floating_point():
+            raise ValueError(
+                f"expected integer token ids (b, t), got {input_ids.dtype} {tuple(input_ids.shape)}"
+            )
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(
+                    f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}"
+                )
+            mask = key_padding_mask(attention_mask.bool())  # (b, 1, 1, t): True at real keys
+        h = self.embed(input_ids, token_type_ids)  # (b, t, d)
+        for layer in self.layers:
+            h = layer(h, mask=mask)
+        return h
+
+    def pool(
+        self, hidden: Tensor, attention_mask: Tensor | None = None, how: Literal["cls", "mean"] = "cls"
+    ) -> Tensor:
+        """hidden (b, t, d) -> (b, d): BERT's pooler on [CLS] (``"cls"``) or the masked mean (``"mean"``)."""
+        if how == "cls":
+            first = hidden[:, 0]  # (b, d)
+            return first if self.pooler is None else torch.tanh(self.pooler(first))
+        if how == "mean":
+            if attention_mask is None:
+                return hidden.mean(1)
+            m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (b, t, 1)
+            return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)  # (b, d)
+        raise ValueError(f"pooling must be 'cls' or 'mean', got {how!r}")
+
+    @classmethod
+    def from_pretrained_folder(cls, path, device=None, dtype=None) -> Encoder:
+        """A BERT checkpoint folder (config.json + model.safetensors, Hugging Face layout) without transformers."""
+        from seqlab.interop.hf_bert import load_bert_folder
+
+        return load_bert_folder(path, device=device, dtype=dtype)
+
+
+class MaskedLMHead(nn.Module):
+    """hidden (b, t, d) -> logits (b, t, v): LayerNorm(GELU(W h + b)) Eᵀ + bias (BERT's MLM head)."""
+
+    def __init__(self, config: EncoderConfig, embedding: nn.Embedding | None = None, device=None, dtype=None):
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        c = config
+        self.dense = nn.Linear(c.d_model, c.d_model, **kw)
+        self.norm = LayerNorm(c.d_model, eps=c.norm_eps, **kw)
+        self.decoder = nn.Linear(c.d_model, c.vocab_size, **kw)
+        _bert_init(self)
+        if embedding is not None:
+            self.decoder.weight = embedding.weight  # tied to the input embedding, as in BERT
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.decoder(self.norm(F.gelu(self.dense(hidden))))  # (b, t, d) -> (b, t, v)
+
+
+class ClassificationHead(nn.Module):
+    """pooled (b, d) -> logits (b, c): dropout then a linear layer."""
+
+    def __init__(self, d_model: int, n_classes: int, dropout: float = 0.1, device=None, dtype=None):
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.proj = nn.Linear(d_model, n_classes, device=device, dtype=dtype)
+        _bert_init(self)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return self.proj(self.drop(pooled))
+
+
+class EncoderForMaskedLM(nn.Module):
+    """Encoder + MLM head: ``model(input_ids, attention_mask, token_type_ids) -> logits (b, t, v)``.
+    The loss (cross-entropy on the masked positions) belongs to the task."""
+
+    def __init__(self, config: EncoderConfig, device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config, device=device, dtype=dtype)
+        self.head = MaskedLMHead(config, self.encoder.tok_embed, device=device, dtype=dtype)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> Tensor:
+        return self.head(self.encoder(input_ids, attention_mask, token_type_ids))
+
+
+class EncoderForSequenceClassification(nn.Module):
+    """Encoder + pooling (``"cls"`` or ``"mean"``) + classifier: ``-> logits (b, c)``."""
+
+    def __init__(
+        self,
+        config: EncoderConfig,
+        n_classes: int,
+        pooling: Literal["cls", "mean"] = "cls",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        self.config, self.pooling = config, pooling
+        self.encoder = Encoder(config, device=device, dtype=dtype)
+        self.head = ClassificationHead(config.d_model, n_classes, config.dropout, device=device, dtype=dtype)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> Tensor:
+        h = self.encoder(input_ids, attention_mask, token_type_ids)  # (b, t, d)
+        return self.head(self.encoder.pool(h, attention_mask, self.pooling))  # (b, c)
+
+
+# BERT sizes from Devlin et al. 2018 (section 3): 30,522 WordPiece tokens, 512 positions, 2 segments.
+PRESETS = {
+    "test-bert": {"vocab_size": 101, "max_seq_len": 64, "n_layers": 2, "n_heads": 4, "d_model": 32},
+    "bert-base": {"n_layers": 12, "n_heads": 12, "d_model": 768},
+    "bert-large": {"n_layers": 24, "n_heads": 16, "d_model": 1024},
+    # all-MiniLM-L6-v2 (sentence-transformers): MiniLM-L6-H384 (Wang et al. 2020, arXiv 2002.10957)
+    "minilm-l6": {"n_layers": 6, "n_heads": 12, "d_model": 384, "d_ff": 1536},
+}
