@@ -59,6 +59,11 @@ def discretize(A: Tensor, B: Tensor, dt: Tensor, method: Literal["zoh", "bilinea
     raise ValueError(f"discretization must be 'zoh' or 'bilinear', got {method!r}")
 
 
+def _wide(p: Tensor) -> Tensor:
+    """float32 for half-precision tensors (the scan's numerics), unchanged otherwise."""
+    return p.to(torch.promote_types(p.dtype, torch.float32))
+
+
 def _log_uniform(size: int, lo: float, hi: float, **kw) -> Tensor:
     return torch.exp(torch.rand(size, **kw) * (math.log(hi) - math.log(lo)) + math.log(lo))
 
@@ -280,7 +285,7 @@ class Mamba(nn.Module):
         w, bias = self.conv1d.weight, self.conv1d.bias  # (d_inner, 1, d_conv), (d_inner,)
         xs = F.silu(F.conv1d(xs_c, w, bias, groups=self.d_inner)).transpose(1, 2)  # (b, t, d_inner)
         delta, B, C = self._ssm_inputs(xs)
-        A = -torch.exp(self.A_log.float())  # (d_inner, n)
+        A = -torch.exp(_wide(self.A_log))  # (d_inner, n)
         scan = selective_scan_ref if self.use_ref else selective_scan
         kwargs = {} if self.use_ref else {"chunk_size": self.chunk_size}
         y, ssm_state = scan(
@@ -289,9 +294,9 @@ class Mamba(nn.Module):
             A,
             B,
             C,
-            D=self.D.float(),
+            D=_wide(self.D),
             z=z,
-            delta_bias=self.dt_proj.bias.float(),
+            delta_bias=_wide(self.dt_proj.bias),
             delta_softplus=True,
             initial_state=ssm_state,
             return_last_state=True,
@@ -310,7 +315,7 @@ class Mamba(nn.Module):
         xs = F.silu(xs)
         delta, B, C = self._ssm_inputs(xs)
         delta = F.softplus(delta + self.dt_proj.bias)  # (b, d_inner)
-        A = -torch.exp(self.A_log.float())
+        A = -torch.exp(_wide(self.A_log))
         dA = torch.exp(delta[..., None] * A)  # Ā = exp(Δ A): (b, d_inner, n)
         h = dA * h + (delta * xs)[..., None] * B[:, None, :]  # h = Ā h + Δ x B
         y = torch.einsum("bin,bn->bi", h, C) + self.D * xs  # ⟨h, C⟩ + D x

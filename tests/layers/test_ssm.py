@@ -1,0 +1,177 @@
+"""SSM layers: discretization, the S4D mixer's two views, the Mamba mixer; the token-mixer laws for both."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqlab.layers.ssm import S4D, Mamba, discretize, discretize_bilinear, discretize_zoh
+
+F64 = torch.float64
+
+
+def _state_close(a, b, tol=1e-9):
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+    else:
+        for u, v in zip(a, b, strict=True):
+            _state_close(u, v, tol)
+
+
+def _make(kind, d, n, seed):
+    torch.manual_seed(seed)
+    if kind == "s4d-zoh-lin":
+        return S4D(d, 2 * n, dtype=F64)
+    if kind == "s4d-bilinear-inv":
+        return S4D(d, 2 * n, discretization="bilinear", init="inv", dtype=F64)
+    return Mamba(d, d_state=n, d_conv=3, chunk_size=4, dtype=F64)
+
+
+KINDS = ["s4d-zoh-lin", "s4d-bilinear-inv", "mamba"]
+
+
+# ---- discretization ----------------------------------------------------------------------------------------
+
+
+def test_zoh_equals_the_exact_solution_of_the_ode():
+    # x' = a x + b u with u constant over [0, Δ] from x(0) = 0: x(Δ) = (e^{aΔ} - 1)/a · b u (matrix exponential
+    # of the augmented system [[a, b], [0, 0]] gives the same Ā, B̄).
+    a = torch.tensor([-0.5 + 3.0j, -2.0 + 0.0j], dtype=torch.complex128)
+    b = torch.tensor([1.0 + 0.5j, 2.0 + 0.0j], dtype=torch.complex128)
+    dt = torch.tensor(0.3, dtype=F64)
+    dA, dB = discretize_zoh(a, b, dt)
+    for i in range(2):
+        M = torch.zeros(2, 2, dtype=torch.complex128)
+        M[0, 0], M[0, 1] = a[i] * dt, b[i] * dt
+        E = torch.linalg.matrix_exp(M)
+        torch.testing.assert_close(dA[i], E[0, 0])
+        torch.testing.assert_close(dB[i], E[0, 1])
+
+
+def test_bilinear_formula_and_agreement_for_small_steps():
+    a = torch.tensor([-0.5, -3.0], dtype=F64)
+    b = torch.ones(2, dtype=F64)
+    dA, dB = discretize_bilinear(a, b, torch.tensor(0.2, dtype=F64))
+    torch.testing.assert_close(dA, (1 - 0.1 * a.neg()) / (1 + 0.1 * a.neg()))
+    torch.testing.assert_close(dB, 0.2 / (1 - 0.1 * a))
+    z, zb = discretize(a, b, torch.tensor(1e-3, dtype=F64), "zoh")
+    l, lb = discretize(a, b, torch.tensor(1e-3, dtype=F64), "bilinear")
+    torch.testing.assert_close(z, l, atol=1e-8, rtol=0)  # both are e^{aΔ} to second order
+    torch.testing.assert_close(zb, lb, atol=1e-8, rtol=0)
+    with pytest.raises(ValueError, match="zoh"):
+        discretize(a, b, torch.tensor(0.1), "euler")
+
+
+# ---- S4D ----------------------------------------------------------------------------------------------------
+
+
+def test_s4d_kernel_is_the_unrolled_recurrence():
+    torch.manual_seed(0)
+    m = S4D(3, 8, dtype=F64)
+    t = 20
+    impulse = torch.zeros(1, t, 3, dtype=F64)
+    impulse[:, 0] = 1.0
+    y, _ = m.ssm_conv(impulse)  # impulse response: K_k + D δ_k
+    _, dA, dB, C = m._discrete()
+    K = torch.stack([2 * (C * dB * dA**k).sum(-1).real for k in range(t)], dim=0)  # (t, d)
+    K[0] += m.D
+    torch.testing.assert_close(y[0], K)
+
+
+def test_s4d_lin_and_inv_initializations():
+    m = S4D(2, 8, init="lin")
+    torch.testing.assert_close(-torch.exp(m.A_log_re), torch.full((2, 4), -0.5))
+    torch.testing.assert_close(m.A_im[0], math.pi * torch.arange(4.0))
+    inv = S4D(2, 8, init="inv")
+    torch.testing.assert_close(inv.A_im[0], (8 / math.pi) * (8 / (2 * torch.arange(4.0) + 1) - 1))
+    dt = torch.exp(m.log_dt)
+    assert ((dt >= 1e-3) & (dt <= 1e-1)).all()
+    with pytest.raises(ValueError, match="even d_state"):
+        S4D(4, 5)
+
+
+# ---- the token-mixer laws ------------------------------------------------------------------------------------
+
+
+@settings(deadline=None, max_examples=8)
+@given(kind=st.sampled_from(KINDS), t=st.integers(1, 12), n=st.integers(1, 4), seed=st.integers(0, 999))
+def test_step_equals_forward(kind, t, n, seed):
+    """For S4D this is the recurrent view (step) against the convolution view (FFT) of the same SSM."""
+    m = _make(kind, 4, n, seed)
+    x = torch.randn(2, t, 4, dtype=F64)
+    y, s_full = m(x)
+    state, ys = m.init_state(2), []
+    for i in range(t):
+        y_t, state = m.step(x[:, i], state)
+        ys.append(y_t)
+    torch.testing.assert_close(torch.stack(ys, 1), y, atol=1e-9, rtol=1e-9)
+    _state_close(state, s_full)
+
+
+@settings(deadline=None, max_examples=8)
+@given(kind=st.sampled_from(KINDS), t=st.integers(2, 14), data=st.data())
+def test_chunked_with_carried_state_equals_whole(kind, t, data):
+    m = _make(kind, 4, 3, data.draw(st.integers(0, 999)))
+    s = data.draw(st.integers(1, t - 1))
+    x = torch.randn(2, t, 4, dtype=F64)
+    y, s_full = m(x)
+    a, state = m(x[:, :s])
+    b, state = m(x[:, s:], state)
+    torch.testing.assert_close(torch.cat([a, b], 1), y, atol=1e-9, rtol=1e-9)
+    _state_close(state, s_full)
+
+
+@settings(deadline=None, max_examples=8)
+@given(kind=st.sampled_from(KINDS), t=st.integers(2, 14), data=st.data())
+def test_causal(kind, t, data):
+    m = _make(kind, 4, 3, data.draw(st.integers(0, 999)))
+    s = data.draw(st.integers(1, t - 1))
+    x = torch.randn(2, t, 4, dtype=F64)
+    x2 = x.clone()
+    x2[:, s:] = torch.randn_like(x2[:, s:])
+    torch.testing.assert_close(m(x)[0][:, :s], m(x2)[0][:, :s], atol=1e-12, rtol=0)
+
+
+# ---- Mamba ---------------------------------------------------------------------------------------------------
+
+
+def test_mamba_fast_scan_equals_reference_with_gradients():
+    torch.manual_seed(0)
+    m = Mamba(8, d_state=4, chunk_size=5, dtype=F64)
+    x = torch.randn(2, 13, 8, dtype=F64, requires_grad=True)
+    y, (conv, h) = m(x)
+    grads = torch.autograd.grad(y.square().sum() + h.sum(), [x, *m.parameters()])
+    m.use_ref = True
+    y_r, (conv_r, h_r) = m(x)
+    grads_r = torch.autograd.grad(y_r.square().sum() + h_r.sum(), [x, *m.parameters()])
+    torch.testing.assert_close(y, y_r)
+    torch.testing.assert_close(h, h_r)
+    torch.testing.assert_close(conv, conv_r)
+    for g, g_r in zip(grads, grads_r, strict=True):
+        torch.testing.assert_close(g, g_r)
+
+
+def test_mamba_initialization_and_parameter_names():
+    m = Mamba(32, d_state=16, d_conv=4, expand=2)
+    names = {n.split(".")[0] for n, _ in m.named_parameters()}
+    assert names == {"in_proj", "conv1d", "x_proj", "dt_proj", "A_log", "D", "out_proj"}
+    assert m.dt_rank == 2 and m.x_proj.out_features == 2 + 32
+    torch.testing.assert_close(-torch.exp(m.A_log[5]), -torch.arange(1.0, 17.0))
+    dt = torch.nn.functional.softplus(m.dt_proj.bias)
+    assert ((dt >= 1e-3 * 0.999) & (dt <= 1e-1 * 1.001)).all()
+    assert torch.all(m.D == 1)
+    conv, h = m.init_state(3)
+    assert conv.shape == (3, 64, 4) and h.shape == (3, 64, 16)
+    with pytest.raises(ValueError, match="expects x of shape"):
+        m(torch.randn(2, 5, 31))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_parameter_learns(kind):
+    m = _make(kind, 4, 2, 0).float()
+    y, _ = m(torch.randn(2, 9, 4))
+    y.square().sum().backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
