@@ -14,13 +14,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from seqlab.models import encoder, gpt, lm, mamba, rnn_lm
+from seqlab.models import encoder, gpt, lm, mamba, rnn_lm, transformer
 
 FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "rnn_lm": (rnn_lm.RNNLMConfig, rnn_lm.RNNLM),
     "lm": (lm.LMConfig, lm.LM),
     "gpt": (gpt.GPTConfig, gpt.GPT),
     "encoder": (encoder.EncoderConfig, encoder.Encoder),
+    "transformer": (transformer.TransformerConfig, transformer.Transformer),
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("rnn_lm", fields) for name, fields in rnn_lm.PRESETS.items()},
@@ -28,6 +29,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("lm", fields) for name, fields in mamba.PRESETS.items()},
     **{name: ("gpt", fields) for name, fields in gpt.PRESETS.items()},
     **{name: ("encoder", fields) for name, fields in encoder.PRESETS.items()},
+    **{name: ("transformer", fields) for name, fields in transformer.PRESETS.items()},
 }
 
 __all__ = ["FAMILIES", "PRESETS", "build", "count_parameters", "create", "list_models", "make_config"]

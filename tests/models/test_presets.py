@@ -1,0 +1,70 @@
+"""Literature presets against their published parameter counts (built on the meta device), the FLOP
+accounting, and conformance of the Transformer families' tiny presets."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from seqlab.models import PRESETS, build, count_parameters, create
+from seqlab.models.flops import report
+
+# (preset, published count, source)
+PUBLISHED = [
+    ("gpt2", 124e6, "GPT-2 small as released (the paper's table 2 says 117M)"),
+    ("gpt2-xl", 1542e6, "Radford et al. 2019, table 2 (1.5B)"),
+    ("gpt3-175b", 175e9, "Brown et al. 2020, table 2.1"),
+    ("bert-base", 110e6, "Devlin et al. 2018, section 3"),
+    ("bert-large", 340e6, "Devlin et al. 2018, section 3"),
+    ("minilm-l6", 22.7e6, "all-MiniLM-L6-v2 model card"),
+    ("transformer-big", 213e6, "Vaswani et al. 2017, table 3"),
+]
+
+
+@pytest.mark.parametrize(("name", "published", "source"), PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_parameter_count_within_two_percent(name, published, source):
+    n = count_parameters(name)
+    assert abs(n - published) / published < 0.02, f"{name}: {n:,} vs {published:,.0f} ({source})"
+
+
+def test_transformer_base_count_is_documented():
+    # 63.1M with the 37,000-token shared vocabulary: the paper's "65M" is rounded (see transformer.py)
+    n = count_parameters("transformer-base")
+    assert n == 63_082_496 and abs(n - 65e6) / 65e6 < 0.03
+
+
+def test_report_components_and_flops():
+    r = report("gpt2")
+    assert r.total == count_parameters("gpt2") == sum(r.by_component.values())
+    assert r.by_component["embeddings"] == 50257 * 768 + 1024 * 768 and r.by_component["head"] == 0
+    assert r.by_component["attention"] == 12 * (4 * 768 * 768 + 4 * 768)
+    assert r.by_component["mlp"] == 12 * (8 * 768 * 768 + 5 * 768)
+    assert r.matmul_params == 12 * 12 * 768 * 768 + 50257 * 768  # blocks + the tied head's matmul
+    assert r.flops_per_token == 2 * r.matmul_params + 4 * 12 * 1024 * 768
+    assert ("head.weight", (256, 32)) in report("test-gpt-llama").shapes["head"]
+
+
+TINY = sorted(
+    n for n, (fam, _) in PRESETS.items() if fam in ("gpt", "encoder", "transformer") and n.startswith("test-")
+)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_presets_conform(name):
+    torch.manual_seed(0)
+    model = create(name)
+    family = PRESETS[name][0]
+    ids = torch.randint(3, 32, (2, 6))
+    out = model(ids, ids) if family == "transformer" else model(ids)
+    out.float().square().mean().backward()
+    for n, p in model.named_parameters():
+        if n.startswith("pooler"):
+            continue  # the encoder's pooler only serves the CLS classification head
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+    again = build(family, dataclasses.asdict(model.config))
+    again.load_state_dict(model.state_dict())
+    model.eval(), again.eval()
+    with torch.no_grad():
+        a = model(ids, ids) if family == "transformer" else model(ids)
+        b = again(ids, ids) if family == "transformer" else again(ids)
+    torch.testing.assert_close(a, b)
