@@ -1,0 +1,163 @@
+"""Subword tokenizers trained and applied through Hugging Face ``tokenizers``: byte-level BPE (GPT-2, Radford
+et al. 2019, section 2.2) and WordPiece (BERT; Wu et al. 2016, arXiv 1609.08144).
+
+Both speak :class:`seqlab.tasks.text.CharTokenizer`'s interface, so a task can carry one and a checkpoint can
+store it (``tokenizer.json``): ``encode(text) -> LongTensor``, ``decode(ids) -> str``, ``vocab_size``,
+``to_json()`` / ``from_json(text)``. :func:`tokenizer_from_json` rebuilds whichever kind a JSON holds.
+
+* Byte-level BPE is lossless: every string encodes (its bytes are the base alphabet) and decodes back to
+  itself exactly. Merges are learnt on whitespace-split "words" with GPT-2's pre-tokenizer regex.
+* WordPiece splits on whitespace and punctuation first, marks word-internal pieces with ``##`` and maps
+  unseen characters to ``[UNK]``; decoding rejoins pieces with single spaces, so it is not lossless.
+
+``tokenizers`` is imported when a tokenizer is trained or loaded (it comes with the ``hf`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["BPETokenizer", "SubwordTokenizer", "WordPieceTokenizer", "tokenizer_from_json"]
+
+
+def _lib():
+    try:
+        import tokenizers
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "subword tokenizers need the Hugging Face 'tokenizers' package: pip install 'seqlab[hf]'"
+        ) from None
+    return tokenizers
+
+
+def _chunks(text: str | Iterable[str], size: int = 1 << 16) -> Iterable[str]:
+    if isinstance(text, str):
+        return (text[i : i + size] for i in range(0, len(text), size))
+    return text
+
+
+class SubwordTokenizer:
+    """A trained ``tokenizers.Tokenizer`` behind seqlab's tokenizer interface."""
+
+    kind: Literal["bpe", "wordpiece"]
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> Tensor:
+        return torch.tensor(self.tokenizer.encode(text).ids, dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"type": self.kind, "tokenizer": json.loads(self.tokenizer.to_str())}, ensure_ascii=False
+        )
+
+    @classmethod
+    def from_json(cls, text: str):
+        data = json.loads(text)
+        if data.get("type") != cls.kind:
+            raise ValueError(f"not a {cls.kind} tokenizer: type={data.get('type')!r}")
+        return cls(_lib().Tokenizer.from_str(json.dumps(data["tokenizer"])))
+
+    def save(self, path) -> None:
+        from pathlib import Path
+
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path):
+        from pathlib import Path
+
+        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+class BPETokenizer(SubwordTokenizer):
+    """Byte-level BPE: ``BPETokenizer.train(text, vocab_size=1000)``; lossless encode/decode."""
+
+    kind = "bpe"
+    SPECIALS = ("<|endoftext|>",)
+
+    @classmethod
+    def train(cls, text: str | Iterable[str], vocab_size: int = 1000, min_frequency: int = 2) -> BPETokenizer:
+        tk = _lib()
+        if vocab_size < 256 + len(cls.SPECIALS):
+            raise ValueError(
+                f"byte-level BPE needs vocab_size >= {256 + len(cls.SPECIALS)} (256 bytes), got {vocab_size}"
+            )
+        tok = tk.Tokenizer(tk.models.BPE())
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tk.decoders.ByteLevel()
+        trainer = tk.trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=list(cls.SPECIALS),
+            show_progress=False,
+        )
+        tok.train_from_iterator(_chunks(text), trainer=trainer)
+        return cls(tok)
+
+
+class WordPieceTokenizer(SubwordTokenizer):
+    """WordPiece with BERT's special tokens: ``WordPieceTokenizer.train(text, vocab_size=1000)``."""
+
+    kind = "wordpiece"
+    SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+    @classmethod
+    def train(
+        cls,
+        text: str | Iterable[str],
+        vocab_size: int = 1000,
+        lowercase: bool = False,
+        min_frequency: int = 2,
+    ) -> WordPieceTokenizer:
+        tk = _lib()
+        tok = tk.Tokenizer(tk.models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = tk.normalizers.BertNormalizer(lowercase=lowercase, strip_accents=False)
+        tok.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+        tok.decoder = tk.decoders.WordPiece(prefix="##")
+        trainer = tk.trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(cls.SPECIALS),
+            show_progress=False,
+        )
+        tok.train_from_iterator(_chunks(text), trainer=trainer)
+        return cls(tok)
+
+    def decode(self, ids) -> str:
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def tokenizer_from_json(text: str):
+    """Rebuild a tokenizer from ``to_json()`` output, dispatching on its ``type``: char, bpe or wordpiece."""
+    kind = json.loads(text).get("type")
+    if kind == "char":
+        from seqlab.tasks.text import CharTokenizer
+
+        return CharTokenizer.from_json(text)
+    kinds = {"bpe": BPETokenizer, "wordpiece": WordPieceTokenizer}
+    if kind not in kinds:
+        raise ValueError(f"unknown tokenizer type {kind!r} in tokenizer.json; known: char, bpe, wordpiece")
+    return kinds[kind].from_json(text)
