@@ -371,7 +371,7 @@ class SelfAttention(MultiheadAttention):
     """
 
     def forward(
-        self, x: Tensor, state: KVCache | None = None, mask: Tensor | None = None, need_weights=False
+        self, x: Tensor, state: KVCache | None = None, mask: Tensor | None = None, need_weights: bool = False
     ):
         return super().forward(x, mask=mask, state=state, need_weights=need_weights)
 
