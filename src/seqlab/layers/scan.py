@@ -138,7 +138,9 @@ class _ChunkedScan(torch.autograd.Function):
             e = min(s + chunk_size, t)
             boundary[:, k] = h
             _, H = _ChunkedScan._chunk_states(u[:, s:e], delta[:, s:e], A, B[:, s:e], h)
-            y[:, s:e] = torch.einsum("bldn,bln->bld", H, C[:, s:e])  # (b, l, d, n) x (b, l, n) -> (b, l, d)
+            y[:, s:e] = (H * C[:, s:e, None, :]).sum(
+                -1
+            )  # ⟨h_i, C_i⟩: (b, l, d, n) * (b, l, 1, n) -> (b, l, d)
             h = H[:, -1].clone()
         ctx.save_for_backward(u, delta, A, B, C, boundary)
         ctx.chunk_size = chunk_size
@@ -160,7 +162,7 @@ class _ChunkedScan(torch.autograd.Function):
             uc, dc, Bc, Cc, dyc = u[:, s:e], delta[:, s:e], B[:, s:e], C[:, s:e], dy[:, s:e]
             h0 = boundary[:, k]
             dAbar, H = _ChunkedScan._chunk_states(uc, dc, A, Bc, h0)
-            dC[:, s:e] = torch.einsum("bldn,bld->bln", H, dyc)  # ∂y_i/∂C_i = h_i
+            dC[:, s:e] = (dyc[:, :, None, :] @ H).squeeze(2)  # Σ_d dy_i h_i: (b, l, 1, d) x (b, l, d, n)
             # adjoint recurrence, backwards through the chunk: G_i = ∂L/∂h_i = C_i dy_i + Ā_{i+1} G_{i+1}
             G = dyc[..., None] * Cc[:, :, None, :]  # (b, l, d, 1) * (b, l, 1, n) -> (b, l, d, n)
             for i in range(e - s - 1, -1, -1):
@@ -170,11 +172,12 @@ class _ChunkedScan(torch.autograd.Function):
             H_prev = torch.cat([h0[:, None], H[:, :-1]], dim=1)  # (b, l, d, n)
             # ∂L/∂(Δ_i A) = G_i ⊙ h_{i-1} ⊙ Ā_i, reusing the H_prev buffer
             dlog = H_prev.mul_(G).mul_(dAbar)  # (b, l, d, n)
-            dA += torch.einsum("bldn,bld->dn", dlog, dc)
-            GB = torch.einsum("bldn,bln->bld", G, Bc)  # ⟨G_i, B_i⟩: ∂L/∂(Δ_i u_i)
-            ddelta[:, s:e] = torch.einsum("bldn,dn->bld", dlog, A) + GB * uc
+            # (the einsums these stand for ran as slow batched matrix-vector products on CPU)
+            GB = (G * Bc[:, :, None, :]).sum(-1)  # ⟨G_i, B_i⟩ = ∂L/∂(Δ_i u_i): (b, l, d)
+            dB[:, s:e] = ((dc * uc)[:, :, None, :] @ G).squeeze(2)  # Σ_d G_i Δ_i u_i: (b, l, n)
+            ddelta[:, s:e] = (dlog * A).sum(-1) + GB * uc  # Σ_n ∂L/∂(Δ A) A + ⟨G, B⟩ u
             du[:, s:e] = GB * dc
-            dB[:, s:e] = torch.einsum("bldn,bld->bln", G, dc * uc)
+            dA += dlog.mul_(dc[..., None]).sum((0, 1))  # Σ_{b,i} ∂L/∂(Δ_i A) Δ_i: (d, n)
         return du, ddelta, dA, dB, dC, g, None
 
 
