@@ -63,7 +63,7 @@ def _cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from seqlab.tasks.text import CharTokenizer
+    from seqlab.tasks.tokenizers import tokenizer_from_json
     from seqlab.training.checkpoint import load_model, load_tokenizer_json, resolve_checkpoint
 
     where = resolve_checkpoint(args.checkpoint)
@@ -72,7 +72,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"error: {where} has no tokenizer.json: it was not trained on text, nothing to sample"
         )
-    tok = CharTokenizer.from_json(tok_json)
+    tok = tokenizer_from_json(tok_json)  # char, bpe or wordpiece
     device = torch.device(
         args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     )
@@ -141,6 +141,63 @@ def _cmd_viz_gradients(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    import torch
+
+    from seqlab.lab import compare
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
+    paths = compare(args.out, args.suite, split(args.mixers), split(args.tasks), args.seed)
+    print(Path(paths["table"]).read_text(encoding="utf-8"))
+    print(
+        f"wrote {paths['results']}, {paths['table']} and {len(paths['plots'])} plots in "
+        f"{paths['minutes']:.1f} min"
+    )
+    return 0
+
+
+def _cmd_params(args: argparse.Namespace, extra: list[str]) -> int:
+    from seqlab.models.flops import report
+    from seqlab.run import parse_overrides
+
+    parsed = parse_overrides(extra)
+    if set(parsed) - {"model"}:
+        raise ValueError("seqlab params takes --model.FIELD=VALUE overrides only")
+    r = report(args.name, context=args.context, **parsed.get("model", {}))
+    print(f"{r.name}: {r.total:,} parameters")
+    for comp, n in r.by_component.items():
+        if n:
+            print(f"  {comp:<11} {n:>16,}  {100 * n / r.total:5.1f}%")
+            if args.shapes:
+                for pname, shape in r.shapes[comp]:
+                    print(f"      {pname:<48} {tuple(shape)}")
+    print(
+        f"forward FLOPs per token at context {r.context}: {r.flops_per_token:,} "
+        f"= 2 x {r.matmul_params:,} (matmul weights) + {r.attention_flops:,} (4 n_layers t d_attn)"
+    )
+    return 0
+
+
+def _cmd_viz_attention(args: argparse.Namespace) -> int:
+    from seqlab.tasks.tokenizers import tokenizer_from_json
+    from seqlab.training.checkpoint import load_model, load_tokenizer_json, resolve_checkpoint
+    from seqlab.viz.attention import write_attention_maps
+
+    where = resolve_checkpoint(args.checkpoint)
+    tok_json = load_tokenizer_json(where)
+    if tok_json is None:
+        raise ValueError(f"{where} has no tokenizer.json: attention maps need a model trained on text")
+    ints = lambda s: [int(x) for x in s.split(",") if x.strip()] if s else None  # noqa: E731
+    model = load_model(where)
+    paths = write_attention_maps(
+        model, tokenizer_from_json(tok_json), args.text, args.out, ints(args.layers), ints(args.heads)
+    )
+    print(f"wrote {len(paths)} attention maps to {args.out}")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="seqlab", description="Sequence models from RNNs to Transformers and SSMs."
@@ -170,6 +227,14 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto")
 
+    c = sub.add_parser("compare", help="the lab: RNN vs Transformer vs SSM, measured on this machine")
+    c.add_argument("--suite", default="quick", help="quick (about 10 min on 2 cores) or full (about an hour)")
+    c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
+    c.add_argument("--mixers", help="comma-separated subset, e.g. lstm,attention,mamba")
+    c.add_argument("--tasks", help="comma-separated subset of the suite's tasks")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
+
     viz = sub.add_parser("viz", help="pictures: gradient flow through recurrent networks")
     vsub = viz.add_subparsers(dest="viz_command", required=True)
     vg = vsub.add_parser(
@@ -182,6 +247,22 @@ def make_parser() -> argparse.ArgumentParser:
     vg.add_argument("--d-model", type=int, default=64)
     vg.add_argument("--seed", type=int, default=0)
     vg.add_argument("--threads", type=int, default=None)
+
+    va = vsub.add_parser("attention", help="heatmaps of a GPT checkpoint's attention weights on a text")
+    va.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
+    va.add_argument("--text", required=True, help="text to run through the model")
+    va.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
+    va.add_argument("--heads", default=None, help="comma-separated head indices (default: all)")
+    va.add_argument("--out", default="attention-maps", help="directory for layer{L}-head{H}.png")
+
+    pa = sub.add_parser(
+        "params", help="parameter count by component and FLOPs per token of a preset, e.g. seqlab params gpt2"
+    )
+    pa.add_argument("name", help="a preset from `seqlab list`; override fields with --model.FIELD=VALUE")
+    pa.add_argument(
+        "--context", type=int, default=None, help="context length for the FLOPs (default: max_seq_len)"
+    )
+    pa.add_argument("--shapes", action="store_true", help="list every parameter's shape")
 
     ls = sub.add_parser("list", help="list model presets and tasks")
     ls.add_argument("pattern", nargs="?", help="shell-style filter, e.g. 'lstm*'")
@@ -211,13 +292,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
     )
-    if args.command != "train" and overrides:
+    if args.command not in ("train", "params") and overrides:
         parser.error(f"unrecognized arguments: {' '.join(overrides)}")
     try:
         if args.command == "train":
             return _cmd_train(args, overrides)
         if args.command == "generate":
             return _cmd_generate(args)
+        if args.command == "compare":
+            return _cmd_compare(args)
+        if args.command == "params":
+            return _cmd_params(args, overrides)
+        if args.command == "viz" and args.viz_command == "attention":
+            return _cmd_viz_attention(args)
         if args.command == "viz":
             return _cmd_viz_gradients(args)
         return _cmd_list(args)

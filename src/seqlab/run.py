@@ -110,7 +110,7 @@ def coerce_fields(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
 def build_run(run: dict[str, Any]):
     """(model, task, train_config) for a run dict. The task is built first: it fixes e.g. the vocabulary."""
     from seqlab.models import PRESETS, create, make_config
-    from seqlab.tasks import create_task, task_signature
+    from seqlab.tasks import create_task, list_tasks, task_signature
     from seqlab.training import TrainConfig
 
     model_fields = dict(run.get("model") or {})
@@ -120,7 +120,7 @@ def build_run(run: dict[str, Any]):
     task_fields = dict(run.get("task") or {})
     task_name = task_fields.pop("name", None)
     if task_name is None:
-        raise ValueError("the run names no task: set task.name (shakespeare, text, adding, copy)")
+        raise ValueError(f"the run names no task: set task.name, one of {', '.join(list_tasks())}")
     sig = task_signature(task_name)
     task_fields = {
         k: _coerce(v, sig.parameters[k].annotation) if k in sig.parameters else v

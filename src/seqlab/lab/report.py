@@ -1,0 +1,205 @@
+"""The report of ``seqlab compare``: results.json, the textbook table with measured numbers, and plots."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqlab.lab.suite import FAMILY, Suite
+
+PUBLIC_FIELDS = ("mixer", "task", "setting", "metric", "value", "params", "train_tokens_per_s", "seconds")
+
+
+def write_results(out: Path, records: list[dict[str, Any]]) -> Path:
+    from seqlab.training.checkpoint import write_text_atomic
+
+    rows = [{k: r.get(k) for k in PUBLIC_FIELDS} for r in records]
+    path = out / "results.json"
+    write_text_atomic(path, json.dumps(rows, indent=1))
+    return path
+
+
+def _fmt(value: float | None, metric: str) -> str:
+    if value is None or value != value:
+        return "–"
+    if metric == "state_bytes" or metric == "activation_bytes":
+        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+            if value >= size:
+                return f"{value / size:.1f} {unit}"
+        return f"{value:.0f} B"
+    if metric == "train_tokens_per_s":
+        return f"{value:,.0f}"
+    if metric == "val_accuracy":
+        return f"{100 * value:.1f}%"
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _by(records, **match):
+    return [r for r in records if all(r.get(k) == v for k, v in match.items())]
+
+
+def flat_ratio(records, mixer: str) -> float | None:
+    rows = sorted(_by(records, mixer=mixer, task="decode", metric="latency_ms"), key=lambda r: r["x_value"])
+    return rows[-1]["value"] / rows[0]["value"] if len(rows) >= 2 and rows[0]["value"] > 0 else None
+
+
+def write_table(out: Path, suite: Suite, mixers: list[str], records: list[dict[str, Any]]) -> Path:
+    lines = [
+        f"# seqlab compare --suite {suite.name}",
+        "",
+        f"Measured on {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; every model is the shared backbone with {suite.n_layers} layers at "
+        f"a budget of {suite.budget:,} parameters.",
+        "",
+        "| | " + " | ".join(f"{m} ({FAMILY.get(m, '?')})" for m in mixers) + " |",
+        "|---|" + "---:|" * len(mixers),
+    ]
+
+    def row(label: str, cells: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    params = {m: next((r["params"] for r in records if r["mixer"] == m), None) for m in mixers}
+    row("parameters", [f"{params[m]:,}" if params[m] else "–" for m in mixers])
+    for length in suite.throughput_lengths:
+        cells = []
+        for m in mixers:
+            hit = _by(records, mixer=m, task="throughput", setting=f"t={length}")
+            cells.append(_fmt(hit[0]["value"], "train_tokens_per_s") if hit else "–")
+        row(f"training tokens/s, b=8, t={length}", cells)
+    cells = []
+    for m in mixers:
+        hit = _by(records, mixer=m, task="memory")
+        cells.append(_fmt(hit[0]["value"], "activation_bytes") if hit else "–")
+    row(f"activation memory (saved for backward), b=8, t={max(suite.throughput_lengths)}", cells)
+    for ctx in suite.decode_contexts:
+        cells = []
+        for m in mixers:
+            hit = _by(records, mixer=m, task="decode", setting=f"context={ctx}", metric="latency_ms")
+            cells.append(f"{hit[0]['value']:.3f}" if hit else "–")
+        row(f"decode ms/token at context {ctx}", cells)
+    cells = []
+    for m in mixers:
+        ratio = flat_ratio(records, m)
+        cells.append("–" if ratio is None else f"{ratio:.2f}× ({'flat' if ratio <= 1.2 else 'grows'})")
+    row(f"decode latency {suite.decode_contexts[-1]} / {suite.decode_contexts[0]}", cells)
+    for ctx in (suite.decode_contexts[0], suite.decode_contexts[-1]):
+        cells = []
+        for m in mixers:
+            hit = _by(records, mixer=m, task="decode", setting=f"context={ctx}", metric="state_bytes")
+            cells.append(_fmt(hit[0]["value"], "state_bytes") if hit else "–")
+        row(f"state size at context {ctx}", cells)
+    for entry in suite.entries:
+        cells = []
+        for m in mixers:
+            hit = _by(records, mixer=m, task=entry.task, setting=entry.setting)
+            cells.append(_fmt(hit[0]["value"], entry.metric) if hit else "–")
+        arrow = "↑" if entry.higher_is_better else "↓"
+        row(f"{entry.task} {entry.setting}: {entry.metric} {arrow}", cells)
+    lines += [
+        "",
+        "Decode latency is the median time of one `step` after reading the context; 'flat' means "
+        "within 1.2× of the shortest context. State size counts every tensor of the carried state. "
+        "Activation memory counts the bytes autograd saves for the backward pass of one forward.",
+    ]
+    path = out / "table.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[dict[str, Any]]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    # decode latency and state bytes against context
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for m in mixers:
+        for ax, metric in zip(axes, ("latency_ms", "state_bytes"), strict=True):
+            rows = sorted(_by(records, mixer=m, task="decode", metric=metric), key=lambda r: r["x_value"])
+            if rows:
+                ax.loglog([r["x_value"] for r in rows], [max(r["value"], 1e-9) for r in rows], "o-", label=m)
+    axes[0].set_ylabel("ms per generated token")
+    axes[1].set_ylabel("bytes of carried state")
+    for ax in axes:
+        ax.set_xlabel("context length already read")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle("decoding: O(1) state vs a growing KV cache")
+    fig.tight_layout()
+    paths.append(out / "decode.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    # throughput
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(1, len(suite.throughput_lengths))
+    for j, length in enumerate(suite.throughput_lengths):
+        vals = [
+            (_by(records, mixer=m, task="throughput", setting=f"t={length}") or [{"value": 0}])[0]["value"]
+            for m in mixers
+        ]
+        ax.bar([i + j * width for i in range(len(mixers))], vals, width, label=f"t={length}")
+    ax.set_xticks([i + width * (len(suite.throughput_lengths) - 1) / 2 for i in range(len(mixers))], mixers)
+    ax.set_ylabel("training tokens/s")
+    ax.set_title("training throughput (forward + backward + step)")
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    paths.append(out / "throughput.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    # metric against setting, per task with several settings
+    by_task: dict[str, list] = defaultdict(list)
+    for e in suite.entries:
+        by_task[e.task].append(e)
+    multi = {t: es for t, es in by_task.items() if len(es) > 1 and all(e.x_value for e in es)}
+    if multi:
+        fig, axes = plt.subplots(1, len(multi), figsize=(5 * len(multi), 4), squeeze=False)
+        for ax, (task, es) in zip(axes[0], multi.items(), strict=True):
+            for m in mixers:
+                pts = [(e.x_value, _by(records, mixer=m, task=task, setting=e.setting)) for e in es]
+                pts = [(x, hit[0]["value"]) for x, hit in pts if hit]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), "o-", label=m)
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel(es[0].metric)
+            ax.set_title(task)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / "accuracy_vs_length.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
+    # training curves, one panel per task setting
+    entries = list(suite.entries)
+    cols = min(3, len(entries))
+    rows_n = (len(entries) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.5 * rows_n), squeeze=False)
+    for ax, e in zip(axes.flat, entries, strict=False):
+        for m in mixers:
+            hit = _by(records, mixer=m, task=e.task, setting=e.setting)
+            if hit and hit[0].get("curve"):
+                steps, losses = zip(*hit[0]["curve"], strict=True)
+                ax.plot(steps, losses, label=m, lw=1)
+        ax.set_title(f"{e.task} {e.setting}", fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(entries) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "training_curves.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,286 @@
+"""``seqlab compare``: train every mixer on every task of a suite, measure, and write the report.
+
+Each run is one mixer × one task setting, built on the shared backbone at the suite's parameter budget and
+trained by the ordinary trainer. Its record lands in ``DIR/runs/<key>.json`` the moment it finishes, so an
+interrupted compare resumes where it stopped: a run whose file exists with the same settings is reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqlab.lab.budget import lm_fields, match_width
+from seqlab.lab.decode import decode_profile
+from seqlab.lab.suite import MIXER_ORDER, Entry, Suite
+from seqlab.models import build, make_config
+from seqlab.training import TrainConfig, Trainer
+from seqlab.training.checkpoint import write_text_atomic
+
+log = logging.getLogger("seqlab.lab")
+
+
+def _slug(*parts: str) -> str:
+    return "__".join("".join(ch if ch.isalnum() or ch in "-." else "-" for ch in p) for p in parts)
+
+
+def _model(mixer: str, suite: Suite, overrides: dict[str, Any], seed: int):
+    base = {"n_layers": suite.n_layers, "n_heads": 4, **overrides}
+    d_model, params = match_width(mixer, suite.budget, base)
+    torch.manual_seed(seed)
+    model = build("lm", make_config("lm", lm_fields(mixer, d_model, base)))
+    return model, d_model, params
+
+
+def activation_bytes(model, x: torch.Tensor) -> int:
+    """Bytes of the tensors autograd saves for the backward pass of one forward: the activation memory that
+    training holds at its peak, measured exactly (unlike process RSS) and the same way for every family."""
+    total = 0
+    seen: set[int] = set()
+
+    def pack(t: torch.Tensor):
+        nonlocal total
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).float().logsumexp(-1).mean().backward()
+    model.zero_grad(set_to_none=True)
+    return total
+
+
+def throughput(model, vocab_size: int, seq_len: int, batch_size: int = 8, repeats: int = 3) -> float:
+    """Training tokens/s (forward + backward + AdamW step) at one sequence length; median of ``repeats``."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randint(0, vocab_size, (batch_size, seq_len))
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        model(x).float().logsumexp(-1).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    times = sorted(times[1:])
+    return batch_size * seq_len / times[len(times) // 2]
+
+
+class Compare:
+    def __init__(
+        self,
+        out: str | Path,
+        suite: Suite,
+        mixers: list[str] | None = None,
+        tasks: list[str] | None = None,
+        seed: int = 0,
+        progress: bool = True,
+    ):
+        from seqlab.models.lm import MIXERS
+
+        self.out = Path(out)
+        self.suite, self.seed, self.progress = suite, seed, progress
+        self.mixers = list(mixers or [m for m in MIXER_ORDER if m in MIXERS])
+        unknown = sorted(set(self.mixers) - set(MIXERS))
+        if unknown:
+            raise ValueError(f"unknown mixer(s) {unknown}; known: {', '.join(sorted(MIXERS))}")
+        known_tasks = sorted({e.task for e in suite.entries})
+        if tasks:
+            bad = sorted(set(tasks) - set(known_tasks))
+            if bad:
+                raise ValueError(f"task(s) {bad} are not in the {suite.name} suite; it has {known_tasks}")
+        self.entries = [e for e in suite.entries if not tasks or e.task in tasks]
+        (self.out / "runs").mkdir(parents=True, exist_ok=True)
+
+    # ---- one record per run, cached on disk ---------------------------------------------------------------
+
+    def _cached(self, key: str, settings: dict[str, Any]):
+        settings = json.loads(json.dumps(settings))  # compare as stored: tuples become lists
+        f = self.out / "runs" / f"{key}.json"
+        if f.is_file():
+            data = json.loads(f.read_text(encoding="utf-8"))
+            if data.get("settings") == settings:
+                return data
+        return None
+
+    def _store(self, key: str, data: dict[str, Any]) -> None:
+        write_text_atomic(self.out / "runs" / f"{key}.json", json.dumps(data, indent=1))
+
+    def run_training(self) -> list[dict[str, Any]]:
+        records = []
+        jobs = [(m, e) for e in self.entries for m in self.mixers]
+        started, done_time = time.perf_counter(), []
+        for i, (mixer, entry) in enumerate(jobs):
+            settings = {
+                "suite": self.suite.name,
+                "budget": self.suite.budget,
+                "n_layers": self.suite.n_layers,
+                "entry": dataclasses.asdict(entry),
+                "seed": self.seed,
+            }
+            key = _slug(mixer, entry.task, entry.setting)
+            data = self._cached(key, settings)
+            if data is None:
+                t0 = time.perf_counter()
+                result = self._train_with_curve(mixer, entry)
+                data = {"settings": settings, **result}
+                self._store(key, data)
+                done_time.append(time.perf_counter() - t0)
+                status = "done"
+            else:
+                status = "reused"
+            value = data["summary"].get(entry.metric, float("nan"))
+            if self.progress:
+                eta = ""
+                if done_time:
+                    left = len(jobs) - i - 1
+                    eta = f", ETA {left * sum(done_time) / len(done_time) / 60:.1f} min"
+                print(
+                    f"[{i + 1}/{len(jobs)}] {mixer:<17} {entry.task} {entry.setting}: {entry.metric} "
+                    f"{value:.4f} ({status}, {data['seconds']:.0f} s{eta})",
+                    flush=True,
+                )
+            records.append(
+                {
+                    "mixer": mixer,
+                    "task": entry.task,
+                    "setting": entry.setting,
+                    "metric": entry.metric,
+                    "value": value,
+                    "params": data["params"],
+                    "train_tokens_per_s": data["train_tokens_per_s"],
+                    "seconds": data["seconds"],
+                    "x_value": entry.x_value,
+                    "higher_is_better": entry.higher_is_better,
+                    "curve": data.get("curve", []),
+                }
+            )
+        log.info("training runs took %.1f min", (time.perf_counter() - started) / 60)
+        return records
+
+    def _train_with_curve(self, mixer: str, entry: Entry) -> dict[str, Any]:
+        from seqlab.tasks import create_task
+
+        task = create_task(entry.task, **entry.task_args, seed=self.seed)
+        model, d_model, params = _model(mixer, self.suite, task.model_overrides(), self.seed)
+        cfg = TrainConfig(
+            steps=entry.steps,
+            lr=entry.lr,
+            warmup_steps=min(100, entry.steps // 10),
+            eval_every=0,
+            eval_batches=10,
+            log_every=max(1, entry.steps // 50),
+            save_every=0,
+            progress=False,
+            seed=self.seed,
+            device="cpu",
+        )
+        trainer = Trainer(model, task, cfg)
+        t0 = time.perf_counter()
+        summary = trainer.fit()
+        seconds = time.perf_counter() - t0
+        batch = task.get_batch("train", 0)
+        tokens = entry.steps * batch["x"].shape[0] * batch["x"].shape[1]
+        curve = [[r["step"], r["loss"]] for r in trainer.history if r["split"] == "train"]
+        return {
+            "summary": summary,
+            "d_model": d_model,
+            "params": params,
+            "seconds": seconds,
+            "train_tokens_per_s": tokens / max(summary["elapsed_s"], 1e-9),
+            "curve": curve,
+        }
+
+    # ---- task-independent measurements ----------------------------------------------------------------------
+
+    def run_systems(self) -> list[dict[str, Any]]:
+        """Decode latency and state size against context, training throughput and activation memory."""
+        records = []
+        vocab = 256
+        for mixer in self.mixers:
+            settings = {
+                "suite": self.suite.name,
+                "budget": self.suite.budget,
+                "n_layers": self.suite.n_layers,
+                "contexts": list(self.suite.decode_contexts),
+                "lengths": list(self.suite.throughput_lengths),
+                "seed": self.seed,
+            }
+            key = _slug(mixer, "systems")
+            data = self._cached(key, settings)
+            if data is None:
+                t0 = time.perf_counter()
+                model, d_model, params = _model(mixer, self.suite, {"vocab_size": vocab}, self.seed)
+                decode = decode_profile(model, vocab, self.suite.decode_contexts)
+                model.train()
+                speed = {t: throughput(model, vocab, t) for t in self.suite.throughput_lengths}
+                x = torch.randint(0, vocab, (8, max(self.suite.throughput_lengths)))
+                memory = activation_bytes(model, x)
+                data = {
+                    "settings": settings,
+                    "params": params,
+                    "d_model": d_model,
+                    "decode": decode,
+                    "throughput": {str(k): v for k, v in speed.items()},
+                    "activation_bytes": memory,
+                    "seconds": time.perf_counter() - t0,
+                }
+                self._store(key, data)
+            if self.progress:
+                d0, d1 = data["decode"][0], data["decode"][-1]
+                print(
+                    f"[systems] {mixer:<17} decode {d0['latency_ms']:.3f} ms @ {d0['context']} -> "
+                    f"{d1['latency_ms']:.3f} ms @ {d1['context']}, state {d0['state_bytes']:,} -> "
+                    f"{d1['state_bytes']:,} B",
+                    flush=True,
+                )
+            for row in data["decode"]:
+                for metric in ("latency_ms", "state_bytes"):
+                    records.append(
+                        {
+                            "mixer": mixer,
+                            "task": "decode",
+                            "setting": f"context={row['context']}",
+                            "metric": metric,
+                            "value": row[metric],
+                            "params": data["params"],
+                            "train_tokens_per_s": None,
+                            "seconds": data["seconds"],
+                            "x_value": row["context"],
+                        }
+                    )
+            for t, v in data["throughput"].items():
+                records.append(
+                    {
+                        "mixer": mixer,
+                        "task": "throughput",
+                        "setting": f"t={t}",
+                        "metric": "train_tokens_per_s",
+                        "value": v,
+                        "params": data["params"],
+                        "train_tokens_per_s": v,
+                        "seconds": data["seconds"],
+                        "x_value": int(t),
+                    }
+                )
+            records.append(
+                {
+                    "mixer": mixer,
+                    "task": "memory",
+                    "setting": f"b=8, t={max(self.suite.throughput_lengths)}",
+                    "metric": "activation_bytes",
+                    "value": data["activation_bytes"],
+                    "params": data["params"],
+                    "train_tokens_per_s": None,
+                    "seconds": data["seconds"],
+                    "x_value": None,
+                }
+            )
+        return records

@@ -1,0 +1,83 @@
+import json
+
+import pytest
+
+from seqlab.cli import main
+from seqlab.lab import compare
+from seqlab.lab.budget import count, match_width
+from seqlab.lab.decode import decode_profile, state_bytes
+from seqlab.lab.suite import SUITES, Entry, Suite, _adding
+from seqlab.models import create
+
+TINY = Suite(
+    "tiny",
+    8_000,
+    1,
+    (
+        _adding(12, 6),
+        _adding(16, 6),
+        Entry("copy", "T=5", {"seq_len": 5, "batch_size": 4}, 4, "val_accuracy"),
+    ),
+    decode_contexts=(8, 64),
+    throughput_lengths=(32,),
+    gradient_length=8,
+)
+
+
+def test_compare_writes_the_report_and_reuses_finished_runs(tmp_path, capsys):
+    paths = compare(tmp_path, TINY, mixers=["gru", "attention"], progress=True)
+    rows = json.loads(paths["results"].read_text())
+    assert {r["mixer"] for r in rows} == {"gru", "attention"}
+    for r in rows:
+        assert set(r) == {
+            "mixer",
+            "task",
+            "setting",
+            "metric",
+            "value",
+            "params",
+            "train_tokens_per_s",
+            "seconds",
+        }
+    trained = [r for r in rows if r["task"] in ("adding", "copy")]
+    assert len(trained) == 2 * 3 and all(r["value"] == r["value"] for r in trained)  # no NaN
+    table = paths["table"].read_text()
+    assert "| gru (RNN) | attention (Transformer) |" in table and "decode ms/token at context 64" in table
+    assert all(p.is_file() and p.stat().st_size > 1000 for p in paths["plots"])
+    # attention's KV cache grows with the context, the GRU's state does not
+    state = {(r["mixer"], r["setting"]): r["value"] for r in rows if r["metric"] == "state_bytes"}
+    assert state[("gru", "context=64")] == state[("gru", "context=8")]
+    assert state[("attention", "context=64")] > 4 * state[("attention", "context=8")]
+    capsys.readouterr()
+    compare(tmp_path, TINY, mixers=["gru", "attention"], progress=True, gradients=False)
+    out = capsys.readouterr().out
+    assert out.count("(reused") == 6 and "(done" not in out
+
+
+def test_matched_budgets_are_close():
+    base = {"n_layers": 2, "n_heads": 4, "vocab_size": 64}
+    for mixer in ("rnn", "lstm", "attention", "mamba"):
+        d, n = match_width(mixer, 200_000, base)
+        assert abs(n - 200_000) / 200_000 < 0.1, (mixer, d, n)
+        assert n == count(mixer, d, base)
+
+
+def test_decode_profile_counts_state():
+    model = create("test-lm-lstm", vocab_size=11)
+    rows = decode_profile(model, 11, contexts=(4, 32), n_steps=3)
+    assert [r["context"] for r in rows] == [4, 32]
+    assert rows[0]["state_bytes"] == rows[1]["state_bytes"] == state_bytes(model.init_state(1)) > 0
+
+
+def test_cli_rejects_unknown_mixers_and_suites(tmp_path, capsys):
+    assert main(["compare", "--out", str(tmp_path), "--mixers", "lstm,transformer-xl"]) == 2
+    assert "unknown mixer" in capsys.readouterr().err
+    assert main(["compare", "--out", str(tmp_path), "--suite", "huge"]) == 2
+    assert "unknown suite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(SUITES))
+def test_suites_name_registered_tasks(name):
+    from seqlab.tasks import list_tasks
+
+    assert {e.task for e in SUITES[name].entries} <= set(list_tasks())
