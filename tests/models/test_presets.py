@@ -68,3 +68,15 @@ def test_tiny_presets_conform(name):
         a = model(ids, ids) if family == "transformer" else model(ids)
         b = again(ids, ids) if family == "transformer" else again(ids)
     torch.testing.assert_close(a, b)
+
+
+def test_params_command(capsys):
+    from seqlab.cli import main
+
+    assert main(["params", "gpt2"]) == 0
+    out = capsys.readouterr().out
+    assert "124,439,808 parameters" in out and "FLOPs per token at context 1024" in out
+    assert main(["params", "test-gpt", "--model.n_layers=1", "--shapes"]) == 0
+    out = capsys.readouterr().out
+    assert "blocks.0.attn.in_proj_weight" in out and "blocks.1." not in out
+    assert main(["params", "test-gpt", "--train.steps=3"]) == 2

@@ -1,0 +1,85 @@
+"""Attention maps: the weights softmax(q kᵀ / √k) of chosen layers and heads, drawn as heatmaps.
+
+Rows are queries (the position being predicted from), columns keys (the positions it reads); a causal
+model's map is lower-triangular. The weights come from the model's ``attention_maps(ids, layers)``, which
+takes the explicit (``need_weights``) path of :class:`seqlab.layers.attention.MultiheadAttention`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["plot_attention", "token_labels", "write_attention_maps"]
+
+
+def token_labels(tokenizer, ids: list[int]) -> list[str]:
+    """One printable label per token: the decoded token, with whitespace made visible."""
+    out = []
+    for i in ids:
+        s = tokenizer.decode([i])
+        out.append(s.replace("\n", "⏎").replace(" ", "␣") or "∅")
+    return out
+
+
+def plot_attention(weights: Tensor, labels: list[str], path: str | Path, title: str = "") -> Path:
+    """weights (t_q, t_k) -> one PNG heatmap with the tokens along both axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w = weights.detach().float().cpu().numpy()
+    t = w.shape[0]
+    size = min(12.0, 2.0 + 0.25 * t)
+    fig, ax = plt.subplots(figsize=(size, size))
+    im = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-6))
+    if t <= 64:  # beyond that the tick labels are unreadable
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+@torch.no_grad()
+def write_attention_maps(
+    model,
+    tokenizer,
+    text: str,
+    out_dir: str | Path,
+    layers: list[int] | None = None,
+    heads: list[int] | None = None,
+) -> list[Path]:
+    """Run ``text`` through ``model`` and write ``layer{L}-head{H}.png`` for the chosen layers and heads."""
+    if not hasattr(model, "attention_maps"):
+        raise ValueError(f"{type(model).__name__} has no attention maps (a GPT checkpoint is needed)")
+    ids = tokenizer.encode(text)
+    if ids.numel() == 0:
+        raise ValueError("the text is empty: give at least one token")
+    device = next(model.parameters()).device
+    model.eval()
+    maps = model.attention_maps(ids[None].to(device), layers)  # {layer: (1, h, t, t)}
+    labels = token_labels(tokenizer, ids.tolist())
+    written = []
+    for layer, w in maps.items():
+        n_heads = w.size(1)
+        chosen = list(range(n_heads)) if heads is None else heads
+        bad = [h for h in chosen if not 0 <= h < n_heads]
+        if bad:
+            raise ValueError(
+                f"heads {bad} out of range: layer {layer} has {n_heads} heads (0 ... {n_heads - 1})"
+            )
+        for h in chosen:
+            path = Path(out_dir) / f"layer{layer}-head{h}.png"
+            written.append(plot_attention(w[0, h], labels, path, f"layer {layer}, head {h}"))
+    return written
