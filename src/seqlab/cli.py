@@ -141,6 +141,23 @@ def _cmd_viz_gradients(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    import torch
+
+    from seqlab.lab import compare
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
+    paths = compare(args.out, args.suite, split(args.mixers), split(args.tasks), args.seed)
+    print(Path(paths["table"]).read_text(encoding="utf-8"))
+    print(
+        f"wrote {paths['results']}, {paths['table']} and {len(paths['plots'])} plots in "
+        f"{paths['minutes']:.1f} min"
+    )
+    return 0
+
+
 def _cmd_params(args: argparse.Namespace, extra: list[str]) -> int:
     from seqlab.models.flops import report
     from seqlab.run import parse_overrides
@@ -210,6 +227,14 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto")
 
+    c = sub.add_parser("compare", help="the lab: RNN vs Transformer vs SSM, measured on this machine")
+    c.add_argument("--suite", default="quick", help="quick (about 10 min on 2 cores) or full (about an hour)")
+    c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
+    c.add_argument("--mixers", help="comma-separated subset, e.g. lstm,attention,mamba")
+    c.add_argument("--tasks", help="comma-separated subset of the suite's tasks")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
+
     viz = sub.add_parser("viz", help="pictures: gradient flow through recurrent networks")
     vsub = viz.add_subparsers(dest="viz_command", required=True)
     vg = vsub.add_parser(
@@ -274,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_train(args, overrides)
         if args.command == "generate":
             return _cmd_generate(args)
+        if args.command == "compare":
+            return _cmd_compare(args)
         if args.command == "params":
             return _cmd_params(args, overrides)
         if args.command == "viz" and args.viz_command == "attention":
