@@ -167,7 +167,8 @@ def main() -> None:
         "",
         f"- CPU: {cpu_name()}, torch {torch.__version__}, transformers {transformers.__version__}, "
         f"{args.threads} intra-op threads",
-        f"- Model: d_model {D_MODEL}, {N_LAYERS} layers, d_state {D_STATE}, expand 2, vocab {VOCAB}; the same "
+        f"- Model: d_model {D_MODEL}, {N_LAYERS} layers, d_state {D_STATE}, expand 2, vocab {VOCAB}; "
+        "the same "
         "weights in both (seqlab.interop.from_hf). HF: MambaForCausalLM(use_mambapy=True), train mode, "
         "pure-PyTorch path (no CUDA kernels on CPU).",
         f"- {repeats} repeats, contenders alternating within each repeat; medians. "
@@ -179,7 +180,8 @@ def main() -> None:
         "",
         "## Training step (forward + cross-entropy + backward)",
         "",
-        "| batch x length | seqlab tok/s | HF tok/s | speed-up | seqlab peak MiB | HF peak MiB | memory ratio |",
+        "| batch x length | seqlab tok/s | HF tok/s | speed-up "
+        "| seqlab peak MiB | HF peak MiB | memory ratio |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for b, t, tok, mem in rows:

@@ -1,4 +1,4 @@
-"""HF MambaForCausalLM -> seqlab LM through ``from_hf``: same logits, same greedy generation, same step logits.
+"""HF MambaForCausalLM -> seqlab LM through ``from_hf``: same logits, greedy generation and step logits.
 
 Tiny random-init models (no downloads); HF runs its pure-PyTorch path on CPU.
 """

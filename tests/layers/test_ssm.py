@@ -36,7 +36,7 @@ KINDS = ["s4d-zoh-lin", "s4d-bilinear-inv", "mamba"]
 
 
 def test_zoh_equals_the_exact_solution_of_the_ode():
-    # x' = a x + b u with u constant over [0, Δ] from x(0) = 0: x(Δ) = (e^{aΔ} - 1)/a · b u (matrix exponential
+    # x' = a x + b u, u constant over [0, Δ], x(0) = 0: x(Δ) = (e^{aΔ} - 1)/a · b u (matrix exponential
     # of the augmented system [[a, b], [0, 0]] gives the same Ā, B̄).
     a = torch.tensor([-0.5 + 3.0j, -2.0 + 0.0j], dtype=torch.complex128)
     b = torch.tensor([1.0 + 0.5j, 2.0 + 0.0j], dtype=torch.complex128)
@@ -64,7 +64,7 @@ def test_bilinear_formula_and_agreement_for_small_steps():
         discretize(a, b, torch.tensor(0.1), "euler")
 
 
-# ---- S4D ----------------------------------------------------------------------------------------------------
+# ---- S4D ---------------------------------------------------------------------------------------------------
 
 
 def test_s4d_kernel_is_the_unrolled_recurrence():
@@ -92,7 +92,7 @@ def test_s4d_lin_and_inv_initializations():
         S4D(4, 5)
 
 
-# ---- the token-mixer laws ------------------------------------------------------------------------------------
+# ---- the token-mixer laws ----------------------------------------------------------------------------------
 
 
 @settings(deadline=None, max_examples=8)
@@ -134,7 +134,7 @@ def test_causal(kind, t, data):
     torch.testing.assert_close(m(x)[0][:, :s], m(x2)[0][:, :s], atol=1e-12, rtol=0)
 
 
-# ---- Mamba ---------------------------------------------------------------------------------------------------
+# ---- Mamba -------------------------------------------------------------------------------------------------
 
 
 def test_mamba_fast_scan_equals_reference_with_gradients():

@@ -2,12 +2,12 @@
 
 HF's model is the shared backbone with no channel mixer, so the map is a renaming:
 
-    backbone.embeddings.weight            -> embed.weight
-    backbone.layers.{i}.norm.weight       -> blocks.{i}.norm1.weight          (RMSNorm, eps layer_norm_epsilon)
-    backbone.layers.{i}.mixer.{name}      -> blocks.{i}.mixer.{name}          (same names: in_proj, conv1d,
-                                                                               x_proj, dt_proj, A_log, D, out_proj)
-    backbone.norm_f.weight                -> norm.weight
-    lm_head.weight                        -> head.weight                      (tied to the embedding by default)
+    backbone.embeddings.weight         -> embed.weight
+    backbone.layers.{i}.norm.weight    -> blocks.{i}.norm1.weight     (RMSNorm, eps layer_norm_epsilon)
+    backbone.layers.{i}.mixer.{name}   -> blocks.{i}.mixer.{name}     (same names: in_proj, conv1d,
+                                                                      x_proj, dt_proj, A_log, D, out_proj)
+    backbone.norm_f.weight             -> norm.weight
+    lm_head.weight                     -> head.weight                 (tied to the embedding by default)
 
 HF's block is ``residual + mixer(norm(x))`` with the residual kept in float32 (``residual_in_fp32``), which is
 what seqlab's pre-norm block does in float32. Configurations seqlab's Mamba cannot express (biases on
@@ -69,7 +69,7 @@ def _rename(key: str) -> str:
 
 @torch.no_grad()
 def convert_mamba(hf_model: nn.Module) -> LM:
-    """A seqlab LM with the weights (copied) of a transformers ``MambaForCausalLM``, on its device and dtype."""
+    """A seqlab LM with a copy of the weights of a transformers ``MambaForCausalLM``, on its device/dtype."""
     config = mamba_config(hf_model.config)
     ref = next(hf_model.parameters())
     model = LM(config, device=torch.device("meta"))

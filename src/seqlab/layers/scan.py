@@ -119,7 +119,7 @@ class _ChunkedScan(torch.autograd.Function):
 
     @staticmethod
     def _chunk_states(u, delta, A, B, h0):
-        """All states of one chunk: (b, l, d) inputs -> Ā, H (b, l, d, n) with H[:, i] = h after position i."""
+        """One chunk's states: (b, l, d) inputs -> Ā, H (b, l, d, n), H[:, i] the state after position i."""
         dA = torch.exp(delta[..., None] * A)  # (b, l, d, 1) * (d, n) -> (b, l, d, n), exponents ≤ 0
         H = (delta * u)[..., None] * B[:, :, None, :]  # Δ u B: (b, l, d, 1) * (b, l, 1, n) -> (b, l, d, n)
         h = h0
@@ -197,7 +197,8 @@ def selective_scan(
 ):
     r"""The selective scan, chunked, with a memory-light custom backward. Same contract as
     ``selective_scan_ref``; ``chunk_size`` trades Python steps against the size of one chunk's buffers
-    (b, chunk_size, d, n). 32 was the fastest on CPU in benchmarks/bench_mamba.py.
+    (b, chunk_size, d, n). Of 16, 32 and 64, 32 was the fastest on CPU at the sizes of
+    benchmarks/bench_mamba.py (64's buffers no longer fit in cache). The backward's derivation: docs/scan.md.
     """
     _check(u, delta, A, B, C, initial_state)
     if chunk_size < 1:

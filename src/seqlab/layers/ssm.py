@@ -8,8 +8,8 @@ A continuous-time linear state-space model with a diagonal state matrix,
 
 sampled with step Δ becomes the recurrence  x_k = Ā x_{k-1} + B̄ u_k,  y_k = C x_k + D u_k,  with
 
-    zero-order hold (u constant over each step):  Ā = exp(Δ A),  B̄ = (Δ A)⁻¹ (exp(Δ A) - I) Δ B = (Ā - 1) / a ⊙ B
-    bilinear (Tustin, trapezoid rule):           Ā = (I - Δ/2 A)⁻¹ (I + Δ/2 A),  B̄ = (I - Δ/2 A)⁻¹ Δ B
+    zero-order hold (u constant over a step): Ā = exp(Δ A), B̄ = (Δ A)⁻¹ (exp(Δ A) - I) Δ B = (Ā - 1) / a ⊙ B
+    bilinear (Tustin, trapezoid rule):        Ā = (I - Δ/2 A)⁻¹ (I + Δ/2 A), B̄ = (I - Δ/2 A)⁻¹ Δ B
 
 (diagonal A makes every inverse an elementwise division). When A, B, C, Δ do not depend on the input (LTI),
 unrolling the recurrence from x_{-1} gives a convolution:
@@ -188,7 +188,8 @@ class S4D(nn.Module):
         return self._output(y), state
 
     def extra_repr(self) -> str:
-        return f"{self.d_model}, d_state={self.d_state}, discretization={self.discretization!r}, init={self.init!r}"
+        s = f"{self.d_model}, d_state={self.d_state}"
+        return s + f", discretization={self.discretization!r}, init={self.init!r}"
 
 
 class Mamba(nn.Module):
@@ -204,7 +205,8 @@ class Mamba(nn.Module):
     Parameter names and shapes equal Hugging Face's ``MambaMixer`` (in_proj, conv1d, x_proj, dt_proj, A_log,
     D, out_proj), so a checkpoint converts by renaming the block prefix only.
 
-    Initialization (Section 3.6 and the reference code): A_log[i, j] = log(j + 1) (S4D-Real: A = -(1..n)); D = 1;
+    Initialization (Section 3.6 and the reference code): A_log[i, j] = log(j + 1) (S4D-Real: A = -(1..n)),
+    D = 1,
     dt_proj.weight ~ U(±dt_rank^-1/2); dt_proj.bias = softplus⁻¹(Δ₀) with Δ₀ log-uniform in [dt_min, dt_max],
     floored at dt_init_floor, so that Δ starts in a useful range of time scales whatever the input.
     A_log and D are meant to be trained without weight decay (``_no_weight_decay`` marks them).
