@@ -10,10 +10,10 @@ vocab 256. Measured:
   each repeat the two contenders run back to back (order alternating), the table gives medians and the
   ratio of medians, so that load from other processes on a shared machine hits both alike.
 * peak memory of one training step: each (contender, shape) runs in a fresh subprocess that builds the
-  model, runs one warm-up step, then records ru_maxrss before and after one more step. CPU tensors live in
-  the process's RSS, so the difference is the step's peak extra resident memory (activations kept for
-  backward, gradients, temporaries); the allocator returns freed blocks to the OS only partly, which is why
-  the warm-up comes first: it makes the "before" include the steady-state heap.
+  model, reads its current resident set size (RSS, /proc/self/statm), runs one training step and reads the
+  peak RSS (getrusage ru_maxrss). CPU tensors live in the process's RSS, so peak minus before is the
+  step's peak extra memory: activations kept for backward, gradients, temporaries. The child checks that
+  the step did raise the process's peak (else the number would be an earlier peak, and it says so).
 * decoding: seqlab's ``LM.step`` latency per token (batch 1) after a prompt of 64 and of 8192 tokens. A
   recurrent state has a fixed size, so the two should be equal up to noise.
 
@@ -23,6 +23,7 @@ Writes benchmarks/results/mamba-<cpu>-torch<version>.md.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import platform
 import re
@@ -78,12 +79,15 @@ def memory_child(which: str, b: int, t: int) -> None:
     ours, hf = build()
     model = hf if which == "hf" else ours
     del ours, hf
+    gc.collect()
     ids = torch.randint(0, VOCAB, (b, t))
-    train_step(model, ids, which == "hf")  # warm-up: allocator caches, lazy inits
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_kib = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() // 1024
+    max_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     train_step(model, ids, which == "hf")
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"PEAK_KIB {after - before}")
+    max_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if max_after <= max_before:  # the step never exceeded an earlier peak: the number would be meaningless
+        raise RuntimeError("the training step did not raise the peak RSS; use a larger shape")
+    print(f"PEAK_KIB {max_after - rss_kib}")
 
 
 def peak_mib(which: str, b: int, t: int, threads: int) -> float:
@@ -174,8 +178,8 @@ def main() -> None:
         f"- {repeats} repeats, contenders alternating within each repeat; medians. "
         "**The machine was shared with other developers' jobs while this ran**: absolute numbers are noisy, "
         "the ratios are the result.",
-        "- Peak memory: extra ru_maxrss of one training step in a fresh subprocess after one warm-up step "
-        "(see the script's docstring).",
+        "- Peak memory: peak RSS (ru_maxrss) during one training step minus RSS before it, in a fresh "
+        "subprocess per contender and shape (see the script's docstring).",
         f"- Command: `python benchmarks/bench_mamba.py{' --quick' if args.quick else ''}`",
         "",
         "## Training step (forward + cross-entropy + backward)",
