@@ -1,0 +1,198 @@
+"""seqlab's GPT against Hugging Face's GPT2LMHeadModel with the same weights: training and generation speed.
+
+Model: 4 layers, 4 heads, d_model 256, context 256 (GPT-2 shape, dropout 0), vocabulary 256 by default;
+seqlab's copy is made by the production converter (``seqlab.interop.hf_gpt2.convert_gpt2``), HF runs with
+``attn_implementation="sdpa"``.
+
+* Training: one AdamW step on a (16, 256) batch (forward, cross-entropy, backward, update); tokens/s from
+  the median over repeats, the two models alternating which goes first from repeat to repeat.
+* Achieved FLOP/s = 3 x forward FLOPs per token (``seqlab.models.flops``: 2 N_matmul + 4 n_layers t d_attn)
+  x tokens/s, as a fraction of the fp32 matmul rate measured in the same run (a square matmul, 2 n^3 FLOPs).
+* Generation: greedy, batch 1, a 16-token prompt and 200 new tokens through each library's KV cache
+  (seqlab ``generate(temperature=0)``, HF ``generate(do_sample=False)``); tokens/s from the median.
+
+    python benchmarks/bench_gpt.py              # writes benchmarks/results/gpt-<hardware>-torch<version>.md
+    python benchmarks/bench_gpt.py --quick      # a smoke run that writes no file
+
+On a shared machine the absolute numbers move with the load; the ratios, measured alternately, move less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def hardware() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def matmul_rate(n: int = 1024, repeats: int = 5) -> float:
+    """fp32 FLOP/s of an (n, n) x (n, n) matmul, median over repeats."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times)
+
+
+def train_step_fn(model, logits_of, batch, lr=1e-3):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def step() -> None:
+        logits = logits_of(model, batch)  # (b, t, v)
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def alternate(fns: dict[str, callable], repeats: int) -> dict[str, float]:
+    """Median seconds per call of each function, alternating the order from repeat to repeat."""
+    names = list(fns)
+    for f in fns.values():  # warm-up
+        f()
+    times = {n: [] for n in names}
+    for r in range(repeats):
+        for n in names if r % 2 == 0 else names[::-1]:
+            t = time.perf_counter()
+            fns[n]()
+            times[n].append(time.perf_counter() - t)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2 repeats, 50 new tokens, no file written")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=200)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeats, new_tokens = (2, 50) if args.quick else (args.repeats, args.new_tokens)
+
+    import transformers
+
+    from seqlab.interop.hf_gpt2 import convert_gpt2
+    from seqlab.models.flops import forward_flops_per_token
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=args.vocab,
+        n_positions=max(args.context, 16 + new_tokens),
+        n_embd=256,
+        n_layer=4,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation="sdpa",
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    hf = transformers.GPT2LMHeadModel(cfg)
+    ours = convert_gpt2(hf)
+    batch = torch.randint(0, args.vocab, (args.batch, args.context))
+    hf.train(), ours.train()
+
+    rate = matmul_rate()
+    train = alternate(
+        {
+            "seqlab": train_step_fn(ours, lambda m, x: m(x), batch),
+            "hf": train_step_fn(hf, lambda m, x: m(x).logits, batch),
+        },
+        repeats,
+    )
+    tokens = args.batch * args.context
+    flops_tok = 3 * forward_flops_per_token(ours, args.context)[0]
+
+    hf.eval(), ours.eval()
+    prompt = torch.randint(0, args.vocab, (1, 16))
+    ones = torch.ones_like(prompt)
+    gen = alternate(
+        {
+            "seqlab": lambda: ours.generate(prompt, new_tokens, temperature=0),
+            "hf": lambda: hf.generate(
+                prompt,
+                attention_mask=ones,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            ),
+        },
+        max(2, repeats // 2),
+    )
+    same = torch.equal(
+        ours.generate(prompt, new_tokens, temperature=0),
+        hf.generate(
+            prompt,
+            attention_mask=ones,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        ),
+    )
+
+    lines = [
+        f"# GPT (4 x 256, 4 heads, context {args.context}, vocab {args.vocab}) vs HF GPT2LMHeadModel",
+        "",
+        f"{hardware()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, {dt.date.today()}; {repeats} repeats, medians, alternating order."
+        + (" Quick run." if args.quick else ""),
+        f"fp32 matmul rate (1024^3) measured in this run: {rate / 1e9:.1f} GFLOP/s.",
+        "",
+        "| | seqlab | HF | seqlab / HF |",
+        "|---|---:|---:|---:|",
+    ]
+    tr = {k: tokens / v for k, v in train.items()}
+    lines.append(
+        f"| training tokens/s (batch {args.batch}) | {tr['seqlab']:,.0f} | {tr['hf']:,.0f} | "
+        f"{tr['seqlab'] / tr['hf']:.2f} |"
+    )
+    fr = {k: v * flops_tok / rate for k, v in tr.items()}
+    lines.append(f"| achieved FLOP/s / matmul rate | {fr['seqlab']:.2f} | {fr['hf']:.2f} | |")
+    gr = {k: new_tokens / v for k, v in gen.items()}
+    lines.append(
+        f"| greedy generation tokens/s ({new_tokens} new) | {gr['seqlab']:,.0f} | {gr['hf']:,.0f} | "
+        f"{gr['seqlab'] / gr['hf']:.2f} |"
+    )
+    lines += ["", f"Greedy generations identical: {same}. Training FLOPs per token: {flops_tok:,}."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.quick:
+        RESULTS.mkdir(exist_ok=True)
+        name = re.sub(r"[^a-z0-9]+", "-", hardware().lower()).strip("-").split("-")[:2]
+        out = RESULTS / f"gpt-{'-'.join(name)}-torch{torch.__version__.split('+')[0]}.md"
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
