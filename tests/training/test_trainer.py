@@ -142,3 +142,13 @@ def test_train_config_validation():
         TrainConfig(steps=0)
     with pytest.raises(ValueError, match="grad_clip"):
         TrainConfig(grad_clip=-1.0)
+
+
+def test_detach_state_keeps_named_tuples():
+    from seqlab.layers.attention import KVCache
+    from seqlab.training.trainer import detach_state
+
+    k = torch.ones(1, 1, 2, 2, requires_grad=True) * 2
+    cache = detach_state([KVCache(k, k, torch.tensor(2)), (k, k)])
+    assert isinstance(cache[0], KVCache) and not cache[0].k.requires_grad
+    assert isinstance(cache[1], tuple) and not cache[1][0].requires_grad

@@ -81,6 +81,8 @@ def detach_state(state: Any) -> Any:
     """Cut the graph behind a carried recurrent state (truncated BPTT), keeping its values."""
     if isinstance(state, Tensor):
         return state.detach()
+    if isinstance(state, tuple) and hasattr(state, "_fields"):  # a NamedTuple such as a KV cache
+        return type(state)(*(detach_state(s) for s in state))
     if isinstance(state, tuple | list):
         return type(state)(detach_state(s) for s in state)
     return state
@@ -292,6 +294,8 @@ class Trainer:
 def _move(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, Tensor):
         return obj.to(device)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_move(o, device) for o in obj))
     if isinstance(obj, tuple | list):
         return type(obj)(_move(o, device) for o in obj)
     return obj
