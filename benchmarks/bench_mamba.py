@@ -90,14 +90,19 @@ def memory_child(which: str, b: int, t: int) -> None:
     print(f"PEAK_KIB {max_after - rss_kib}")
 
 
-def peak_mib(which: str, b: int, t: int, threads: int) -> float:
-    out = subprocess.run(
-        [sys.executable, __file__, "--memory-child", which, str(b), str(t), "--threads", str(threads)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return int(re.search(r"PEAK_KIB (\d+)", out).group(1)) / 1024  # ru_maxrss is in KiB on Linux
+def peak_mib(which: str, b: int, t: int, threads: int, tries: int = 2) -> float:
+    """The child's peak extra MiB; NaN (with the child's error printed) if every try failed."""
+    for _ in range(tries):
+        res = subprocess.run(
+            [sys.executable, __file__, "--memory-child", which, str(b), str(t), "--threads", str(threads)],
+            capture_output=True,
+            text=True,
+        )
+        found = re.search(r"PEAK_KIB (\d+)", res.stdout)
+        if res.returncode == 0 and found:
+            return int(found.group(1)) / 1024  # ru_maxrss is in KiB on Linux
+        print(f"memory child {which} {b}x{t} failed: {res.stderr.strip().splitlines()[-1:]}", flush=True)
+    return float("nan")
 
 
 def decode_latency(model, context: int, steps: int) -> float:
