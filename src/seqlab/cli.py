@@ -102,9 +102,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from seqlab.models import PRESETS, count_parameters, list_models
     from seqlab.tasks import list_tasks
 
-    print(f"{'model':<22} {'family':<10} {'parameters':>12}   (vocab_size 256 unless the task sets it)")
+    print(f"{'model':<26} {'family':<12} {'parameters':>16}   (vocab_size 256 unless the task sets it)")
     for name in list_models(args.pattern):
-        print(f"{name:<22} {PRESETS[name][0]:<10} {count_parameters(name):>12,}")
+        print(f"{name:<26} {PRESETS[name][0]:<12} {count_parameters(name):>16,}")
     print("\ntasks: " + ", ".join(list_tasks()))
     return 0
 
