@@ -78,12 +78,17 @@ def test_config_validation():
 
 
 def test_registry_round_trip_and_every_parameter_gets_a_gradient():
+    from seqlab.models import PRESETS
+
     for name in list_models():
-        model = create(name, vocab_size=13)
+        if PRESETS[name][0] != "rnn_lm":
+            continue  # other families have their own conformance tests
+        meta = name.startswith("test-") is False  # full-size presets are only built on the meta device
+        model = create(name, vocab_size=13, device=torch.device("meta") if meta else None)
         assert model.config.vocab_size == 13
-        clone = build(model.family, vars(model.config))
+        clone = build(model.family, vars(model.config), device=torch.device("meta"))
         assert clone.config == model.config
-        if name.startswith("test-"):
+        if not meta:
             model(torch.randint(0, 13, (2, 5))).sum().backward()
             for pname, p in model.named_parameters():
                 assert p.grad is not None and torch.isfinite(p.grad).all(), pname
