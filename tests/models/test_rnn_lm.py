@@ -83,7 +83,7 @@ def test_registry_round_trip_and_every_parameter_gets_a_gradient():
     for name in list_models():
         if PRESETS[name][0] != "rnn_lm":
             continue  # other families have their own conformance tests
-        meta = name.startswith("test-") is False  # full-size presets are only built on the meta device
+        meta = not name.startswith("test-")  # full-size presets are only built on the meta device
         model = create(name, vocab_size=13, device=torch.device("meta") if meta else None)
         assert model.config.vocab_size == 13
         clone = build(model.family, vars(model.config), device=torch.device("meta"))
