@@ -1,5 +1,31 @@
 """Layers: primitives with explicit arguments. Every sequence layer is a token mixer (see docs/design.md)."""
 
+from seqlab.layers.attention import (
+    AdditiveAttention,
+    KVCache,
+    LinearAttention,
+    LuongAttention,
+    MultiheadAttention,
+    SelfAttention,
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_ref,
+)
+from seqlab.layers.mlp import MLP, SwiGLU
+from seqlab.layers.norms import LayerNorm, RMSNorm
+from seqlab.layers.positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+)
 from seqlab.layers.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+from seqlab.layers.scan import selective_scan, selective_scan_ref
+from seqlab.layers.ssm import S4D, Mamba
+from seqlab.layers.transformer_blocks import TransformerDecoderLayer, TransformerEncoderLayer
 
-__all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNCell"]
+__all__ = [
+    "GRU", "LSTM", "MLP", "RNN", "S4D", "AdditiveAttention", "GRUCell", "KVCache", "LSTMCell", "LayerNorm",
+    "LearnedPositionalEmbedding", "LinearAttention", "LuongAttention", "Mamba", "MultiheadAttention", "RMSNorm",
+    "RNNCell", "RotaryEmbedding", "SelfAttention", "SinusoidalPositionalEncoding", "SwiGLU",
+    "TransformerDecoderLayer", "TransformerEncoderLayer", "scaled_dot_product_attention",
+    "scaled_dot_product_attention_ref", "selective_scan", "selective_scan_ref",
+]
