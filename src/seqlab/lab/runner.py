@@ -114,6 +114,15 @@ class Compare:
         write_text_atomic(self.out / "runs" / f"{key}.json", json.dumps(data, indent=1))
 
     def run_training(self) -> list[dict[str, Any]]:
+        train_log = logging.getLogger("seqlab.train")
+        level = train_log.level
+        train_log.setLevel(logging.WARNING)  # one progress line per run instead of the trainer's eval lines
+        try:
+            return self._run_training()
+        finally:
+            train_log.setLevel(level)
+
+    def _run_training(self) -> list[dict[str, Any]]:
         records = []
         jobs = [(m, e) for e in self.entries for m in self.mixers]
         started, done_time = time.perf_counter(), []
