@@ -83,8 +83,15 @@ def test_generate_and_attention_maps():
     g = torch.Generator().manual_seed(1)
     sampled = model.generate(prompt[None], 7, top_k=3, generator=g)
     assert sampled.shape == (1, 12)
-    with pytest.raises(ValueError, match="max_seq_len"):
-        model.generate(prompt, 100)
+    # past max_seq_len=64 the context slides: greedy tokens equal a rollout that crops the input the same way
+    long = model.generate(prompt, 100, temperature=0)
+    ids, held = prompt[None], 5
+    for _ in range(100):
+        if held > 64:
+            held = 32
+        ids = torch.cat([ids, model(ids[:, -held:])[:, -1].argmax(-1, keepdim=True)], 1)
+        held += 1
+    assert long.shape == (105,) and torch.equal(long, ids[0])
     maps = model.attention_maps(prompt[None], layers=[1])
     w = maps[1]
     assert list(maps) == [1] and w.shape == (1, 4, 5, 5)

@@ -2,6 +2,11 @@
 
 The prompt is read in one parallel (or fused) forward pass; every new token then costs one ``step``:
 O(1) in the context length for recurrent and state-space models, O(t) for attention with a KV cache.
+
+A model whose positions are a learned table (``model.context_limit``, e.g. GPT-2's 1,024) cannot step past
+its last position. When the cache is full, generation slides: it re-reads the last ``context_limit // 2``
+tokens into a fresh cache and goes on stepping, so every token is predicted from at least half a window of
+context and the re-reading costs O(1) amortized forward passes per token.
 """
 
 from __future__ import annotations
@@ -66,17 +71,26 @@ def generate(
             f"prompt_ids must be a non-empty long tensor (b, t) or (t,), got "
             f"{ids.dtype} of shape {tuple(prompt_ids.shape)}"
         )
+    limit = getattr(model, "context_limit", None)  # None: the state can grow (or stays O(1)) without bound
     was_training = model.training
     model.eval()
     try:
-        logits, state = model(ids, return_state=True)  # (b, t, vocab): read the prompt in one pass
-        logits = logits[:, -1]
+        window = ids if limit is None else ids[:, -limit:]
+        logits, state = model(window, return_state=True)  # (b, t, vocab): read the prompt in one pass
+        logits, held = logits[:, -1], window.size(1)  # held: positions in the state
         out = [ids]
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (b,)
             out.append(nxt[:, None])
-            if i < max_new_tokens - 1:
+            if i == max_new_tokens - 1:
+                break
+            if limit is not None and held >= limit:  # the position table is used up: slide the window
+                tail = torch.cat(out, dim=1)[:, -(limit // 2 or 1) :]
+                logits, state = model(tail, return_state=True)
+                logits, held = logits[:, -1], tail.size(1)
+            else:
                 logits, state = model.step(nxt, state)  # (b, vocab)
+                held += 1
     finally:
         model.train(was_training)
     res = torch.cat(out, dim=1)

@@ -199,6 +199,11 @@ class GPT(nn.Module):
         logits = self.head(self.norm(h))  # (b, t, d) -> (b, t, v)
         return (logits, new) if return_state else logits
 
+    @property
+    def context_limit(self) -> int | None:
+        """Positions the model can hold: max_seq_len with learned positions, unbounded with RoPE."""
+        return self.config.max_seq_len if self.pos_embed is not None else None
+
     def init_state(self, batch_size: int) -> list[KVCache]:
         """Empty KV caches, one per layer."""
         return [b.attn.init_state(batch_size) for b in self.blocks]
@@ -238,12 +243,10 @@ class GPT(nn.Module):
         top_p: float | None = None,
         generator: torch.Generator | None = None,
     ) -> Tensor:
-        """Prompt (b, t) or (t,) -> prompt + continuation; ``temperature=0`` is greedy."""
-        if self.pos_embed is not None and prompt_ids.size(-1) + max_new_tokens > self.config.max_seq_len:
-            raise ValueError(
-                f"prompt ({prompt_ids.size(-1)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                f"max_seq_len={self.config.max_seq_len} of the learned positions; shorten one of them"
-            )
+        """Prompt (b, t) or (t,) -> prompt + continuation; ``temperature=0`` is greedy.
+
+        With learned positions the context slides past ``max_seq_len`` (see ``seqlab.models.generation``).
+        """
         return generate(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)
 
 
