@@ -12,6 +12,8 @@ TEST_PRESETS = {
     "rnn": "test-lm-rnn",
     "attention": "test-lm-attention",
     "linear-attention": "test-lm-linear-attention",
+    "s4d": "test-s4d",
+    "mamba": "test-mamba",
 }
 
 
@@ -54,6 +56,8 @@ def test_causal_and_every_parameter_learns(mixer):
     model(x).logsumexp(-1).mean().backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    out = model.generate(x[:, :3], 5, temperature=0)
+    assert out.shape == (2, 8) and torch.equal(out[:, :3], x[:, :3])
 
 
 def test_weights_are_tied_and_features_work():
