@@ -42,10 +42,11 @@ def test_generate_from_gpt_checkpoint(gpt_run, capsys):
     )
     text = capsys.readouterr().out
     assert text.startswith("KING:") and len(text.rstrip("\n")) >= 20
+    # far past the learned positions (max_seq_len 64): the context slides instead of failing
     assert (
-        main(["generate", "--checkpoint", str(gpt_run), "--prompt", "KING:", "--max-new-tokens", "500"]) == 2
+        main(["generate", "--checkpoint", str(gpt_run), "--prompt", "KING:", "--max-new-tokens", "500"]) == 0
     )
-    assert "max_seq_len" in capsys.readouterr().err
+    assert len(capsys.readouterr().out) == len("KING:") + 500 + 1  # print adds one newline
 
 
 def test_write_attention_maps_api(tmp_path):
