@@ -27,7 +27,7 @@ from torch import nn
 
 from seqlab.layers import recurrent
 from seqlab.layers.attention import MultiheadAttention
-from seqlab.layers.transformer_blocks import TransformerDecoderLayer, TransformerEncoderLayer
+from seqlab.layers.transformer_blocks import Transformer, TransformerDecoderLayer, TransformerEncoderLayer
 
 __all__ = ["CONVERTERS", "from_torch", "register"]
 
@@ -216,3 +216,44 @@ def _decoder_layer(module: nn.TransformerDecoderLayer) -> nn.Module:
     sa = module.self_attn
     ours = TransformerDecoderLayer(sa.embed_dim, sa.num_heads, causal=False, **_block_kwargs(module, sa))
     return _load_renamed(ours, module, {**_MLP_NAMES, "multihead_attn.": "cross_attn."})
+
+
+@register(nn.Transformer)
+def _transformer(module: nn.Transformer) -> nn.Module:
+    """nn.Transformer -> seqlab Transformer (``causal=False``: torch takes the causal mask as ``tgt_mask``).
+
+    ``encoder.layers.i`` / ``decoder.layers.i`` become ``encoder_layers.i`` / ``decoder_layers.i`` with the layer
+    renames above, ``encoder.norm`` / ``decoder.norm`` become ``encoder_norm`` / ``decoder_norm``. Call
+    ``ours(src, tgt, src_mask=..., tgt_mask=from_torch_mask(causal_or_tgt_mask, tgt_key_padding_mask),
+    memory_mask=...)``. Custom encoders or decoders (other than stacks of the standard layers) do not convert.
+    """
+    enc, dec = module.encoder, module.decoder
+    if not (isinstance(enc, nn.TransformerEncoder) and isinstance(dec, nn.TransformerDecoder)):
+        raise ValueError("only nn.Transformer with its own TransformerEncoder/TransformerDecoder converts")
+    if enc.norm is None or dec.norm is None:
+        raise ValueError("nn.Transformer without final encoder/decoder norms does not convert")
+    first = enc.layers[0]
+    sa = first.self_attn
+    kw = _block_kwargs(first, sa)
+    ours = Transformer(sa.embed_dim, sa.num_heads, len(enc.layers), len(dec.layers), causal=False, **kw)
+
+    def rename(name: str) -> str:
+        for old, new in (
+            ("encoder.layers.", "encoder_layers."),
+            ("decoder.layers.", "decoder_layers."),
+            ("encoder.norm.", "encoder_norm."),
+            ("decoder.norm.", "decoder_norm."),
+        ):
+            if name.startswith(old):
+                name = new + name[len(old) :]
+        return (
+            name.replace(".linear1.", ".mlp.fc1.")
+            .replace(".linear2.", ".mlp.fc2.")
+            .replace(".multihead_attn.", ".cross_attn.")
+        )
+
+    ours.load_state_dict({rename(k): v for k, v in module.state_dict().items()})
+    frozen = {rename(name) for name, q in module.named_parameters() if not q.requires_grad}
+    for name, p in ours.named_parameters():
+        p.requires_grad_(name not in frozen)
+    return ours.train(module.training)

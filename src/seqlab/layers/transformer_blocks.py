@@ -32,7 +32,7 @@ from seqlab.layers.attention import KVCache, MultiheadAttention, SelfAttention
 from seqlab.layers.mlp import MLP
 from seqlab.layers.norms import LayerNorm
 
-__all__ = ["TransformerDecoderLayer", "TransformerEncoderLayer"]
+__all__ = ["Transformer", "TransformerDecoderLayer", "TransformerEncoderLayer"]
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 
@@ -160,3 +160,73 @@ class TransformerDecoderLayer(nn.Module):
             x = self.norm2(x + ca(x))
             x = self.norm3(x + self.drop3(self.mlp(x)))
         return x, (self_cache, cross_cache)
+
+
+class Transformer(nn.Module):
+    """The encoder–decoder stack without embeddings (torch.nn.Transformer's scope): N encoder layers and a final
+    LayerNorm over the source, N decoder layers and a final LayerNorm over the target.
+
+    ``model(src, tgt, src_mask=None, tgt_mask=None, memory_mask=None) -> (b, t, d)`` with src (b, s, d), tgt
+    (b, t, d) and seqlab masks (True = may attend). With ``causal=True`` (the default) the decoder's
+    self-attention is causal by itself; ``from_torch`` builds ``causal=False``, torch's behaviour, where the
+    causal mask comes as ``tgt_mask``. torch.nn.Transformer always has the two final norms, post-norm
+    layers included, and so does this class.
+    """
+
+    def __init__(
+        self,
+        d_model: int = 512,
+        n_heads: int = 8,
+        n_encoder_layers: int = 6,
+        n_decoder_layers: int = 6,
+        d_ff: int | None = 2048,
+        dropout: float = 0.1,
+        activation: Activation = "relu",
+        norm_first: bool = False,
+        bias: bool = True,
+        norm_eps: float = 1e-5,
+        causal: bool = True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        kw = {
+            "d_ff": d_ff,
+            "dropout": dropout,
+            "activation": activation,
+            "norm_first": norm_first,
+            "bias": bias,
+            "norm_eps": norm_eps,
+            "device": device,
+            "dtype": dtype,
+        }
+        self.encoder_layers = nn.ModuleList(
+            TransformerEncoderLayer(d_model, n_heads, **kw) for _ in range(n_encoder_layers)
+        )
+        self.encoder_norm = LayerNorm(d_model, eps=norm_eps, bias=bias, device=device, dtype=dtype)
+        self.decoder_layers = nn.ModuleList(
+            TransformerDecoderLayer(d_model, n_heads, causal=causal, **kw) for _ in range(n_decoder_layers)
+        )
+        self.decoder_norm = LayerNorm(d_model, eps=norm_eps, bias=bias, device=device, dtype=dtype)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        for layer in self.encoder_layers:
+            src = layer(src, mask=src_mask)  # (b, s, d)
+        return self.encoder_norm(src)
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None
+    ) -> Tensor:
+        for layer in self.decoder_layers:
+            tgt, _ = layer(tgt, memory, mask=tgt_mask, memory_mask=memory_mask)  # (b, t, d)
+        return self.decoder_norm(tgt)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+    ) -> Tensor:
+        return self.decode(tgt, self.encode(src, src_mask), tgt_mask, memory_mask)
