@@ -39,7 +39,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
 
-    records = [json.loads(ln) for ln in (args.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    records = [
+        json.loads(ln) for ln in (args.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()
+    ]
     latest = (args.run_dir / "latest").read_text().strip()
     config = json.loads((args.run_dir / latest / "config.json").read_text())
     val = [r for r in records if r["split"] == "val"]
