@@ -58,7 +58,7 @@ def activation_bytes(model, x: torch.Tensor) -> int:
     return total
 
 
-def throughput(model, vocab_size: int, seq_len: int, batch_size: int = 8, repeats: int = 3) -> float:
+def throughput(model, vocab_size: int, seq_len: int, batch_size: int = 8, repeats: int = 7) -> float:
     """Training tokens/s (forward + backward + AdamW step) at one sequence length; median of ``repeats``."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randint(0, vocab_size, (batch_size, seq_len))
