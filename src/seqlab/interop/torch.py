@@ -129,14 +129,19 @@ def _recurrent_cell(module: nn.RNNCellBase) -> nn.Module:
 # converts a pair of torch masks into the one seqlab mask.
 
 
-def _load_renamed(ours: nn.Module, theirs: nn.Module, rename: dict[str, str]) -> nn.Module:
-    """Copy ``theirs``'s parameters into ``ours`` under names whose prefixes ``rename`` maps (strict)."""
+def _load_renamed(
+    ours: nn.Module, theirs: nn.Module, rename: dict[str, str] | Callable[[str], str]
+) -> nn.Module:
+    """Copy ``theirs``'s parameters into ``ours`` under new names (strict): ``rename`` maps name prefixes, or
+    is a function of the whole name. Frozen parameters stay frozen, and the train/eval mode is kept."""
 
-    def new_name(name: str) -> str:
+    def by_prefix(name: str) -> str:
         for old, new in rename.items():
             if name.startswith(old):
                 return new + name[len(old) :]
         return name
+
+    new_name = rename if callable(rename) else by_prefix
 
     ours.load_state_dict({new_name(k): v for k, v in theirs.state_dict().items()})
     frozen = {new_name(name) for name, q in theirs.named_parameters() if not q.requires_grad}
@@ -252,8 +257,4 @@ def _transformer(module: nn.Transformer) -> nn.Module:
             .replace(".multihead_attn.", ".cross_attn.")
         )
 
-    ours.load_state_dict({rename(k): v for k, v in module.state_dict().items()})
-    frozen = {rename(name) for name, q in module.named_parameters() if not q.requires_grad}
-    for name, p in ours.named_parameters():
-        p.requires_grad_(name not in frozen)
-    return ours.train(module.training)
+    return _load_renamed(ours, module, rename)
