@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.layers.attention import MultiheadAttention
 from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.norms import LayerNorm
 from seqlab.layers.transformer_blocks import TransformerEncoderLayer
+from seqlab.models.init import normal_init_
 
 __all__ = [
     "PRESETS",
@@ -81,19 +81,6 @@ class EncoderConfig:
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
 
-def _bert_init(module: nn.Module, std: float = 0.02) -> None:
-    with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, nn.Linear | nn.Embedding):
-                nn.init.normal_(m.weight, std=std)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, MultiheadAttention):
-                nn.init.normal_(m.in_proj_weight, std=std)
-                if m.in_proj_bias is not None:
-                    nn.init.zeros_(m.in_proj_bias)
-
-
 class Encoder(nn.Module):
     """``encoder(input_ids (b, t), attention_mask=None, token_type_ids=None) -> hidden (b, t, d)``."""
 
@@ -122,7 +109,7 @@ class Encoder(nn.Module):
             for _ in range(c.n_layers)
         )
         self.pooler = nn.Linear(c.d_model, c.d_model, **kw) if c.pooler else None
-        _bert_init(self)
+        normal_init_(self)
 
     def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         t = input_ids.size(1)
@@ -185,7 +172,7 @@ class MaskedLMHead(nn.Module):
         self.dense = nn.Linear(c.d_model, c.d_model, **kw)
         self.norm = LayerNorm(c.d_model, eps=c.norm_eps, **kw)
         self.decoder = nn.Linear(c.d_model, c.vocab_size, **kw)
-        _bert_init(self)
+        normal_init_(self)
         if embedding is not None:
             self.decoder.weight = embedding.weight  # tied to the input embedding, as in BERT
 
@@ -200,7 +187,7 @@ class ClassificationHead(nn.Module):
         super().__init__()
         self.drop = nn.Dropout(dropout)
         self.proj = nn.Linear(d_model, n_classes, device=device, dtype=dtype)
-        _bert_init(self)
+        normal_init_(self)
 
     def forward(self, pooled: Tensor) -> Tensor:
         return self.proj(self.drop(pooled))

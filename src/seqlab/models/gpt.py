@@ -33,6 +33,7 @@ from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import LearnedPositionalEmbedding, RotaryEmbedding
 from seqlab.models.generation import generate
+from seqlab.models.init import normal_init_
 
 __all__ = ["GPT", "PRESETS", "GPTBlock", "GPTConfig"]
 
@@ -161,18 +162,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2's initialization (see the module docstring); norms start at weight 1, bias 0."""
-        std, resid_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layers)
-        for m in self.modules():
-            if isinstance(m, nn.Linear | nn.Embedding):
-                nn.init.normal_(m.weight, std=std)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, MultiheadAttention):
-                nn.init.normal_(m.in_proj_weight, std=std)
-                if m.in_proj_bias is not None:
-                    nn.init.zeros_(m.in_proj_bias)
-            elif isinstance(m, LearnedPositionalEmbedding):
-                nn.init.normal_(m.weight, std=std)
+        normal_init_(self, std=0.02)
+        resid_std = 0.02 / math.sqrt(2 * self.config.n_layers)
         for block in self.blocks:
             for proj in block.residual_projections():
                 nn.init.normal_(proj.weight, std=resid_std)

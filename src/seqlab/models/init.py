@@ -1,0 +1,26 @@
+"""The N(0, std) initialization that GPT-2 and BERT share (Radford et al. 2019; Devlin et al. 2019)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.positional import LearnedPositionalEmbedding
+
+
+@torch.no_grad()
+def normal_init_(module: nn.Module, std: float = 0.02) -> None:
+    """Every linear, embedding, attention in-projection and learned position table ~ N(0, std), biases zero;
+    norms keep weight 1, bias 0. Modules are visited in ``module.modules()`` order."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear | nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, MultiheadAttention):
+            nn.init.normal_(m.in_proj_weight, std=std)
+            if m.in_proj_bias is not None:
+                nn.init.zeros_(m.in_proj_bias)
+        elif isinstance(m, LearnedPositionalEmbedding):
+            nn.init.normal_(m.weight, std=std)
