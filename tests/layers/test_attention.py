@@ -6,18 +6,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqlab.layers.attention import (
-    AdditiveAttention,
-    LinearAttention,
-    LuongAttention,
     MultiheadAttention,
     SelfAttention,
-    linear_attention_causal,
-    linear_attention_recurrent_ref,
     scaled_dot_product_attention,
     scaled_dot_product_attention_ref,
 )
+from seqlab.layers.linear_attention import (
+    LinearAttention,
+    linear_attention_causal,
+    linear_attention_recurrent_ref,
+)
 from seqlab.layers.masks import causal_mask, key_padding_mask, sliding_window_mask
 from seqlab.layers.positional import RotaryEmbedding
+from seqlab.layers.rnn_attention import AdditiveAttention, LuongAttention
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 

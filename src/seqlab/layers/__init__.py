@@ -1,15 +1,13 @@
 """Layers: primitives with explicit arguments. Every sequence layer is a token mixer (see docs/design.md)."""
 
 from seqlab.layers.attention import (
-    AdditiveAttention,
     KVCache,
-    LinearAttention,
-    LuongAttention,
     MultiheadAttention,
     SelfAttention,
     scaled_dot_product_attention,
     scaled_dot_product_attention_ref,
 )
+from seqlab.layers.linear_attention import LinearAttention
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import LayerNorm, RMSNorm
 from seqlab.layers.positional import (
@@ -18,6 +16,7 @@ from seqlab.layers.positional import (
     SinusoidalPositionalEncoding,
 )
 from seqlab.layers.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+from seqlab.layers.rnn_attention import AdditiveAttention, LuongAttention
 from seqlab.layers.scan import selective_scan, selective_scan_ref
 from seqlab.layers.ssm import S4D, Mamba
 from seqlab.layers.transformer_blocks import TransformerDecoderLayer, TransformerEncoderLayer

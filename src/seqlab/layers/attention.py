@@ -1,10 +1,10 @@
-r"""Attention: scaled dot-product (Vaswani et al. 2017, arXiv 1706.03762), multi-head with grouped-query
-heads (Ainslie et al. 2023, arXiv 2305.13245), a KV cache and sliding windows; linear attention (Katharopoulos
-et al. 2020, arXiv 2006.16236); and the additive (Bahdanau et al. 2014, arXiv 1409.0473) and multiplicative
-(Luong et al. 2015, arXiv 1508.04025) scores of the RNN encoder–decoders.
+r"""Softmax attention: scaled dot-product (Vaswani et al. 2017, arXiv 1706.03762) and multi-head with
+grouped-query heads (Ainslie et al. 2023, arXiv 2305.13245), a KV cache and sliding windows. Linear attention
+lives in ``seqlab.layers.linear_attention``, the Bahdanau and Luong scores of the RNN encoder–decoders in
+``seqlab.layers.rnn_attention``.
 
 Notation: ``b`` batch, ``t`` time, ``t_q`` queries, ``t_k`` keys, ``d`` model width, ``h`` query heads,
-``g`` key/value heads (``h`` a multiple of ``g``), ``k`` head dim, ``s`` source positions (RNN attention).
+``g`` key/value heads (``h`` a multiple of ``g``), ``k`` head dim.
 
     Attention(Q, K, V) = softmax(Q Kᵀ / √k + M) V                       (Vaswani eq. 1)
     M[i, j] = 0 where mask[i, j] is True (may attend), -inf where False
@@ -23,7 +23,7 @@ cuDNN), and :func:`scaled_dot_product_attention_ref` writes the equation out and
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -33,14 +33,9 @@ from seqlab.layers.masks import causal_mask, combine_masks, sliding_window_mask
 from seqlab.layers.positional import RotaryEmbedding
 
 __all__ = [
-    "AdditiveAttention",
     "KVCache",
-    "LinearAttention",
-    "LuongAttention",
     "MultiheadAttention",
     "SelfAttention",
-    "linear_attention_causal",
-    "linear_attention_recurrent_ref",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_ref",
 ]
@@ -374,263 +369,3 @@ class SelfAttention(MultiheadAttention):
         self, x: Tensor, state: KVCache | None = None, mask: Tensor | None = None, need_weights: bool = False
     ):
         return super().forward(x, mask=mask, state=state, need_weights=need_weights)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Linear attention (Katharopoulos et al. 2020): softmax(q kᵀ) replaced by the kernel φ(q)ᵀφ(k), φ = elu + 1.
-#
-#     y_i = φ(q_i)ᵀ S_i / (φ(q_i)ᵀ z_i + eps),   S_i = Σ_{j<=i} φ(k_j) v_jᵀ  (k x k),   z_i = Σ_{j<=i} φ(k_j)  (eq. 16-20)
-#
-# The recurrent form updates (S, z) one position at a time: O(1) state and work per step. The parallel form
-# computes the same numbers chunk by chunk: inside a chunk of c positions the masked quadratic form
-# (φ(Q) φ(K)ᵀ ⊙ causal) V, across chunks the carried (S, z); O(t c k + t k²) work, no (t, k, k) tensor.
-
-
-def _elu1(x: Tensor) -> Tensor:
-    return F.elu(x) + 1.0  # φ(x) = elu(x) + 1 > 0, so the normalizer φ(q)ᵀz is positive
-
-
-def linear_attention_causal(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    state: tuple[Tensor, Tensor] | None = None,
-    chunk_size: int = 64,
-    eps: float = 1e-6,
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """Chunked parallel causal linear attention. q, k: features φ(·) (b, h, t, k); v (b, h, t, e).
-
-    state: (S (b, h, k, e), z (b, h, k)) carried in from earlier positions, or None (zeros).
-    Returns y (b, h, t, e) and the state after the last position.
-    """
-    b, h, t, kd = q.shape
-    if state is None:
-        S = q.new_zeros(b, h, kd, v.size(-1))
-        z = q.new_zeros(b, h, kd)
-    else:
-        S, z = state
-    outs = []
-    for start in range(0, t, chunk_size):
-        qc, kc, vc = (x[:, :, start : start + chunk_size] for x in (q, k, v))  # (b, h, c, ·)
-        a = (qc @ kc.transpose(-2, -1)).tril()  # (b, h, c, k) x (b, h, k, c) -> (b, h, c, c), causal in-chunk
-        num = qc @ S + a @ vc  # (b, h, c, k) x (b, h, k, e) + (b, h, c, c) x (b, h, c, e) -> (b, h, c, e)
-        den = (qc @ z.unsqueeze(-1)) + a.sum(-1, keepdim=True)  # (b, h, c, k) x (b, h, k, 1) -> (b, h, c, 1)
-        outs.append(num / (den + eps))
-        S = S + kc.transpose(-2, -1) @ vc  # (b, h, k, c) x (b, h, c, e) -> (b, h, k, e)
-        z = z + kc.sum(-2)  # (b, h, k)
-    return torch.cat(outs, dim=2), (S, z)
-
-
-def linear_attention_recurrent_ref(
-    q: Tensor, k: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None = None, eps: float = 1e-6
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """The recurrent form, one position at a time; the same signature and numbers as the chunked form."""
-    b, h, t, kd = q.shape
-    S = q.new_zeros(b, h, kd, v.size(-1)) if state is None else state[0]
-    z = q.new_zeros(b, h, kd) if state is None else state[1]
-    outs = []
-    for i in range(t):
-        S = S + k[:, :, i].unsqueeze(-1) * v[:, :, i].unsqueeze(
-            -2
-        )  # (b, h, k, 1) * (b, h, 1, e) -> (b, h, k, e)
-        z = z + k[:, :, i]  # (b, h, k)
-        num = (q[:, :, i].unsqueeze(-2) @ S).squeeze(-2)  # (b, h, 1, k) x (b, h, k, e) -> (b, h, e)
-        den = (q[:, :, i] * z).sum(-1, keepdim=True)  # (b, h, 1)
-        outs.append(num / (den + eps))
-    return torch.stack(outs, dim=2), (S, z)
-
-
-class LinearAttention(nn.Module):
-    r"""Multi-head linear attention (Katharopoulos et al. 2020, arXiv 2006.16236), a token mixer.
-
-        q, k, v = x W_q, x W_k, x W_v  (b, h, t, k);   φ(u) = elu(u) + 1
-        causal:      y_i = φ(q_i)ᵀ S_i / (φ(q_i)ᵀ z_i + eps),  S_i = Σ_{j<=i} φ(k_j) v_jᵀ,  z_i = Σ_{j<=i} φ(k_j)
-        non-causal:  the same with the sums over all j
-        out = [y_1; ...; y_h] W_o
-
-    ``y, (S, z) = attn(x, state=None, mask=None)``: x (b, t, d); state S (b, h, k, k), z (b, h, k): the O(1)
-    summary of the past that ``step`` updates per position. ``mask`` (b, t) boolean, True at real tokens:
-    padded keys contribute nothing (their φ(k) is zeroed). The forward pass uses the chunked parallel form
-    (:func:`linear_attention_causal`); ``forward_ref`` is the recurrent form. Parameters are laid out like
-    :class:`MultiheadAttention`'s (``in_proj_weight`` stacks [W_q; W_k; W_v], ``out_proj``).
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        head_dim: int | None = None,
-        bias: bool = False,
-        causal: bool = True,
-        eps: float = 1e-6,
-        chunk_size: int = 64,
-        device=None,
-        dtype=None,
-    ):
-        super().__init__()
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    f"d_model={d_model} must be divisible by n_heads={n_heads}, or give head_dim"
-                )
-            head_dim = d_model // n_heads
-        kw = {"device": device, "dtype": dtype}
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
-        self.causal, self.eps, self.chunk_size = causal, eps, chunk_size
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * n_heads * head_dim, d_model, **kw))
-        self.in_proj_bias = nn.Parameter(torch.empty(3 * n_heads * head_dim, **kw)) if bias else None
-        self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias, **kw)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.in_proj_weight)
-        if self.in_proj_bias is not None:
-            nn.init.zeros_(self.in_proj_bias)
-        self.out_proj.reset_parameters()
-
-    def init_state(self, batch_size: int, device=None, dtype=None) -> tuple[Tensor, Tensor]:
-        w = self.in_proj_weight
-        kw = {"device": device or w.device, "dtype": dtype or w.dtype}
-        h, kd = self.n_heads, self.head_dim
-        return torch.zeros(batch_size, h, kd, kd, **kw), torch.zeros(batch_size, h, kd, **kw)
-
-    def _features(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"expected x of shape (b, t, {self.d_model}), got {tuple(x.shape)}")
-        b, t, _ = x.shape
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, d) -> (b, t, 3 h k)
-        qkv = qkv.view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, b, h, t, k)
-        q, k, v = _elu1(qkv[0]), _elu1(qkv[1]), qkv[2]
-        if mask is not None:
-            if mask.shape != (b, t) or mask.dtype != torch.bool:
-                raise ValueError(
-                    f"mask must be boolean (b, t) = {(b, t)}, True at real tokens; got {mask.shape}"
-                )
-            k = k * mask[:, None, :, None]  # (b, 1, t, 1): padded keys add nothing to S and z
-        return q, k, v
-
-    def _out(self, y: Tensor) -> Tensor:
-        b, h, t, kd = y.shape
-        return self.out_proj(y.transpose(1, 2).reshape(b, t, h * kd))  # (b, t, h k) -> (b, t, d)
-
-    def forward(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None):
-        q, k, v = self._features(x, mask)  # (b, h, t, k) each
-        if self.causal:
-            y, state = linear_attention_causal(q, k, v, state, self.chunk_size, self.eps)
-            return self._out(y), state
-        S = k.transpose(-2, -1) @ v  # (b, h, k, t) x (b, h, t, k) -> (b, h, k, k)
-        z = k.sum(-2)  # (b, h, k)
-        if state is not None:
-            S, z = S + state[0], z + state[1]
-        y = (q @ S) / ((q @ z.unsqueeze(-1)) + self.eps)  # (b, h, t, k) / (b, h, t, 1)
-        return self._out(y), (S, z)
-
-    def forward_ref(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None):
-        """The causal recurrent form position by position (the reference for the chunked forward)."""
-        q, k, v = self._features(x, mask)
-        y, state = linear_attention_recurrent_ref(q, k, v, state, self.eps)
-        return self._out(y), state
-
-    def step(self, x_t: Tensor, state: tuple[Tensor, Tensor] | None = None):
-        """x_t (b, d) -> y_t (b, d): one O(1) update of (S, z)."""
-        q, k, v = self._features(x_t.unsqueeze(1), None)  # (b, h, 1, k)
-        y, state = linear_attention_recurrent_ref(q, k, v, state, self.eps)
-        return self._out(y).squeeze(1), state
-
-    def extra_repr(self) -> str:
-        return f"{self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, causal={self.causal}"
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Attention for RNN encoder–decoders: one query vector (the decoder state) against the encoder's positions.
-
-
-def _masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
-    """softmax over the last axis of (b, s) where ``mask`` (b, s) is True; an all-False row gives zeros."""
-    if mask is None:
-        return scores.softmax(-1)
-    if mask.shape != scores.shape or mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must be boolean {tuple(scores.shape)}, True at real positions; got {mask.shape}"
-        )
-    keep = mask.any(-1, keepdim=True)  # (b, 1)
-    w = scores.masked_fill(~(mask | ~keep), float("-inf")).softmax(-1)
-    return w.masked_fill(~keep, 0.0)
-
-
-class AdditiveAttention(nn.Module):
-    r"""Bahdanau (additive, "concat") attention, Bahdanau et al. 2014 (arXiv 1409.0473), appendix A.1.2:
-
-        e_j = vᵀ tanh(W_q s + W_k h_j + b)      α = softmax(e) over the unmasked j      c = Σ_j α_j h_j
-
-    Shapes: query s (b, d_query); keys h (b, s, d_key); values (b, s, d_v), default the keys; mask (b, s),
-    True at real positions -> context c (b, d_v), weights α (b, s). ``project_keys(keys)`` computes W_k h once
-    per source sequence; pass it back as ``keys_proj`` at every decoder step.
-    """
-
-    def __init__(self, d_query: int, d_key: int, d_attn: int, device=None, dtype=None):
-        super().__init__()
-        kw = {"device": device, "dtype": dtype}
-        self.query_proj = nn.Linear(d_query, d_attn, bias=False, **kw)
-        self.key_proj = nn.Linear(d_key, d_attn, bias=True, **kw)
-        self.v = nn.Linear(d_attn, 1, bias=False, **kw)
-
-    def project_keys(self, keys: Tensor) -> Tensor:
-        return self.key_proj(keys)  # (b, s, d_key) -> (b, s, d_attn)
-
-    def forward(
-        self,
-        query: Tensor,
-        keys: Tensor,
-        values: Tensor | None = None,
-        mask: Tensor | None = None,
-        keys_proj: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        keys_proj = self.project_keys(keys) if keys_proj is None else keys_proj  # (b, s, d_attn)
-        e = self.v(torch.tanh(self.query_proj(query).unsqueeze(1) + keys_proj)).squeeze(-1)  # (b, s)
-        w = _masked_softmax(e, mask)  # (b, s)
-        values = keys if values is None else values
-        return (w.unsqueeze(1) @ values).squeeze(1), w  # (b, 1, s) x (b, s, d_v) -> (b, d_v)
-
-
-class LuongAttention(nn.Module):
-    r"""Luong (multiplicative) attention, Luong et al. 2015 (arXiv 1508.04025), eq. 8:
-
-        dot:      e_j = sᵀ h_j            (d_query == d_key)
-        general:  e_j = sᵀ W_a h_j        W_a (d_query, d_key), no bias
-        α = softmax(e) over the unmasked j,   c = Σ_j α_j h_j
-
-    Shapes as :class:`AdditiveAttention`: query (b, d_query), keys (b, s, d_key), values (b, s, d_v) default
-    the keys, mask (b, s) -> context (b, d_v), weights (b, s). The paper's attentional hidden state
-    tanh(W_c [c; s]) belongs to the decoder that uses this module.
-    """
-
-    def __init__(
-        self,
-        d_query: int,
-        d_key: int | None = None,
-        score: Literal["dot", "general"] = "general",
-        device=None,
-        dtype=None,
-    ):
-        super().__init__()
-        d_key = d_query if d_key is None else d_key
-        if score not in ("dot", "general"):
-            raise ValueError(f"score must be 'dot' or 'general', got {score!r}")
-        if score == "dot" and d_key != d_query:
-            raise ValueError(
-                f"the dot score needs d_query == d_key, got {d_query} and {d_key}; use 'general'"
-            )
-        self.score = score
-        self.W_a = (
-            nn.Linear(d_key, d_query, bias=False, device=device, dtype=dtype) if score == "general" else None
-        )
-
-    def forward(
-        self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        proj = keys if self.W_a is None else self.W_a(keys)  # (b, s, d_key) -> (b, s, d_query)
-        e = (proj @ query.unsqueeze(-1)).squeeze(-1)  # (b, s, d_q) x (b, d_q, 1) -> (b, s)
-        w = _masked_softmax(e, mask)  # (b, s)
-        values = keys if values is None else values
-        return (w.unsqueeze(1) @ values).squeeze(1), w  # (b, 1, s) x (b, s, d_v) -> (b, d_v)

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from seqlab.layers.attention import LinearAttention, SelfAttention
+from seqlab.layers.attention import SelfAttention
+from seqlab.layers.linear_attention import LinearAttention
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import RotaryEmbedding
