@@ -148,6 +148,41 @@ def test_step_equals_forward_and_chunked_equals_whole(kind, window):
         torch.testing.assert_close(torch.cat([a, b], 1), full, **TOL)
 
 
+@torch.no_grad()
+def test_buffered_kv_cache_grows_in_place_and_branches_copy_on_write():
+    m = _mixer("softmax")
+    x = torch.randn(2, 80, 16, dtype=torch.float64)  # 80 > the first buffer's 64 slots: it must grow once
+    full, _ = m(x)
+    state, ys, buffers = m.init_state(2), [], set()
+    for t in range(80):
+        y, state = m.step(x[:, t], state)
+        ys.append(y)
+        buffers.add(id(state.buffer))
+    torch.testing.assert_close(torch.stack(ys, 1), full, **TOL)
+    assert state.buffer is not None and len(buffers) == 2  # allocated once, doubled once
+    # two continuations of one prefix: the second must neither see nor overwrite the first one's keys
+    _, prefix = m(x[:, :5])
+    _, prefix = m(x[:, 5:6], state=prefix)  # now a buffered state
+    a, s_a = m(x[:, 6:9], state=prefix)
+    other = torch.randn(2, 3, 16, dtype=torch.float64)
+    b, s_b = m(other, state=prefix)
+    assert s_b.buffer is not s_a.buffer
+    torch.testing.assert_close(a, full[:, 6:9], **TOL)
+    torch.testing.assert_close(b, m(torch.cat([x[:, :6], other], 1))[0][:, 6:], **TOL)
+    c, _ = m(x[:, 9:12], state=s_a)  # the first continuation is intact and can go on
+    torch.testing.assert_close(c, full[:, 9:12], **TOL)
+
+
+def test_kv_cache_with_gradients_concatenates():
+    m = _mixer("softmax")
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    _, s = m(x[:, :3])
+    y, s = m(x[:, 3:], state=s)
+    assert s.buffer is None and s.k.requires_grad
+    y.sum().backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in m.parameters())
+
+
 @pytest.mark.parametrize("kind", ["softmax", "softmax-window", "linear"])
 def test_causal_output_never_depends_on_the_future(kind):
     m = _mixer("linear") if kind == "linear" else _mixer("softmax", window=2 if "window" in kind else None)

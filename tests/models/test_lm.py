@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from seqlab.layers.attention import KVCache
 from seqlab.models import create
 from seqlab.models.lm import MIXERS, LMConfig
 
@@ -20,6 +21,9 @@ TEST_PRESETS = {
 def _states_close(a, b):
     if isinstance(a, torch.Tensor):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    elif isinstance(a, KVCache):  # the values, not where they are stored (a preallocated buffer or not)
+        assert isinstance(b, KVCache)
+        _states_close((a.k, a.v, a.pos), (b.k, b.v, b.pos))
     else:
         assert type(a) is type(b) and len(a) == len(b)
         for u, v in zip(a, b, strict=True):

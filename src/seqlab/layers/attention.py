@@ -33,6 +33,7 @@ from seqlab.layers.masks import causal_mask, combine_masks, sliding_window_mask
 from seqlab.layers.positional import RotaryEmbedding
 
 __all__ = [
+    "KVBuffer",
     "KVCache",
     "MultiheadAttention",
     "SelfAttention",
@@ -163,17 +164,65 @@ def scaled_dot_product_attention_ref(
 # Multi-head attention
 
 
+class KVBuffer:
+    """Preallocated storage behind a growing KV cache: k, v (b, g, capacity, k), of which ``filled`` are written.
+
+    Appending a token to a cache whose keys end where the buffer's written part ends writes into the next
+    free slots in place, instead of concatenating (which copies the whole cache and, for caches of more than
+    a few hundred kB, allocates fresh pages on every token). The capacity doubles when it runs out, so the
+    copying is O(1) amortized per token and the buffer holds at most twice the cache. Copy-on-write keeps
+    states immutable from the outside: appending to an *older* state of the same buffer (a second
+    continuation of one prefix) copies into a new buffer and leaves the first continuation untouched.
+    """
+
+    __slots__ = ("filled", "k", "v")
+
+    def __init__(self, k: Tensor, v: Tensor, filled: int):
+        self.k, self.v, self.filled = k, v, filled
+
+    def can_append(self, cache_k: Tensor, t: int) -> bool:
+        return (
+            cache_k.size(2) == self.filled  # the cache is the newest state of this buffer
+            and cache_k.data_ptr() == self.k.data_ptr()  # ... and a prefix view of it
+            and self.filled + t <= self.k.size(2)
+        )
+
+
+def _append_kv(state: KVCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, KVBuffer | None]:
+    """The cached keys/values followed by the new ones, (b, g, t_c + t, k) each, and the buffer they live in.
+
+    With gradients flowing (chunked training with a carried state) it is a plain concatenation; in inference
+    the result is a prefix view of a :class:`KVBuffer` that later appends fill in place.
+    """
+    if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or state.k.requires_grad):
+        return torch.cat([state.k, k], dim=2), torch.cat([state.v, v], dim=2), None
+    t_c, t = state.k.size(2), k.size(2)
+    buf = state.buffer
+    if buf is None or not buf.can_append(state.k, t):
+        b, g, _, kd = k.shape
+        cap = max(2 * (t_c + t), 64)  # doubling: O(1) amortized copies per token
+        kb = k.new_empty(b, g, cap, kd)  # (b, g, capacity, k)
+        vb = v.new_empty(b, g, cap, v.size(-1))
+        kb[:, :, :t_c], vb[:, :, :t_c] = state.k, state.v
+        buf = KVBuffer(kb, vb, t_c)
+    buf.k[:, :, t_c : t_c + t], buf.v[:, :, t_c : t_c + t] = k, v  # write the new positions in place
+    buf.filled = t_c + t
+    return buf.k[:, :, : t_c + t], buf.v[:, :, : t_c + t], buf
+
+
 class KVCache(NamedTuple):
     """The state of causal self-attention: the keys (after RoPE) and values of the positions seen so far.
 
     k, v: (b, g, t_c, k). pos: 0-d int64 tensor, the absolute position of the next token (the number of tokens
     seen); larger than t_c once a sliding window has trimmed the cache to its last ``window - 1`` entries.
+    buffer: the preallocated :class:`KVBuffer` that k and v are views of during inference, or None.
     For cross-attention the "cache" holds the projected memory and ``pos`` its length.
     """
 
     k: Tensor
     v: Tensor
     pos: Tensor
+    buffer: KVBuffer | None = None
 
 
 class MultiheadAttention(nn.Module):
@@ -310,24 +359,24 @@ class MultiheadAttention(nn.Module):
             pos = state.pos if state is not None else torch.zeros((), dtype=torch.long, device=query.device)
             if self.rope is not None:
                 q, k = self.rope(q, offset=pos), self.rope(k, offset=pos)  # positions pos ... pos + t - 1
+            buffer = None
             if state is not None:
-                k = torch.cat([state.k, k], dim=2)  # (b, g, t_c + t, k)
-                v = torch.cat([state.v, v], dim=2)  # (b, g, t_c + t, k)
+                k, v, buffer = _append_kv(state, k, v)  # (b, g, t_c + t, k) each
             t_k = k.size(2)
             if self.window is not None:
                 structure = sliding_window_mask(
                     t_q, t_k, self.window, causal=self.causal, device=query.device
                 )
-            elif self.causal:
+            elif self.causal and t_q > 1:  # (one query at the end of the keys sees them all: no mask)
                 if t_q == t_k and mask is None:
                     is_causal = True  # SDPA's own causal path: no mask to build or read
                 else:
                     structure = causal_mask(t_q, t_k, device=query.device)
-            keep = k.size(2) if self.window is None or not self.causal else self.window - 1
-            new_k, new_v = (
-                (k, v) if keep >= k.size(2) else (k[:, :, k.size(2) - keep :], v[:, :, k.size(2) - keep :])
-            )
-            new_state = KVCache(new_k, new_v, pos + t_q)
+            keep = t_k if self.window is None or not self.causal else self.window - 1
+            if keep >= t_k:
+                new_state = KVCache(k, v, pos + t_q, buffer)
+            else:  # the sliding window drops the oldest positions (and leaves the buffer)
+                new_state = KVCache(k[:, :, t_k - keep :], v[:, :, t_k - keep :], pos + t_q)
         else:  # cross-attention
             w_q, *_ = self.in_proj_weight.split(self._split_sizes())
             b_q = None if self.in_proj_bias is None else self.in_proj_bias[: h * kd]

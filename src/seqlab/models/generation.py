@@ -51,7 +51,7 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(
     model,
     prompt_ids: Tensor,
