@@ -61,7 +61,8 @@ def hardware(device: torch.device) -> str:
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    plain = re.sub(r"\((r|tm)\)", "", text.lower())  # "Intel(R) Xeon(R)" -> "intel xeon"
+    return re.sub(r"[^a-z0-9]+", "-", plain).strip("-")
 
 
 def sync(device: torch.device) -> None:
