@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from seqlab.cli import main
 from seqlab.lab import compare
@@ -81,3 +82,44 @@ def test_suites_name_registered_tasks(name):
     from seqlab.tasks import list_tasks
 
     assert {e.task for e in SUITES[name].entries} <= set(list_tasks())
+
+
+def test_throughput_times_every_model_in_alternating_rounds():
+    from seqlab.lab.runner import throughput
+
+    calls = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name, self.embed = name, torch.nn.Embedding(11, 4)
+
+        def forward(self, x):
+            calls.append(self.name)
+            return self.embed(x)
+
+    speed = throughput({"a": Probe("a"), "b": Probe("b")}, vocab_size=11, seq_len=5, batch_size=2, rounds=4)
+    assert set(speed) == {"a", "b"} and all(v > 0 for v in speed.values())
+    assert calls == ["a", "b"] + ["a", "b", "b", "a"] * 2  # warm-up, then the order reverses every round
+
+
+def test_parallel_jobs_train_every_run_once_and_match_the_serial_results(tmp_path, capsys):
+    serial = compare(tmp_path / "serial", TINY, mixers=["gru", "lstm"], progress=False, gradients=False)
+    paths = compare(tmp_path / "jobs", TINY, mixers=["gru", "lstm"], progress=True, gradients=False, jobs=2)
+    out = capsys.readouterr().out
+    assert out.count("(done") == 2 * 3 and "[6/6]" in out
+    rows = {
+        (r["mixer"], r["setting"]): r["value"]
+        for r in json.loads(paths["results"].read_text())
+        if r["task"] in ("adding", "copy")
+    }
+    ref = {
+        (r["mixer"], r["setting"]): r["value"]
+        for r in json.loads(serial["results"].read_text())
+        if r["task"] in ("adding", "copy")
+    }
+    assert rows.keys() == ref.keys()
+    for k, v in rows.items():  # same seeds, same data: only the thread count differs
+        assert v == pytest.approx(ref[k], rel=1e-3, abs=1e-5), k
+    with pytest.raises(ValueError, match="jobs"):
+        compare(tmp_path / "bad", TINY, mixers=["gru"], jobs=0)

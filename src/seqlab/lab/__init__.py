@@ -16,8 +16,13 @@ def compare(
     seed: int = 0,
     progress: bool = True,
     gradients: bool = True,
+    jobs: int = 1,
 ) -> dict:
-    """Run a suite and write results.json, table.md and the plots to ``out``. Returns the paths."""
+    """Run a suite and write results.json, table.md and the plots to ``out``. Returns the paths.
+
+    ``jobs`` > 1 trains that many runs at once in worker processes of one torch thread each; the decode,
+    throughput and memory measurements that follow always run alone.
+    """
     from seqlab.lab.report import write_plots, write_results, write_table
     from seqlab.lab.runner import Compare
 
@@ -26,7 +31,7 @@ def compare(
             raise ValueError(f"unknown suite {suite!r}; choose one of {sorted(SUITES)}")
         suite = SUITES[suite]
     t0 = time.perf_counter()
-    lab = Compare(out, suite, mixers, tasks, seed, progress)
+    lab = Compare(out, suite, mixers, tasks, seed, progress, jobs)
     records = lab.run_training() + lab.run_systems()
     paths = {
         "results": write_results(lab.out, records),

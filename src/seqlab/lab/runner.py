@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -58,19 +59,78 @@ def activation_bytes(model, x: torch.Tensor) -> int:
     return total
 
 
-def throughput(model, vocab_size: int, seq_len: int, batch_size: int = 8, repeats: int = 7) -> float:
-    """Training tokens/s (forward + backward + AdamW step) at one sequence length; median of ``repeats``."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+def throughput(
+    models: dict[str, torch.nn.Module], vocab_size: int, seq_len: int, batch_size: int = 8, rounds: int = 7
+) -> dict[str, float]:
+    """Training tokens/s (forward + backward + AdamW step) of each model at one sequence length.
+
+    One warm-up step each, then ``rounds`` rounds of one timed step per model, the order reversed every other
+    round, so that a slow phase of a shared machine hits every family alike; the median step per model.
+    """
+    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
     x = torch.randint(0, vocab_size, (batch_size, seq_len))
-    times = []
-    for _ in range(repeats + 1):
+
+    def step(name: str) -> float:
         t0 = time.perf_counter()
-        model(x).float().logsumexp(-1).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
-    times = sorted(times[1:])
-    return batch_size * seq_len / times[len(times) // 2]
+        models[name](x).float().logsumexp(-1).mean().backward()
+        opts[name].step()
+        opts[name].zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    names = list(models)
+    for name in names:
+        step(name)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            times[name].append(step(name))
+    return {name: batch_size * seq_len / statistics.median(t) for name, t in times.items()}
+
+
+def train_run(
+    suite: Suite, mixer: str, entry: Entry, seed: int, threads: int | None = None
+) -> dict[str, Any]:
+    """Train one mixer on one suite entry with the ordinary trainer; the run's record (without settings).
+
+    A module-level function so that ``Compare`` can hand it to worker processes (``jobs > 1``); ``threads``
+    sets torch's intra-op threads in such a worker.
+    """
+    from seqlab.tasks import create_task
+
+    if threads:
+        torch.set_num_threads(threads)
+    train_log = logging.getLogger("seqlab.train")
+    train_log.setLevel(logging.WARNING)  # one progress line per run instead of the trainer's eval lines
+    task = create_task(entry.task, **entry.task_args, seed=seed)
+    model, d_model, params = _model(mixer, suite, task.model_overrides(), seed)
+    cfg = TrainConfig(
+        steps=entry.steps,
+        lr=entry.lr,
+        warmup_steps=min(100, entry.steps // 10),
+        eval_every=0,
+        eval_batches=10,
+        log_every=max(1, entry.steps // 50),
+        save_every=0,
+        progress=False,
+        seed=seed,
+        device="cpu",
+    )
+    trainer = Trainer(model, task, cfg)
+    t0 = time.perf_counter()
+    summary = trainer.fit()
+    seconds = time.perf_counter() - t0
+    batch = task.get_batch("train", 0)
+    tokens = entry.steps * batch["x"].shape[0] * batch["x"].shape[1]
+    curve = [[r["step"], r["loss"]] for r in trainer.history if r["split"] == "train"]
+    return {
+        "summary": summary,
+        "d_model": d_model,
+        "params": params,
+        "seconds": seconds,
+        "threads": torch.get_num_threads(),
+        "train_tokens_per_s": tokens / max(summary["elapsed_s"], 1e-9),
+        "curve": curve,
+    }
 
 
 class Compare:
@@ -82,11 +142,14 @@ class Compare:
         tasks: list[str] | None = None,
         seed: int = 0,
         progress: bool = True,
+        jobs: int = 1,
     ):
         from seqlab.models.lm import MIXERS
 
+        if jobs < 1:
+            raise ValueError(f"jobs must be a positive number of worker processes, got {jobs}")
         self.out = Path(out)
-        self.suite, self.seed, self.progress = suite, seed, progress
+        self.suite, self.seed, self.progress, self.jobs = suite, seed, progress, jobs
         self.mixers = list(mixers or [m for m in MIXER_ORDER if m in MIXERS])
         unknown = sorted(set(self.mixers) - set(MIXERS))
         if unknown:
@@ -123,89 +186,80 @@ class Compare:
             train_log.setLevel(level)
 
     def _run_training(self) -> list[dict[str, Any]]:
-        records = []
         jobs = [(m, e) for e in self.entries for m in self.mixers]
-        started, done_time = time.perf_counter(), []
-        for i, (mixer, entry) in enumerate(jobs):
-            settings = {
+        settings = [
+            {
                 "suite": self.suite.name,
                 "budget": self.suite.budget,
                 "n_layers": self.suite.n_layers,
-                "entry": dataclasses.asdict(entry),
+                "entry": dataclasses.asdict(e),
                 "seed": self.seed,
             }
-            key = _slug(mixer, entry.task, entry.setting)
-            data = self._cached(key, settings)
-            if data is None:
-                t0 = time.perf_counter()
-                result = self._train_with_curve(mixer, entry)
-                data = {"settings": settings, **result}
-                self._store(key, data)
-                done_time.append(time.perf_counter() - t0)
-                status = "done"
-            else:
-                status = "reused"
-            value = data["summary"].get(entry.metric, float("nan"))
-            if self.progress:
-                eta = ""
-                if done_time:
-                    left = len(jobs) - i - 1
-                    eta = f", ETA {left * sum(done_time) / len(done_time) / 60:.1f} min"
-                print(
-                    f"[{i + 1}/{len(jobs)}] {mixer:<17} {entry.task} {entry.setting}: {entry.metric} "
-                    f"{value:.4f} ({status}, {data['seconds']:.0f} s{eta})",
-                    flush=True,
-                )
+            for m, e in jobs
+        ]  # jobs are referred to by their index (an Entry holds a dict, so it cannot be a key)
+        key = [_slug(m, e.task, e.setting) for m, e in jobs]
+        data = [self._cached(key[i], settings[i]) for i in range(len(jobs))]
+        todo = [i for i in range(len(jobs)) if data[i] is None]
+        started, done_time, n_done = time.perf_counter(), [], 0
+
+        def report(i: int, status: str) -> None:
+            nonlocal n_done
+            n_done += 1
+            if not self.progress:
+                return
+            mixer, entry = jobs[i]
+            value = data[i]["summary"].get(entry.metric, float("nan"))
+            eta = ""
+            if done_time:
+                left = len(jobs) - n_done
+                eta = f", ETA {left * (time.perf_counter() - started) / len(done_time) / 60:.1f} min"
+            print(
+                f"[{n_done}/{len(jobs)}] {mixer:<17} {entry.task} {entry.setting}: {entry.metric} "
+                f"{value:.4f} ({status}, {data[i]['seconds']:.0f} s{eta})",
+                flush=True,
+            )
+
+        for i in range(len(jobs)):
+            if data[i] is not None:
+                report(i, "reused")
+
+        def finish(i: int, result: dict[str, Any]) -> None:
+            data[i] = {"settings": settings[i], **result}
+            self._store(key[i], data[i])
+            done_time.append(result["seconds"])
+            report(i, "done")
+
+        if self.jobs == 1 or len(todo) <= 1:
+            for i in todo:
+                finish(i, train_run(self.suite, *jobs[i], self.seed))
+        else:  # worker processes, one torch thread each: small models use a core better than two threads do
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            ctx = mp.get_context("spawn")  # no forked torch thread pools
+            with ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx) as pool:
+                futures = {pool.submit(train_run, self.suite, *jobs[i], self.seed, 1): i for i in todo}
+                for future in as_completed(futures):
+                    finish(futures[future], future.result())
+        log.info("training runs took %.1f min", (time.perf_counter() - started) / 60)
+        records = []
+        for (mixer, entry), d in zip(jobs, data, strict=True):
             records.append(
                 {
                     "mixer": mixer,
                     "task": entry.task,
                     "setting": entry.setting,
                     "metric": entry.metric,
-                    "value": value,
-                    "params": data["params"],
-                    "train_tokens_per_s": data["train_tokens_per_s"],
-                    "seconds": data["seconds"],
+                    "value": d["summary"].get(entry.metric, float("nan")),
+                    "params": d["params"],
+                    "train_tokens_per_s": d["train_tokens_per_s"],
+                    "seconds": d["seconds"],
                     "x_value": entry.x_value,
                     "higher_is_better": entry.higher_is_better,
-                    "curve": data.get("curve", []),
+                    "curve": d.get("curve", []),
                 }
             )
-        log.info("training runs took %.1f min", (time.perf_counter() - started) / 60)
         return records
-
-    def _train_with_curve(self, mixer: str, entry: Entry) -> dict[str, Any]:
-        from seqlab.tasks import create_task
-
-        task = create_task(entry.task, **entry.task_args, seed=self.seed)
-        model, d_model, params = _model(mixer, self.suite, task.model_overrides(), self.seed)
-        cfg = TrainConfig(
-            steps=entry.steps,
-            lr=entry.lr,
-            warmup_steps=min(100, entry.steps // 10),
-            eval_every=0,
-            eval_batches=10,
-            log_every=max(1, entry.steps // 50),
-            save_every=0,
-            progress=False,
-            seed=self.seed,
-            device="cpu",
-        )
-        trainer = Trainer(model, task, cfg)
-        t0 = time.perf_counter()
-        summary = trainer.fit()
-        seconds = time.perf_counter() - t0
-        batch = task.get_batch("train", 0)
-        tokens = entry.steps * batch["x"].shape[0] * batch["x"].shape[1]
-        curve = [[r["step"], r["loss"]] for r in trainer.history if r["split"] == "train"]
-        return {
-            "summary": summary,
-            "d_model": d_model,
-            "params": params,
-            "seconds": seconds,
-            "train_tokens_per_s": tokens / max(summary["elapsed_s"], 1e-9),
-            "curve": curve,
-        }
 
     # ---- task-independent measurements ----------------------------------------------------------------------
 
@@ -213,15 +267,15 @@ class Compare:
         """Decode latency and state size against context, training throughput and activation memory."""
         records = []
         vocab = 256
+        base_settings = {
+            "suite": self.suite.name,
+            "budget": self.suite.budget,
+            "n_layers": self.suite.n_layers,
+            "seed": self.seed,
+        }
+        speed = self._throughput(vocab, base_settings)
         for mixer in self.mixers:
-            settings = {
-                "suite": self.suite.name,
-                "budget": self.suite.budget,
-                "n_layers": self.suite.n_layers,
-                "contexts": list(self.suite.decode_contexts),
-                "lengths": list(self.suite.throughput_lengths),
-                "seed": self.seed,
-            }
+            settings = {**base_settings, "contexts": list(self.suite.decode_contexts)}
             key = _slug(mixer, "systems")
             data = self._cached(key, settings)
             if data is None:
@@ -229,7 +283,6 @@ class Compare:
                 model, d_model, params = _model(mixer, self.suite, {"vocab_size": vocab}, self.seed)
                 decode = decode_profile(model, vocab, self.suite.decode_contexts)
                 model.train()
-                speed = {t: throughput(model, vocab, t) for t in self.suite.throughput_lengths}
                 x = torch.randint(0, vocab, (8, max(self.suite.throughput_lengths)))
                 memory = activation_bytes(model, x)
                 data = {
@@ -237,7 +290,6 @@ class Compare:
                     "params": params,
                     "d_model": d_model,
                     "decode": decode,
-                    "throughput": {str(k): v for k, v in speed.items()},
                     "activation_bytes": memory,
                     "seconds": time.perf_counter() - t0,
                 }
@@ -265,7 +317,7 @@ class Compare:
                             "x_value": row["context"],
                         }
                     )
-            for t, v in data["throughput"].items():
+            for t, v in speed[mixer].items():
                 records.append(
                     {
                         "mixer": mixer,
@@ -293,3 +345,23 @@ class Compare:
                 }
             )
         return records
+
+    def _throughput(self, vocab: int, base_settings: dict[str, Any]) -> dict[str, dict[str, float]]:
+        """{mixer: {length: tokens/s}}, every mixer of this compare timed together (see :func:`throughput`);
+        cached as one record, remeasured whenever the set of mixers changes."""
+        settings = {**base_settings, "lengths": list(self.suite.throughput_lengths), "mixers": self.mixers}
+        key = _slug("throughput", *self.mixers)
+        data = self._cached(key, settings)
+        if data is None:
+            if self.progress:
+                print(f"[systems] training throughput of {len(self.mixers)} mixers, alternating", flush=True)
+            models = {
+                m: _model(m, self.suite, {"vocab_size": vocab}, self.seed)[0].train() for m in self.mixers
+            }
+            speed = {m: {} for m in self.mixers}
+            for length in self.suite.throughput_lengths:
+                for m, v in throughput(models, vocab, length).items():
+                    speed[m][str(length)] = v
+            data = {"settings": settings, "speed": speed}
+            self._store(key, data)
+        return data["speed"]
