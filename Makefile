@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # the lab's quick suite: every token mixer on every probe, the textbook table measured here (about 10 min);
 # a second `make demo` reuses the finished runs in runs/compare-quick instead of redoing them
 demo: $(STAMP)
-	$(VENV)/bin/seqlab compare --suite quick --out runs/compare-quick
+	$(VENV)/bin/seqlab compare --suite quick --jobs 2 --out runs/compare-quick
 
 compare: demo
 

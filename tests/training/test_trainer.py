@@ -152,3 +152,17 @@ def test_detach_state_keeps_named_tuples():
     cache = detach_state([KVCache(k, k, torch.tensor(2)), (k, k)])
     assert isinstance(cache[0], KVCache) and not cache[0].k.requires_grad
     assert isinstance(cache[1], tuple) and not cache[1][0].requires_grad
+
+
+def test_param_groups_never_decay_ssm_state_matrices():
+    from seqlab.layers.ssm import S4D, Mamba
+
+    model = torch.nn.ModuleList([Mamba(16, 4), S4D(16, 4)])
+    decay, no_decay = (set(map(id, g["params"])) for g in param_groups(model, 0.1))
+    mamba, s4d = model
+    for p in (mamba.A_log, mamba.D, s4d.A_log_re, s4d.A_im, s4d.log_dt):
+        assert id(p) in no_decay and id(p) not in decay
+    for p in (mamba.in_proj.weight, mamba.x_proj.weight, s4d.C, s4d.out_proj.weight):
+        assert id(p) in decay
+    model.double()  # the marks live on the Parameter objects and survive dtype moves
+    assert id(mamba.A_log) in set(map(id, param_groups(model, 0.1)[1]["params"]))

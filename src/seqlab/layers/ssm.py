@@ -120,6 +120,10 @@ class S4D(nn.Module):
         self.A_im = nn.Parameter(torch.empty(d_model, m, **kw))
         self.C = nn.Parameter(torch.empty(d_model, m, 2, **kw))  # (re, im) of C
         self.D = nn.Parameter(torch.empty(d_model, **kw))
+        for p in (self.log_dt, self.A_log_re, self.A_im):
+            p._no_weight_decay = (
+                True  # the time scales: trained, but not pulled to zero (see optim.param_groups)
+            )
         self.drop = nn.Dropout(dropout)
         self.out_proj = nn.Linear(d_model, 2 * d_model, **kw)  # then GLU: (b, t, 2d) -> (b, t, d)
         self.reset_parameters()

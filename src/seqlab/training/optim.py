@@ -10,11 +10,15 @@ from torch import nn
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices (weights of linear, recurrent and embedding layers); never decay biases, norm gains or
-    other vectors (Loshchilov & Hutter 2019, arXiv 1711.05101; the GPT-2/nanoGPT convention)."""
+    other vectors (Loshchilov & Hutter 2019, arXiv 1711.05101; the GPT-2/nanoGPT convention), nor parameters
+    a layer marks with ``_no_weight_decay = True``: the state matrices of S4D and Mamba, whose initialization
+    spreads their decay rates over several time scales that weight decay would pull together (the Mamba and
+    S4 reference code train A without weight decay too)."""
     decay, no_decay = [], []
     for p in model.parameters():  # each tied parameter appears once
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
+            keep = p.dim() < 2 or getattr(p, "_no_weight_decay", False)
+            (no_decay if keep else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
