@@ -123,3 +123,11 @@ def test_parallel_jobs_train_every_run_once_and_match_the_serial_results(tmp_pat
         assert v == pytest.approx(ref[k], rel=1e-3, abs=1e-5), k
     with pytest.raises(ValueError, match="jobs"):
         compare(tmp_path / "bad", TINY, mixers=["gru"], jobs=0)
+
+
+def test_mamba_keeps_its_own_block_layout_in_the_lab():
+    from seqlab.lab.runner import _model
+
+    mamba, _, _ = _model("mamba", TINY, {"vocab_size": 11}, 0)
+    lstm, _, _ = _model("lstm", TINY, {"vocab_size": 11}, 0)
+    assert all(b.mlp is None for b in mamba.blocks) and all(b.mlp is not None for b in lstm.blocks)

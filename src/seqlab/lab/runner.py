@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from seqlab.lab.budget import lm_fields, match_width
+from seqlab.lab.budget import LAYOUT, lm_fields, match_width
 from seqlab.lab.decode import decode_profile
 from seqlab.lab.suite import MIXER_ORDER, Entry, Suite
 from seqlab.models import build, make_config
@@ -193,6 +193,7 @@ class Compare:
                 "budget": self.suite.budget,
                 "n_layers": self.suite.n_layers,
                 "entry": dataclasses.asdict(e),
+                "layout": LAYOUT.get(m, {}),
                 "seed": self.seed,
             }
             for m, e in jobs
@@ -275,7 +276,11 @@ class Compare:
         }
         speed = self._throughput(vocab, base_settings)
         for mixer in self.mixers:
-            settings = {**base_settings, "contexts": list(self.suite.decode_contexts)}
+            settings = {
+                **base_settings,
+                "contexts": list(self.suite.decode_contexts),
+                "layout": LAYOUT.get(mixer, {}),
+            }
             key = _slug(mixer, "systems")
             data = self._cached(key, settings)
             if data is None:
@@ -349,7 +354,12 @@ class Compare:
     def _throughput(self, vocab: int, base_settings: dict[str, Any]) -> dict[str, dict[str, float]]:
         """{mixer: {length: tokens/s}}, every mixer of this compare timed together (see :func:`throughput`);
         cached as one record, remeasured whenever the set of mixers changes."""
-        settings = {**base_settings, "lengths": list(self.suite.throughput_lengths), "mixers": self.mixers}
+        settings = {
+            **base_settings,
+            "lengths": list(self.suite.throughput_lengths),
+            "mixers": self.mixers,
+            "layouts": {m: LAYOUT.get(m, {}) for m in self.mixers},
+        }
         key = _slug("throughput", *self.mixers)
         data = self._cached(key, settings)
         if data is None:
