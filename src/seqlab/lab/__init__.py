@@ -35,7 +35,7 @@ def compare(
     records = lab.run_training() + lab.run_systems()
     paths = {
         "results": write_results(lab.out, records),
-        "table": write_table(lab.out, suite, lab.mixers, records),
+        "table": write_table(lab.out, suite, lab.mixers, records, jobs),
     }
     plots = write_plots(lab.out, suite, lab.mixers, records)
     cells = [m for m in lab.mixers if m in ("rnn", "lstm", "gru")]

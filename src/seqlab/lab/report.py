@@ -48,13 +48,110 @@ def flat_ratio(records, mixer: str) -> float | None:
     return rows[-1]["value"] / rows[0]["value"] if len(rows) >= 2 and rows[0]["value"] > 0 else None
 
 
-def write_table(out: Path, suite: Suite, mixers: list[str], records: list[dict[str, Any]]) -> Path:
+CLAIMS = {
+    "RNN": ("sequential in t", "O(1) per token, fixed state", "fades with distance; gates help"),
+    "Transformer": ("parallel over t", "O(t) per token, KV cache grows", "direct access to any position"),
+    "SSM": ("parallel over t", "O(1) per token, fixed state", "LTI: fixed kernel; selective: content-based"),
+}
+"""What the textbooks assert per family: training, decoding, memory (the table's first rows)."""
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _family_table(suite: Suite, mixers: list[str], records: list[dict[str, Any]]) -> list[str]:
+    """The textbook table: one column per family, the claim, then each member's measured number per row."""
+    families = [f for f in CLAIMS if any(FAMILY.get(m) == f for m in mixers)]
+    members = {f: [m for m in mixers if FAMILY.get(m) == f] for f in families}
+    lines = ["| | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+
+    def row(label: str, cell) -> None:
+        lines.append(f"| {label} | " + " | ".join(cell(f) for f in families) + " |")
+
+    def each(f: str, value) -> str:
+        parts = [(m, value(m)) for m in members[f]]
+        return "<br>".join(f"{m} {v}" for m, v in parts if v is not None) or "–"
+
+    def one(mixer: str, **match) -> dict | None:
+        hit = _by(records, mixer=mixer, **match)
+        return hit[0] if hit else None
+
+    for i, what in enumerate(("training", "decoding", "memory")):
+        row(f"textbook: {what}", lambda f, i=i: CLAIMS[f][i])
+    longest = max(suite.throughput_lengths)
+    row(
+        f"training tokens/s (t={longest})",
+        lambda f: each(
+            f,
+            lambda m: (
+                _fmt(r["value"], "train_tokens_per_s")
+                if (r := one(m, task="throughput", setting=f"t={longest}"))
+                else None
+            ),
+        ),
+    )
+    c0, c1 = suite.decode_contexts[0], suite.decode_contexts[-1]
+    row(
+        f"decode latency, context {c1} / {c0}",
+        lambda f: each(f, lambda m: None if (x := flat_ratio(records, m)) is None else f"{x:.2f}×"),
+    )
+    row(
+        f"state at context {c0} → {c1}",
+        lambda f: each(
+            f,
+            lambda m: (
+                None
+                if not (
+                    (a := one(m, task="decode", setting=f"context={c0}", metric="state_bytes"))
+                    and (b := one(m, task="decode", setting=f"context={c1}", metric="state_bytes"))
+                )
+                else f"{_fmt(a['value'], 'state_bytes')} → {_fmt(b['value'], 'state_bytes')}"
+            ),
+        ),
+    )
+    for entry in suite.entries:
+        arrow = "↑" if entry.higher_is_better else "↓"
+        row(
+            f"{entry.task} {entry.setting}: {entry.metric} {arrow}",
+            lambda f, e=entry: each(
+                f,
+                lambda m: (
+                    _fmt(r["value"], e.metric) if (r := one(m, task=e.task, setting=e.setting)) else None
+                ),
+            ),
+        )
+    return lines
+
+
+def write_table(
+    out: Path, suite: Suite, mixers: list[str], records: list[dict[str, Any]], jobs: int = 1
+) -> Path:
     lines = [
         f"# seqlab compare --suite {suite.name}",
         "",
-        f"Measured on {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; every model is the shared backbone with {suite.n_layers} layers at "
-        f"a budget of {suite.budget:,} parameters.",
+        f"Measured on {cpu_name()}, torch {torch.__version__}; every model is the shared backbone "
+        f"(norm, token mixer, residual, norm, MLP, residual; Mamba without the MLP, as in its paper) with "
+        f"{suite.n_layers} layers at a budget of {suite.budget:,} parameters, "
+        + (
+            f"trained {jobs} runs at a time with one torch thread each"
+            if jobs > 1
+            else "trained one run at a time"
+        )
+        + f". Speed and memory were measured afterwards with {torch.get_num_threads()} threads, one model at a "
+        "time.",
+        "",
+        "## The textbook table, measured",
+        "",
+        *_family_table(suite, mixers, records),
+        "",
+        "## Every mixer",
         "",
         "| | " + " | ".join(f"{m} ({FAMILY.get(m, '?')})" for m in mixers) + " |",
         "|---|" + "---:|" * len(mixers),
