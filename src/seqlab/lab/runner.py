@@ -29,7 +29,14 @@ log = logging.getLogger("seqlab.lab")
 
 _STEP_COST = {"mamba": 8.0, "s4d": 1.5, "attention": 1.5}
 """Rough cost of a training step relative to an LSTM's at the lab's sizes on CPU (measured at 60k parameters,
-t=64: Mamba's chunked scan is the slow one); only the order in which parallel jobs start depends on it."""
+t=64: Mamba's chunked scan is the slow one); only the ETA and the order in which parallel jobs start
+depend on it."""
+
+
+def _cost(mixer: str, entry: Entry) -> float:
+    """A run's rough cost: steps x tokens per sequence x the mixer's relative step cost."""
+    length = entry.task_args.get("seq_len", 64) + entry.task_args.get("n_tokens", 0)
+    return _STEP_COST.get(mixer, 1.0) * entry.steps * length
 
 
 def _slug(*parts: str) -> str:
@@ -207,6 +214,7 @@ class Compare:
         data = [self._cached(key[i], settings[i]) for i in range(len(jobs))]
         todo = [i for i in range(len(jobs)) if data[i] is None]
         started, done_time, n_done = time.perf_counter(), [], 0
+        finished: set[int] = set()
 
         def report(i: int, status: str) -> None:
             nonlocal n_done
@@ -216,9 +224,10 @@ class Compare:
             mixer, entry = jobs[i]
             value = data[i]["summary"].get(entry.metric, float("nan"))
             eta = ""
-            if done_time:
-                left = len(jobs) - n_done
-                eta = f", ETA {left * (time.perf_counter() - started) / len(done_time) / 60:.1f} min"
+            if done_time and status == "done":  # remaining cost at the rate the finished runs went
+                done_cost = sum(_cost(*jobs[j]) for j in finished)
+                left = sum(_cost(*jobs[j]) for j in todo if j not in finished)
+                eta = f", ETA {(time.perf_counter() - started) * left / max(done_cost, 1e-9) / 60:.1f} min"
             print(
                 f"[{n_done}/{len(jobs)}] {mixer:<17} {entry.task} {entry.setting}: {entry.metric} "
                 f"{value:.4f} ({status}, {data[i]['seconds']:.0f} s{eta})",
@@ -230,6 +239,7 @@ class Compare:
                 report(i, "reused")
 
         def finish(i: int, result: dict[str, Any]) -> None:
+            finished.add(i)
             data[i] = {"settings": settings[i], **result}
             self._store(key[i], data[i])
             done_time.append(result["seconds"])
@@ -244,7 +254,7 @@ class Compare:
 
             ctx = mp.get_context("spawn")  # no forked torch thread pools
             # longest first, so that no long run starts last while the other workers sit idle
-            todo.sort(key=lambda i: -_STEP_COST.get(jobs[i][0], 1.0) * jobs[i][1].steps)
+            todo.sort(key=lambda i: -_cost(*jobs[i]))
             with ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx) as pool:
                 futures = {pool.submit(train_run, self.suite, *jobs[i], self.seed, 1): i for i in todo}
                 for future in as_completed(futures):
