@@ -180,6 +180,14 @@ def _cmd_params(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def _cmd_viz_positions(args: argparse.Namespace) -> int:
+    from seqlab.viz.positions import plot_positions
+
+    out = plot_positions(args.out, args.positions, args.d_model, args.base, args.grid)
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_viz_attention(args: argparse.Namespace) -> int:
     from seqlab.tasks.tokenizers import tokenizer_from_json
     from seqlab.training.checkpoint import load_model, load_tokenizer_json, resolve_checkpoint
@@ -228,7 +236,11 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto")
 
     c = sub.add_parser("compare", help="the lab: RNN vs Transformer vs SSM, measured on this machine")
-    c.add_argument("--suite", default="quick", help="quick (about 10 min on 2 cores) or full (about an hour)")
+    c.add_argument(
+        "--suite",
+        default="quick",
+        help="quick (9 min on 2 cores with --jobs 2) or full (about 45 min with --jobs 2)",
+    )
     c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
     c.add_argument("--mixers", help="comma-separated subset, e.g. lstm,attention,mamba")
     c.add_argument("--tasks", help="comma-separated subset of the suite's tasks")
@@ -242,7 +254,7 @@ def make_parser() -> argparse.ArgumentParser:
         "about halves the wall time); measurements of speed still run alone",
     )
 
-    viz = sub.add_parser("viz", help="pictures: gradient flow through recurrent networks")
+    viz = sub.add_parser("viz", help="pictures: gradient flow, positional encodings, attention maps")
     vsub = viz.add_subparsers(dest="viz_command", required=True)
     vg = vsub.add_parser(
         "gradients", help="plot |dL/dh_t| against t for RNN, LSTM and GRU (vanishing gradients)"
@@ -261,6 +273,15 @@ def make_parser() -> argparse.ArgumentParser:
     va.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
     va.add_argument("--heads", default=None, help="comma-separated head indices (default: all)")
     va.add_argument("--out", default="attention-maps", help="directory for layer{L}-head{H}.png")
+
+    vp = vsub.add_parser(
+        "positions", help="the sinusoidal table and its similarities, RoPE's relative scores, 2-D patch codes"
+    )
+    vp.add_argument("--out", default="positions.png", help="PNG file to write")
+    vp.add_argument("--positions", type=int, default=128, help="positions to draw")
+    vp.add_argument("--d-model", type=int, default=64, help="channels (a multiple of 4)")
+    vp.add_argument("--base", type=float, default=10000.0, help="the wavelength base (10000 in the papers)")
+    vp.add_argument("--grid", type=int, default=14, help="patch grid side for the 2-D codes (ViT-B/16: 14)")
 
     pa = sub.add_parser(
         "params", help="parameter count by component and FLOPs per token of a preset, e.g. seqlab params gpt2"
@@ -312,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_params(args, overrides)
         if args.command == "viz" and args.viz_command == "attention":
             return _cmd_viz_attention(args)
+        if args.command == "viz" and args.viz_command == "positions":
+            return _cmd_viz_positions(args)
         if args.command == "viz":
             return _cmd_viz_gradients(args)
         return _cmd_list(args)

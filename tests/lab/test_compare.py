@@ -46,7 +46,9 @@ def test_compare_writes_the_report_and_reuses_finished_runs(tmp_path, capsys):
     assert "| gru (RNN) | attention (Transformer) |" in table and "decode ms/token at context 64" in table
     assert "| | RNN | Transformer |" in table  # the textbook table: one column per family
     family_rows = [line for line in table.splitlines() if line.startswith("| adding T=12")]
-    assert len(family_rows) == 2 and family_rows[0].count("gru ") == 1  # member-labelled cells, then per mixer
+    assert (
+        len(family_rows) == 2 and family_rows[0].count("gru ") == 1
+    )  # member-labelled cells, then per mixer
     assert all(p.is_file() and p.stat().st_size > 1000 for p in paths["plots"])
     # attention's KV cache grows with the context, the GRU's state does not
     state = {(r["mixer"], r["setting"]): r["value"] for r in rows if r["metric"] == "state_bytes"}

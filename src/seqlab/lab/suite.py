@@ -145,7 +145,7 @@ FULL = Suite(
         _adding(100, 1000),
         _adding(200, 1000),
         _selective_copy(64, 4, 1500),
-        _selective_copy(128, 4, 1500),
+        _selective_copy(128, 4, 2500),
         _recall(8, 1200),
         _induction(64, 1000),
         _shakespeare(600),
