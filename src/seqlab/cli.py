@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -149,7 +150,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
-    paths = compare(args.out, args.suite, split(args.mixers), split(args.tasks), args.seed, jobs=args.jobs)
+    jobs = args.jobs if args.jobs is not None else max(1, min(4, len(os.sched_getaffinity(0))))
+    paths = compare(args.out, args.suite, split(args.mixers), split(args.tasks), args.seed, jobs=jobs)
     print(Path(paths["table"]).read_text(encoding="utf-8"))
     print(
         f"wrote {paths['results']}, {paths['table']} and {len(paths['plots'])} plots in "
@@ -249,9 +251,9 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--jobs",
         type=int,
-        default=1,
-        help="training runs at once, each in its own process with one thread (2 on a 2-core machine "
-        "about halves the wall time); measurements of speed still run alone",
+        default=None,
+        help="training runs at once, each in its own process with one thread (default: the usable CPU cores, "
+        "at most 4; on 2 cores, 2 jobs take about half the wall time of 1); speed is still measured alone",
     )
 
     viz = sub.add_parser("viz", help="pictures: gradient flow, positional encodings, attention maps")
