@@ -13,13 +13,11 @@ def test_rope_score_depends_on_the_offset_only_and_decays():
     # relative: the same offsets scored from two absolute positions agree (rope_scores averages n=0 and n=1000)
     from seqlab.layers.positional import RotaryEmbedding
 
-    rope, q = RotaryEmbedding(8), torch.randn(8)
-    score = lambda m, n: (
-        rope(q[None, None, None], positions=torch.tensor([m]))[0, 0, 0]
-        @ rope(  # noqa: E731
-            q[None, None, None], positions=torch.tensor([n])
-        )[0, 0, 0]
-    )
+    rope, q = RotaryEmbedding(8), torch.randn(8)[None, None, None]  # (1, 1, 1, k)
+
+    def score(m: int, n: int) -> torch.Tensor:
+        return rope(q, positions=torch.tensor([m]))[0, 0, 0] @ rope(q, positions=torch.tensor([n]))[0, 0, 0]
+
     assert abs(float(score(7, 3) - score(1007, 1003))) < 1e-4
 
 
