@@ -136,3 +136,15 @@ def test_mamba_keeps_its_own_block_layout_in_the_lab():
     mamba, _, _ = _model("mamba", TINY, {"vocab_size": 11}, 0)
     lstm, _, _ = _model("lstm", TINY, {"vocab_size": 11}, 0)
     assert all(b.mlp is None for b in mamba.blocks) and all(b.mlp is not None for b in lstm.blocks)
+
+
+def test_activation_memory_is_remeasured_when_the_throughput_lengths_change(tmp_path):
+    import dataclasses
+
+    def memory(suite):
+        paths = compare(tmp_path, suite, mixers=["gru"], progress=False, gradients=False)
+        rows = json.loads(paths["results"].read_text())
+        return next(r["value"] for r in rows if r["metric"] == "activation_bytes")
+
+    short = memory(TINY)  # measured at t = max(throughput_lengths) = 32
+    assert memory(dataclasses.replace(TINY, throughput_lengths=(64,))) > short

@@ -176,6 +176,15 @@ class Compare:
 
     # ---- one record per run, cached on disk ---------------------------------------------------------------
 
+    def _base_settings(self) -> dict[str, Any]:
+        """What every cached record of this compare depends on; each kind of record adds its own fields."""
+        return {
+            "suite": self.suite.name,
+            "budget": self.suite.budget,
+            "n_layers": self.suite.n_layers,
+            "seed": self.seed,
+        }
+
     def _cached(self, key: str, settings: dict[str, Any]):
         settings = json.loads(json.dumps(settings))  # compare as stored: tuples become lists
         f = self.out / "runs" / f"{key}.json"
@@ -200,20 +209,13 @@ class Compare:
     def _run_training(self) -> list[dict[str, Any]]:
         jobs = [(m, e) for e in self.entries for m in self.mixers]
         settings = [
-            {
-                "suite": self.suite.name,
-                "budget": self.suite.budget,
-                "n_layers": self.suite.n_layers,
-                "entry": dataclasses.asdict(e),
-                "layout": LAYOUT.get(m, {}),
-                "seed": self.seed,
-            }
+            {**self._base_settings(), "entry": dataclasses.asdict(e), "layout": LAYOUT.get(m, {})}
             for m, e in jobs
         ]  # jobs are referred to by their index (an Entry holds a dict, so it cannot be a key)
         key = [_slug(m, e.task, e.setting) for m, e in jobs]
         data = [self._cached(key[i], settings[i]) for i in range(len(jobs))]
         todo = [i for i in range(len(jobs)) if data[i] is None]
-        started, done_time, n_done = time.perf_counter(), [], 0
+        started, n_done = time.perf_counter(), 0
         finished: set[int] = set()
 
         def report(i: int, status: str) -> None:
@@ -224,7 +226,7 @@ class Compare:
             mixer, entry = jobs[i]
             value = data[i]["summary"].get(entry.metric, float("nan"))
             eta = ""
-            if done_time and status == "done":  # remaining cost at the rate the finished runs went
+            if finished and status == "done":  # remaining cost at the rate the finished runs went
                 done_cost = sum(_cost(*jobs[j]) for j in finished)
                 left = sum(_cost(*jobs[j]) for j in todo if j not in finished)
                 eta = f", ETA {(time.perf_counter() - started) * left / max(done_cost, 1e-9) / 60:.1f} min"
@@ -242,7 +244,6 @@ class Compare:
             finished.add(i)
             data[i] = {"settings": settings[i], **result}
             self._store(key[i], data[i])
-            done_time.append(result["seconds"])
             report(i, "done")
 
         if self.jobs == 1 or len(todo) <= 1:
@@ -285,17 +286,12 @@ class Compare:
         """Decode latency and state size against context, training throughput and activation memory."""
         records = []
         vocab = 256
-        base_settings = {
-            "suite": self.suite.name,
-            "budget": self.suite.budget,
-            "n_layers": self.suite.n_layers,
-            "seed": self.seed,
-        }
-        speed = self._throughput(vocab, base_settings)
+        speed = self._throughput(vocab)
         for mixer in self.mixers:
             settings = {
-                **base_settings,
+                **self._base_settings(),
                 "contexts": list(self.suite.decode_contexts),
+                "lengths": list(self.suite.throughput_lengths),  # activation memory is taken at the longest
                 "layout": LAYOUT.get(mixer, {}),
             }
             key = _slug(mixer, "systems")
@@ -368,11 +364,11 @@ class Compare:
             )
         return records
 
-    def _throughput(self, vocab: int, base_settings: dict[str, Any]) -> dict[str, dict[str, float]]:
+    def _throughput(self, vocab: int) -> dict[str, dict[str, float]]:
         """{mixer: {length: tokens/s}}, every mixer of this compare timed together (see :func:`throughput`);
         cached as one record, remeasured whenever the set of mixers changes."""
         settings = {
-            **base_settings,
+            **self._base_settings(),
             "lengths": list(self.suite.throughput_lengths),
             "mixers": self.mixers,
             "layouts": {m: LAYOUT.get(m, {}) for m in self.mixers},
