@@ -34,6 +34,8 @@ def _fmt(value: float | None, metric: str) -> str:
         return f"{value:.0f} B"
     if metric == "train_tokens_per_s":
         return f"{value:,.0f}"
+    if metric == "latency_ms":
+        return f"{value:.3f}"
     if metric == "val_accuracy":
         return f"{100 * value:.1f}%"
     return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
@@ -66,66 +68,53 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cell(records, mixer: str, fmt: str, **match) -> str | None:
+    """The formatted value of the mixer's record matching ``match``; None when there is none."""
+    hit = _by(records, mixer=mixer, **match)
+    return _fmt(hit[0]["value"], fmt) if hit else None
+
+
+def _entry_label(entry) -> str:
+    return f"{entry.task} {entry.setting}: {entry.metric} {'↑' if entry.higher_is_better else '↓'}"
+
+
 def _family_table(suite: Suite, mixers: list[str], records: list[dict[str, Any]]) -> list[str]:
     """The textbook table: one column per family, the claim, then each member's measured number per row."""
     families = [f for f in CLAIMS if any(FAMILY.get(m) == f for m in mixers)]
-    members = {f: [m for m in mixers if FAMILY.get(m) == f] for f in families}
     lines = ["| | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
 
-    def row(label: str, cell) -> None:
-        lines.append(f"| {label} | " + " | ".join(cell(f) for f in families) + " |")
-
-    def each(f: str, value) -> str:
-        parts = [(m, value(m)) for m in members[f]]
-        return "<br>".join(f"{m} {v}" for m, v in parts if v is not None) or "–"
-
-    def one(mixer: str, **match) -> dict | None:
-        hit = _by(records, mixer=mixer, **match)
-        return hit[0] if hit else None
+    def row(label: str, value) -> None:  # value(mixer) -> its cell text, or None
+        cells = []
+        for f in families:
+            parts = [f"{m} {v}" for m in mixers if FAMILY.get(m) == f and (v := value(m)) is not None]
+            cells.append("<br>".join(parts) or "–")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     for i, what in enumerate(("training", "decoding", "memory")):
-        row(f"textbook: {what}", lambda f, i=i: CLAIMS[f][i])
+        lines.append(f"| textbook: {what} | " + " | ".join(CLAIMS[f][i] for f in families) + " |")
     longest = max(suite.throughput_lengths)
     row(
         f"training tokens/s (t={longest})",
-        lambda f: each(
-            f,
-            lambda m: (
-                _fmt(r["value"], "train_tokens_per_s")
-                if (r := one(m, task="throughput", setting=f"t={longest}"))
-                else None
-            ),
-        ),
+        lambda m: _cell(records, m, "train_tokens_per_s", task="throughput", setting=f"t={longest}"),
     )
     c0, c1 = suite.decode_contexts[0], suite.decode_contexts[-1]
     row(
         f"decode latency, context {c1} / {c0}",
-        lambda f: each(f, lambda m: None if (x := flat_ratio(records, m)) is None else f"{x:.2f}×"),
+        lambda m: None if (x := flat_ratio(records, m)) is None else f"{x:.2f}×",
     )
-    row(
-        f"state at context {c0} → {c1}",
-        lambda f: each(
-            f,
-            lambda m: (
-                None
-                if not (
-                    (a := one(m, task="decode", setting=f"context={c0}", metric="state_bytes"))
-                    and (b := one(m, task="decode", setting=f"context={c1}", metric="state_bytes"))
-                )
-                else f"{_fmt(a['value'], 'state_bytes')} → {_fmt(b['value'], 'state_bytes')}"
-            ),
-        ),
-    )
+
+    def state(m: str) -> str | None:
+        a, b = (
+            _cell(records, m, "state_bytes", task="decode", setting=f"context={c}", metric="state_bytes")
+            for c in (c0, c1)
+        )
+        return f"{a} → {b}" if a and b else None
+
+    row(f"state at context {c0} → {c1}", state)
     for entry in suite.entries:
-        arrow = "↑" if entry.higher_is_better else "↓"
         row(
-            f"{entry.task} {entry.setting}: {entry.metric} {arrow}",
-            lambda f, e=entry: each(
-                f,
-                lambda m: (
-                    _fmt(r["value"], e.metric) if (r := one(m, task=e.task, setting=e.setting)) else None
-                ),
-            ),
+            _entry_label(entry),
+            lambda m, e=entry: _cell(records, m, e.metric, task=e.task, setting=e.setting),
         )
     return lines
 
@@ -162,41 +151,36 @@ def write_table(
 
     params = {m: next((r["params"] for r in records if r["mixer"] == m), None) for m in mixers}
     row("parameters", [f"{params[m]:,}" if params[m] else "–" for m in mixers])
+
+    def cells(fmt: str, **match) -> list[str]:
+        return [_cell(records, m, fmt, **match) or "–" for m in mixers]
+
     for length in suite.throughput_lengths:
-        cells = []
-        for m in mixers:
-            hit = _by(records, mixer=m, task="throughput", setting=f"t={length}")
-            cells.append(_fmt(hit[0]["value"], "train_tokens_per_s") if hit else "–")
-        row(f"training tokens/s, b=8, t={length}", cells)
-    cells = []
-    for m in mixers:
-        hit = _by(records, mixer=m, task="memory")
-        cells.append(_fmt(hit[0]["value"], "activation_bytes") if hit else "–")
-    row(f"activation memory (saved for backward), b=8, t={max(suite.throughput_lengths)}", cells)
+        row(
+            f"training tokens/s, b=8, t={length}",
+            cells("train_tokens_per_s", task="throughput", setting=f"t={length}"),
+        )
+    row(
+        f"activation memory (saved for backward), b=8, t={max(suite.throughput_lengths)}",
+        cells("activation_bytes", task="memory"),
+    )
     for ctx in suite.decode_contexts:
-        cells = []
-        for m in mixers:
-            hit = _by(records, mixer=m, task="decode", setting=f"context={ctx}", metric="latency_ms")
-            cells.append(f"{hit[0]['value']:.3f}" if hit else "–")
-        row(f"decode ms/token at context {ctx}", cells)
-    cells = []
-    for m in mixers:
-        ratio = flat_ratio(records, m)
-        cells.append("–" if ratio is None else f"{ratio:.2f}× ({'flat' if ratio <= 1.2 else 'grows'})")
-    row(f"decode latency {suite.decode_contexts[-1]} / {suite.decode_contexts[0]}", cells)
+        row(
+            f"decode ms/token at context {ctx}",
+            cells("latency_ms", task="decode", setting=f"context={ctx}", metric="latency_ms"),
+        )
+    ratios = [flat_ratio(records, m) for m in mixers]
+    row(
+        f"decode latency {suite.decode_contexts[-1]} / {suite.decode_contexts[0]}",
+        ["–" if r is None else f"{r:.2f}× ({'flat' if r <= 1.2 else 'grows'})" for r in ratios],
+    )
     for ctx in (suite.decode_contexts[0], suite.decode_contexts[-1]):
-        cells = []
-        for m in mixers:
-            hit = _by(records, mixer=m, task="decode", setting=f"context={ctx}", metric="state_bytes")
-            cells.append(_fmt(hit[0]["value"], "state_bytes") if hit else "–")
-        row(f"state size at context {ctx}", cells)
+        row(
+            f"state size at context {ctx}",
+            cells("state_bytes", task="decode", setting=f"context={ctx}", metric="state_bytes"),
+        )
     for entry in suite.entries:
-        cells = []
-        for m in mixers:
-            hit = _by(records, mixer=m, task=entry.task, setting=entry.setting)
-            cells.append(_fmt(hit[0]["value"], entry.metric) if hit else "–")
-        arrow = "↑" if entry.higher_is_better else "↓"
-        row(f"{entry.task} {entry.setting}: {entry.metric} {arrow}", cells)
+        row(_entry_label(entry), cells(entry.metric, task=entry.task, setting=entry.setting))
     lines += [
         "",
         "Decode latency is the median time of one `step` after reading the context; 'flat' means "
