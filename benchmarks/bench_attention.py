@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import re
 import statistics
 import sys
@@ -33,20 +32,13 @@ import torch
 from torch import nn
 
 from seqlab.interop import from_torch
+from seqlab.lab.report import cpu_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def hardware(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def slug(text: str) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import platform
 import re
 import statistics
 import time
@@ -32,17 +31,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from seqlab.lab.report import cpu_name
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def hardware() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def matmul_rate(shapes: list[tuple[int, int, int]], repeats: int = 7) -> tuple[float, tuple[int, int, int]]:
@@ -228,7 +219,7 @@ def main() -> None:
     lines = [
         f"# GPT (4 x 256, 4 heads, context {args.context}, vocab {args.vocab}) vs HF GPT2LMHeadModel",
         "",
-        f"{hardware()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
+        f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
         f"{transformers.__version__}, {dt.date.today()}; {repeats} repeats, medians, alternating order."
         + (" Quick run." if args.quick else ""),
         f"fp32 matmul rate measured in this run: {rate / 1e9:.1f} GFLOP/s (best median over square and the "
@@ -266,7 +257,7 @@ def main() -> None:
     print(text)
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
-        plain = re.sub(r"\((r|tm)\)", "", hardware().lower())
+        plain = re.sub(r"\((r|tm)\)", "", cpu_name().lower())
         name = re.sub(r"[^a-z0-9]+", "-", plain).strip("-").split("-")[:2]
         out = RESULTS / f"gpt-{'-'.join(name)}-torch{torch.__version__.split('+')[0]}.md"
         out.write_text(text, encoding="utf-8")

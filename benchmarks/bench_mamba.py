@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import platform
 import re
 import statistics
 import subprocess
@@ -36,6 +35,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from seqlab.lab.report import cpu_name
 
 D_MODEL, N_LAYERS, D_STATE, VOCAB = 256, 4, 16, 256
 SHAPES = [(16, 256), (8, 1024)]
@@ -123,16 +124,6 @@ def decode_latency(model, context: int, steps: int) -> float:
             tok = logits.argmax(-1)
         model.train()
     return statistics.median(times)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from seqlab.lab.report import cpu_name
 from seqlab.layers import GRU, LSTM, RNN
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -46,18 +47,8 @@ LAYERS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
 }
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def hardware(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def slug(text: str) -> str:

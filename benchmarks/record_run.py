@@ -11,21 +11,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 from pathlib import Path
 
 import torch
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from seqlab.lab.report import cpu_name
 
 
 def slug(text: str) -> str:
