@@ -149,6 +149,10 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin(positions.to(x.device))  # (t, r/2) or (b, t, r/2)
         if cos.dim() == 3:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (b, 1, t, r/2): the same angles for every head
+        return self.rotate(x, cos, sin)
+
+    def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x (b, h, t, k) rotated by given angles: cos, sin broadcastable to (b, h, t, rotary_dim/2)."""
         r = self.rotary_dim
         xr, rest = x[..., :r].float(), x[..., r:]
         if self.interleaved:

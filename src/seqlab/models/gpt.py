@@ -33,6 +33,7 @@ from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import LearnedPositionalEmbedding, RotaryEmbedding
 from seqlab.models.generation import generate
+from seqlab.models.gpt_decode import StaticCacheDecoder
 from seqlab.models.init import normal_init_
 
 __all__ = ["GPT", "PRESETS", "GPTBlock", "GPTConfig"]
@@ -233,12 +234,19 @@ class GPT(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         generator: torch.Generator | None = None,
+        fast: bool = True,
     ) -> Tensor:
         """Prompt (b, t) or (t,) -> prompt + continuation; ``temperature=0`` is greedy.
 
         With learned positions the context slides past ``max_seq_len`` (see ``seqlab.models.generation``).
+        ``fast`` decodes through :class:`seqlab.models.gpt_decode.StaticCacheDecoder` (the same arithmetic on
+        preallocated buffers, without the modules' overhead); ``fast=False`` steps through ``self.step``.
         """
-        return generate(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)
+        model = self
+        if fast:
+            t = prompt_ids.size(-1) if prompt_ids.dim() else 1
+            model = StaticCacheDecoder(self, capacity=t + max(max_new_tokens, 1))
+        return generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)
 
 
 # GPT-2 sizes from Radford et al. 2019 (table 2) with the 50,257-token BPE vocabulary and 1,024 positions;

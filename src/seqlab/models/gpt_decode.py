@@ -1,0 +1,161 @@
+r"""Fast KV-cache decoding for :class:`seqlab.models.gpt.GPT`: the same model, stepped on the bare kernels.
+
+``GPT.step`` is the reference: one token goes through the modules (block, attention, norms, MLP), each
+checking its input, building its state object and calling torch's kernels. At batch 1 a 4 x 256 model does
+17 matrix-vector products per token and about a hundred small ops around them, so on a CPU the Python around
+the kernels costs as much as the products. :class:`StaticCacheDecoder` does the same arithmetic with none
+of it:
+
+* one key and one value buffer per layer, (b, g, capacity, k), allocated for the whole generation at the
+  prompt; each new token writes one slot in place (no growing cache, no state objects);
+* one query against the cache needs no mask and no fused kernel: two batched products and a softmax,
+
+      s = q Kᵀ · scale   (b·g, h/g, t)        o = softmax(s) V   (b·g, h/g, k)
+
+  where the h/g query heads that share a key/value head are the rows of one product (grouped-query
+  attention without repeating K and V);
+* norms, MLPs and projections are called as functions on the module's own weights; RoPE reads its angles
+  from a table computed once per generation.
+
+The prompt itself is read by the model's ordinary forward (parallel, fused SDPA) and its caches are copied
+into the buffers. ``GPT.generate`` decodes through this class unless asked for ``fast=False``; the tests hold
+its logits to ``GPT.step``'s. The decoder is for one linear generation: its state is the position it has
+reached, and stepping from any other position is refused rather than silently reading overwritten slots.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqlab.layers.mlp import _ACTS, SwiGLU
+from seqlab.layers.norms import RMSNorm
+
+__all__ = ["StaticCacheDecoder"]
+
+
+def _norm_fn(norm):
+    """The norm as a function of x (b, d): LayerNorm through F.layer_norm, RMSNorm through its own forward."""
+    if isinstance(norm, RMSNorm):
+        return norm.forward
+    shape, w, b, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
+    return lambda x: F.layer_norm(x, shape, w, b, eps)
+
+
+def _affine(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """A linear layer as (bias, weightᵀ) for ``torch.addmm(bias, x, weightᵀ)`` = F.linear(x, weight, bias);
+    a missing bias becomes zeros (adding 0 changes no value) so every projection is one call."""
+    return (weight.new_zeros(weight.size(0)) if bias is None else bias), weight.t()
+
+
+def _mlp_fn(mlp):
+    """The channel mixer as a function of y (b, d) on the module's weights (dropout is off in decoding)."""
+    if isinstance(mlp, SwiGLU):
+        (bg, wg), (bu, wu), (bd, wd) = (_affine(p.weight, p.bias) for p in (mlp.gate, mlp.up, mlp.down))
+        return lambda y: torch.addmm(bd, F.silu(torch.addmm(bg, y, wg)) * torch.addmm(bu, y, wu), wd)
+    act = _ACTS[mlp.activation]
+    (b1, w1), (b2, w2) = _affine(mlp.fc1.weight, mlp.fc1.bias), _affine(mlp.fc2.weight, mlp.fc2.bias)
+    return lambda y: torch.addmm(b2, act(torch.addmm(b1, y, w1)), w2)
+
+
+class StaticCacheDecoder:
+    """Greedy or sampled decoding of a GPT with per-layer KV buffers of a fixed ``capacity`` (positions).
+
+    Speaks what :func:`seqlab.models.generation.generate` needs of a model: ``decoder(ids, return_state=True)``
+    reads a prompt (b, t) and returns ``(logits (b, t, v), pos)``; ``decoder.step(ids (b,), pos)`` returns
+    ``(logits (b, v), pos + 1)``; ``context_limit``, ``training``, ``eval()`` and ``train()`` are the model's.
+    """
+
+    def __init__(self, model, capacity: int):
+        c = model.config
+        if capacity < 1:
+            raise ValueError(f"capacity must be a positive number of positions, got {capacity}")
+        limit = model.context_limit
+        self.model, self.capacity = model, capacity if limit is None else min(capacity, limit)
+        self.h, self.g, self.kd = c.n_heads, c.n_kv_heads or c.n_heads, c.k
+        attn = model.blocks[0].attn
+        self.scale = attn.scale if attn.scale is not None else 1.0 / math.sqrt(self.kd)
+        self.rope = attn.rope
+        self.layers = [
+            (
+                _norm_fn(blk.norm1),
+                *_affine(blk.attn.in_proj_weight, blk.attn.in_proj_bias),
+                blk.attn._split_sizes(),
+                *_affine(blk.attn.out_proj.weight, blk.attn.out_proj.bias),
+                _norm_fn(blk.norm2),
+                _mlp_fn(blk.mlp),
+            )
+            for blk in model.blocks
+        ]
+        self.final_norm = _norm_fn(model.norm)
+        self.buffers: list[tuple[Tensor, Tensor]] = []
+        self.pos = 0
+
+    # the model-like surface that generate() uses
+    @property
+    def context_limit(self) -> int | None:
+        return self.model.context_limit
+
+    @property
+    def training(self) -> bool:
+        return self.model.training
+
+    def eval(self):
+        self.model.eval()
+        return self
+
+    def train(self, mode: bool = True):
+        self.model.train(mode)
+        return self
+
+    def __call__(self, ids: Tensor, return_state: bool = True) -> tuple[Tensor, int]:
+        """Read a prompt (b, t) with the model's parallel forward and load its caches into fresh buffers."""
+        b, t = ids.shape
+        if t > self.capacity:
+            raise ValueError(f"a prompt of {t} positions does not fit the decoder's capacity {self.capacity}")
+        logits, caches = self.model(ids, return_state=True)  # (b, t, v), KVCache (b, g, t, k) per layer
+        self.buffers = []
+        for cache in caches:
+            k = cache.k.new_empty(b, self.g, self.capacity, self.kd)  # (b, g, capacity, k)
+            v = cache.v.new_empty(b, self.g, self.capacity, self.kd)
+            k[:, :, :t], v[:, :, :t] = cache.k, cache.v
+            self.buffers.append((k, v))
+        if self.rope is not None:  # the rotation angles of every position this generation can reach
+            self.cos, self.sin = self.rope.cos_sin(torch.arange(self.capacity, device=ids.device))
+        self.pos = t
+        return logits, t
+
+    def step(self, ids: Tensor, state: int) -> tuple[Tensor, int]:
+        """One token per row, ids (b,) -> logits (b, v), at the position the decoder has reached."""
+        pos = self.pos
+        if state != pos:
+            raise ValueError(f"the decoder is at position {pos}; it cannot step from position {state}")
+        if pos >= self.capacity:
+            raise ValueError(f"the decoder's buffers are full ({self.capacity} positions)")
+        m, b = self.model, ids.size(0)
+        h, g, kd, t = self.h, self.g, self.kd, pos + 1
+        x = F.embedding(ids, m.tok_embed.weight)  # (b, d)
+        if m.pos_embed is not None:
+            x = x + m.pos_embed.weight[pos]
+        for (norm1, b_qkv, w_qkv, sizes, b_o, w_o, norm2, mlp), (kb, vb) in zip(
+            self.layers, self.buffers, strict=True
+        ):
+            q, k, v = torch.addmm(b_qkv, norm1(x), w_qkv).split(sizes, dim=-1)  # (b, h k), (b, g k), (b, g k)
+            if self.rope is not None:
+                cos, sin = self.cos[pos : pos + 1], self.sin[pos : pos + 1]  # (1, k/2) each
+                q = self.rope.rotate(q.view(b, h, 1, kd), cos, sin)
+                k = self.rope.rotate(k.view(b, g, 1, kd), cos, sin)
+            kb[:, :, pos] = k.view(b, g, kd)  # write this position's key and value in place
+            vb[:, :, pos] = v.view(b, g, kd)
+            q = q.reshape(b * g, h // g, kd)  # the query heads of one key/value head are rows of one product
+            keys = kb.view(b * g, self.capacity, kd)[:, :t]  # (b g, t, k)
+            vals = vb.view(b * g, self.capacity, kd)[:, :t]
+            s = torch.baddbmm(q.new_empty(()), q, keys.transpose(1, 2), beta=0.0, alpha=self.scale)
+            o = torch.bmm(torch.softmax(s, dim=-1), vals)  # (b g, h/g, t) x (b g, t, k) -> (b g, h/g, k)
+            x = torch.addmm(b_o, o.view(b, h * kd), w_o).add_(x)  # residual
+            x = mlp(norm2(x)).add_(x)
+        self.pos = t
+        return F.linear(self.final_norm(x), m.head.weight), t  # (b, v)

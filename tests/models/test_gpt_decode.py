@@ -1,0 +1,91 @@
+"""StaticCacheDecoder against GPT.step (the module-by-module reference) for every GPT option."""
+
+import pytest
+import torch
+
+from seqlab.models.gpt import GPT, GPTConfig
+from seqlab.models.gpt_decode import StaticCacheDecoder
+
+CONFIGS = {
+    "gpt2": {},
+    "llama": {
+        "n_kv_heads": 2,
+        "position": "rope",
+        "norm": "rmsnorm",
+        "norm_eps": 1e-6,
+        "mlp": "swiglu",
+        "d_ff": 40,
+        "bias": False,
+        "tie_weights": False,
+    },
+    "mqa-relu-nopos": {"n_kv_heads": 1, "mlp": "relu", "position": "none", "head_dim": 6},
+    "gelu-untied": {"mlp": "gelu", "tie_weights": False, "n_heads": 2},
+}
+
+
+def make(name: str, dtype=torch.float64) -> GPT:
+    torch.manual_seed(0)
+    base = {"vocab_size": 50, "max_seq_len": 32, "n_layers": 2, "n_heads": 4, "d_model": 16}
+    model = GPT(GPTConfig(**{**base, **CONFIGS[name]})).to(dtype).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a dropped term would show
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@torch.inference_mode()
+def test_step_logits_equal_the_module_path(name):
+    model = make(name)
+    ids = torch.randint(0, 50, (3, 20))
+    dec = StaticCacheDecoder(model, capacity=20)
+    logits, pos = dec(ids[:, :5])
+    ref_logits, state = model(ids[:, :5], return_state=True)
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=0)
+    for t in range(5, 20):
+        got, pos = dec.step(ids[:, t], pos)
+        want, state = model.step(ids[:, t], state)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert pos == 20
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fast_generate_equals_reference_generate(name):
+    model = make(name, torch.float32)
+    prompt = torch.randint(0, 50, (2, 6))
+    fast = model.generate(prompt, 20, temperature=0)
+    assert torch.equal(fast, model.generate(prompt, 20, temperature=0, fast=False))
+    # sampling draws the same tokens from the same generator state
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a = model.generate(prompt, 20, temperature=0.8, top_k=10, generator=g1)
+    b = model.generate(prompt, 20, temperature=0.8, top_k=10, generator=g2, fast=False)
+    assert torch.equal(a, b)
+
+
+def test_generation_slides_past_the_position_table_like_the_reference():
+    model = make("gpt2", torch.float32)  # 32 learned positions
+    prompt = torch.randint(0, 50, (1, 10))
+    fast = model.generate(prompt, 60, temperature=0)
+    assert fast.shape == (1, 70)
+    assert torch.equal(fast, model.generate(prompt, 60, temperature=0, fast=False))
+    long_prompt = torch.randint(0, 50, (40,))  # longer than the table: the last 32 positions are read
+    assert torch.equal(
+        model.generate(long_prompt, 5, temperature=0), model.generate(long_prompt, 5, 0, fast=False)
+    )
+
+
+@torch.inference_mode()
+def test_decoder_refuses_what_it_cannot_do():
+    model = make("gpt2")
+    dec = StaticCacheDecoder(model, capacity=8)
+    with pytest.raises(ValueError, match="capacity 8"):
+        dec(torch.zeros(1, 9, dtype=torch.long))
+    _, pos = dec(torch.zeros(1, 7, dtype=torch.long))
+    _, pos2 = dec.step(torch.zeros(1, dtype=torch.long), pos)
+    with pytest.raises(ValueError, match="position 8; it cannot step from position 7"):
+        dec.step(torch.zeros(1, dtype=torch.long), pos)  # an old state: its slots may have been overwritten
+    with pytest.raises(ValueError, match="full"):
+        dec.step(torch.zeros(1, dtype=torch.long), pos2)
+    with pytest.raises(ValueError, match="positive"):
+        StaticCacheDecoder(model, capacity=0)
+    assert StaticCacheDecoder(model, capacity=1000).capacity == 32  # never past the position table
