@@ -72,11 +72,11 @@ def matvec_ceiling(model, repeats: int = 7, rounds: int = 50) -> float:
     for blk in model.blocks:
         mats += [blk.attn.in_proj_weight, blk.attn.out_proj.weight, blk.mlp.fc1.weight, blk.mlp.fc2.weight]
     mats.append(model.head.weight)
-    inputs = {w.size(1): torch.randn(1, w.size(1)) for w in mats}
+    inputs = {w.size(1): torch.randn(w.size(1)) for w in mats}
 
     def one_token() -> None:
         for w in mats:
-            inputs[w.size(1)] @ w.t()
+            torch.mv(w, inputs[w.size(1)])  # W x, x (d_in,)
 
     for _ in range(5):
         one_token()
@@ -120,6 +120,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 repeats, 50 new tokens, no file written")
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--gen-repeats", type=int, default=11, help="rounds of the three generation contenders")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--vocab", type=int, default=256)
@@ -129,6 +130,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats, new_tokens = (2, 50) if args.quick else (args.repeats, args.new_tokens)
+    gen_repeats = 2 if args.quick else args.gen_repeats
 
     import transformers
 
@@ -184,7 +186,7 @@ def main() -> None:
                 pad_token_id=0,
             ),
         },
-        repeats,
+        gen_repeats,
     )
     ceiling = 1.0 / matvec_ceiling(ours)
     modules_same = torch.equal(
@@ -207,7 +209,7 @@ def main() -> None:
         f"# GPT (4 x 256, 4 heads, context {args.context}, vocab {args.vocab}) vs HF GPT2LMHeadModel",
         "",
         f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}, {dt.date.today()}; {repeats} repeats, medians, alternating order."
+        f"{transformers.__version__}, {dt.date.today()}; {repeats} repeats (generation: {gen_repeats}), medians, alternating order."
         + (" Quick run." if args.quick else ""),
         f"fp32 matmul rate measured in this run: {rate / 1e9:.1f} GFLOP/s (best median over square and the "
         f"model's GEMM shapes, reached at (m, k, n) = {rate_shape}).",

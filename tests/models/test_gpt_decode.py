@@ -33,11 +33,12 @@ def make(name: str, dtype=torch.float64) -> GPT:
     return model
 
 
+@pytest.mark.parametrize("batch", [1, 3])  # one sequence runs on matrix-vector products, several on matrices
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @torch.inference_mode()
-def test_step_logits_equal_the_module_path(name):
+def test_step_logits_equal_the_module_path(name, batch):
     model = make(name)
-    ids = torch.randint(0, 50, (3, 20))
+    ids = torch.randint(0, 50, (batch, 20))
     dec = StaticCacheDecoder(model, capacity=20)
     logits, pos = dec(ids[:, :5])
     ref_logits, state = model(ids[:, :5], return_state=True)
@@ -86,6 +87,9 @@ def test_decoder_refuses_what_it_cannot_do():
         dec.step(torch.zeros(1, dtype=torch.long), pos)  # an old state: its slots may have been overwritten
     with pytest.raises(ValueError, match="full"):
         dec.step(torch.zeros(1, dtype=torch.long), pos2)
+    dec(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \(1,\), the prompt's batch"):
+        dec.step(torch.zeros(2, dtype=torch.long), 3)
     with pytest.raises(ValueError, match="positive"):
         StaticCacheDecoder(model, capacity=0)
     assert StaticCacheDecoder(model, capacity=1000).capacity == 32  # never past the position table

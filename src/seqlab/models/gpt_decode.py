@@ -6,8 +6,9 @@ checking its input, building its state object and calling torch's kernels. At ba
 the kernels costs as much as the products. :class:`StaticCacheDecoder` does the same arithmetic with none
 of it:
 
-* one key and one value buffer per layer, (b, g, capacity, k), allocated for the whole generation at the
-  prompt; each new token writes one slot in place (no growing cache, no state objects);
+* one key and one value buffer per layer, allocated for the whole generation at the prompt, the keys stored
+  transposed, (b, g, k, capacity), so that the scores are a plain product; each new token writes one slot
+  of each in place (no growing cache, no state objects);
 * one query against the cache needs no mask and no fused kernel: two batched products and a softmax,
 
       s = q Kᵀ · scale   (b·g, h/g, t)        o = softmax(s) V   (b·g, h/g, k)
@@ -42,23 +43,29 @@ def _norm_fn(norm):
     if isinstance(norm, RMSNorm):
         return norm.forward
     shape, w, b, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
-    return lambda x: F.layer_norm(x, shape, w, b, eps)
+    return lambda x: torch.layer_norm(x, shape, w, b, eps)  # F.layer_norm without its Python checks
 
 
-def _affine(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
-    """A linear layer as (bias, weightᵀ) for ``torch.addmm(bias, x, weightᵀ)`` = F.linear(x, weight, bias);
-    a missing bias becomes zeros (adding 0 changes no value) so every projection is one call."""
-    return (weight.new_zeros(weight.size(0)) if bias is None else bias), weight.t()
+def _proj(weight: Tensor, bias: Tensor | None, vector: bool):
+    """F.linear(x, weight, bias) as one BLAS call: ``addmv`` for one row x (d,), ``addmm`` for rows x (b, d).
+
+    A missing bias becomes zeros (adding 0 changes no value), so every projection is the same single call.
+    """
+    bias = weight.new_zeros(weight.size(0)) if bias is None else bias
+    if vector:
+        return lambda x: torch.addmv(bias, weight, x)  # bias + W x
+    weight_t = weight.t()
+    return lambda x: torch.addmm(bias, x, weight_t)  # bias + x Wᵀ
 
 
-def _mlp_fn(mlp):
-    """The channel mixer as a function of y (b, d) on the module's weights (dropout is off in decoding)."""
+def _mlp_fn(mlp, vector: bool):
+    """The channel mixer as a function of y on the module's weights (dropout is off in decoding)."""
     if isinstance(mlp, SwiGLU):
-        (bg, wg), (bu, wu), (bd, wd) = (_affine(p.weight, p.bias) for p in (mlp.gate, mlp.up, mlp.down))
-        return lambda y: torch.addmm(bd, F.silu(torch.addmm(bg, y, wg)) * torch.addmm(bu, y, wu), wd)
+        gate, up, down = (_proj(p.weight, p.bias, vector) for p in (mlp.gate, mlp.up, mlp.down))
+        return lambda y: down(F.silu(gate(y)) * up(y))
     act = _ACTS[mlp.activation]
-    (b1, w1), (b2, w2) = _affine(mlp.fc1.weight, mlp.fc1.bias), _affine(mlp.fc2.weight, mlp.fc2.bias)
-    return lambda y: torch.addmm(b2, act(torch.addmm(b1, y, w1)), w2)
+    fc1, fc2 = _proj(mlp.fc1.weight, mlp.fc1.bias, vector), _proj(mlp.fc2.weight, mlp.fc2.bias, vector)
+    return lambda y: fc2(act(fc1(y)))
 
 
 class StaticCacheDecoder:
@@ -67,6 +74,7 @@ class StaticCacheDecoder:
     Speaks what :func:`seqlab.models.generation.generate` needs of a model: ``decoder(ids, return_state=True)``
     reads a prompt (b, t) and returns ``(logits (b, t, v), pos)``; ``decoder.step(ids (b,), pos)`` returns
     ``(logits (b, v), pos + 1)``; ``context_limit``, ``training``, ``eval()`` and ``train()`` are the model's.
+    With one sequence (b = 1) the residual stream is a vector (d,) and the projections matrix-vector products.
     """
 
     def __init__(self, model, capacity: int):
@@ -79,20 +87,27 @@ class StaticCacheDecoder:
         attn = model.blocks[0].attn
         self.scale = attn.scale if attn.scale is not None else 1.0 / math.sqrt(self.kd)
         self.rope = attn.rope
+        self.final_norm = _norm_fn(model.norm)
+        self.layers, self.buffers, self.batch, self.pos = [], [], 0, 0
+
+    def _build(self, batch: int) -> None:
+        """Each layer as (norm1, qkv, split sizes, out, norm2, mlp), the projections for this batch size."""
+        vector = batch == 1
         self.layers = [
             (
                 _norm_fn(blk.norm1),
-                *_affine(blk.attn.in_proj_weight, blk.attn.in_proj_bias),
+                _proj(blk.attn.in_proj_weight, blk.attn.in_proj_bias, vector),
                 blk.attn._split_sizes(),
-                *_affine(blk.attn.out_proj.weight, blk.attn.out_proj.bias),
+                _proj(blk.attn.out_proj.weight, blk.attn.out_proj.bias, vector),
                 _norm_fn(blk.norm2),
-                _mlp_fn(blk.mlp),
+                _mlp_fn(blk.mlp, vector),
             )
-            for blk in model.blocks
+            for blk in self.model.blocks
         ]
-        self.final_norm = _norm_fn(model.norm)
-        self.buffers: list[tuple[Tensor, Tensor]] = []
-        self.pos = 0
+        self.head = _proj(self.model.head.weight, None, vector)
+        lead = () if vector else (batch,)
+        self.o_shape = (*lead, self.h * self.kd)
+        self.batch = batch
 
     # the model-like surface that generate() uses
     @property
@@ -117,11 +132,13 @@ class StaticCacheDecoder:
         if t > self.capacity:
             raise ValueError(f"a prompt of {t} positions does not fit the decoder's capacity {self.capacity}")
         logits, caches = self.model(ids, return_state=True)  # (b, t, v), KVCache (b, g, t, k) per layer
+        if b != self.batch:
+            self._build(b)
         self.buffers = []
         for cache in caches:
-            k = cache.k.new_empty(b, self.g, self.capacity, self.kd)  # (b, g, capacity, k)
-            v = cache.v.new_empty(b, self.g, self.capacity, self.kd)
-            k[:, :, :t], v[:, :, :t] = cache.k, cache.v
+            k = cache.k.new_empty(b * self.g, self.kd, self.capacity)  # keys transposed: (b g, k, capacity)
+            v = cache.v.new_empty(b * self.g, self.capacity, self.kd)  # (b g, capacity, k)
+            k[..., :t], v[:, :t] = cache.k.flatten(0, 1).transpose(1, 2), cache.v.flatten(0, 1)
             self.buffers.append((k, v))
         if self.rope is not None:  # the rotation angles of every position this generation can reach
             self.cos, self.sin = self.rope.cos_sin(torch.arange(self.capacity, device=ids.device))
@@ -135,27 +152,29 @@ class StaticCacheDecoder:
             raise ValueError(f"the decoder is at position {pos}; it cannot step from position {state}")
         if pos >= self.capacity:
             raise ValueError(f"the decoder's buffers are full ({self.capacity} positions)")
-        m, b = self.model, ids.size(0)
+        if ids.shape != (self.batch,):
+            raise ValueError(
+                f"expected ids of shape ({self.batch},), the prompt's batch; got {tuple(ids.shape)}"
+            )
+        m, b = self.model, self.batch
         h, g, kd, t = self.h, self.g, self.kd, pos + 1
-        x = F.embedding(ids, m.tok_embed.weight)  # (b, d)
+        unused = m.tok_embed.weight.new_empty(())  # baddbmm's input, ignored at beta=0
+        table = m.tok_embed.weight
+        x = table[int(ids[0])] if b == 1 else F.embedding(ids, table)  # (d,) (a row, never written) or (b, d)
         if m.pos_embed is not None:
             x = x + m.pos_embed.weight[pos]
-        for (norm1, b_qkv, w_qkv, sizes, b_o, w_o, norm2, mlp), (kb, vb) in zip(
-            self.layers, self.buffers, strict=True
-        ):
-            q, k, v = torch.addmm(b_qkv, norm1(x), w_qkv).split(sizes, dim=-1)  # (b, h k), (b, g k), (b, g k)
+        for (norm1, qkv, sizes, out, norm2, mlp), (kb, vb) in zip(self.layers, self.buffers, strict=True):
+            q, k, v = qkv(norm1(x)).split_with_sizes(sizes, -1)  # (b, h k), (b, g k), (b, g k)
             if self.rope is not None:
                 cos, sin = self.cos[pos : pos + 1], self.sin[pos : pos + 1]  # (1, k/2) each
                 q = self.rope.rotate(q.view(b, h, 1, kd), cos, sin)
                 k = self.rope.rotate(k.view(b, g, 1, kd), cos, sin)
-            kb[:, :, pos] = k.view(b, g, kd)  # write this position's key and value in place
-            vb[:, :, pos] = v.view(b, g, kd)
+            kb[:, :, pos] = k.reshape(b * g, kd)  # write this position's key and value in place
+            vb[:, pos] = v.reshape(b * g, kd)
             q = q.reshape(b * g, h // g, kd)  # the query heads of one key/value head are rows of one product
-            keys = kb.view(b * g, self.capacity, kd)[:, :t]  # (b g, t, k)
-            vals = vb.view(b * g, self.capacity, kd)[:, :t]
-            s = torch.baddbmm(q.new_empty(()), q, keys.transpose(1, 2), beta=0.0, alpha=self.scale)
-            o = torch.bmm(torch.softmax(s, dim=-1), vals)  # (b g, h/g, t) x (b g, t, k) -> (b g, h/g, k)
-            x = torch.addmm(b_o, o.view(b, h * kd), w_o).add_(x)  # residual
+            s = torch.baddbmm(unused, q, kb[..., :t], beta=0.0, alpha=self.scale)  # (b g, h/g, t)
+            o = torch.bmm(torch.softmax(s, dim=-1), vb[:, :t])  # (b g, h/g, t) x (b g, t, k) -> (b g, h/g, k)
+            x = out(o.view(self.o_shape)).add_(x)  # residual
             x = mlp(norm2(x)).add_(x)
         self.pos = t
-        return F.linear(self.final_norm(x), m.head.weight), t  # (b, v)
+        return self.head(self.final_norm(x)).view(b, -1), t  # (b, v)
