@@ -20,7 +20,9 @@ from seqlab.lab.report import cpu_name
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40]
+    """The CPU's first two words, as the other benchmarks name their files: "Intel(R) Xeon(R) ..." -> intel-xeon."""
+    plain = re.sub(r"\((r|tm)\)", "", text.lower())
+    return "-".join(re.sub(r"[^a-z0-9]+", "-", plain).strip("-").split("-")[:2])
 
 
 def main() -> None:

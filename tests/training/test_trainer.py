@@ -1,6 +1,8 @@
 import itertools
 import json
 import math
+import os
+import stat
 
 import pytest
 import torch
@@ -110,6 +112,21 @@ def test_tied_weights_survive_a_checkpoint(tmp_path):
     loaded = ckpt.load_model(tmp_path)
     assert loaded.head.weight is loaded.embed.weight
     assert torch.equal(loaded.embed.weight, model.embed.weight)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_saved_files_follow_the_umask(tmp_path, mask):
+    # written through 0600 temporary files and a 0700 temporary directory, they end up as open() would make them
+    old = os.umask(mask)
+    try:
+        model = create("test-lstm-lm", vocab_size=7)
+        d = ckpt.save_checkpoint(tmp_path, 1, model, {"family": "rnn_lm", "model": vars(model.config)})
+        ckpt.write_text_atomic(tmp_path / "table.md", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "table.md").stat().st_mode) == 0o666 & ~mask
+    assert stat.S_IMODE((tmp_path / "latest").stat().st_mode) == 0o666 & ~mask
+    assert stat.S_IMODE(d.stat().st_mode) == 0o777 & ~mask
 
 
 def test_resolve_checkpoint_errors(tmp_path):

@@ -47,11 +47,29 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore at once
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see either the old or the new file, never half of one."""
+    """Write ``text`` to ``path`` so that readers see either the old or the new file, never half of one.
+
+    The file gets the permissions a plain ``open(path, "w")`` would give it (0666 less the umask), not the
+    0600 of the temporary file it is written through.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -113,6 +131,7 @@ def save_checkpoint(
     name = f"{STEP_PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=f".tmp-{name}-"))
     try:
+        tmp.chmod(0o777 & ~_umask())  # a checkpoint directory like any other (mkdtemp makes it 0700)
         # tied parameters are stored once, under their first name; load_state_dict(strict=False) re-ties them
         state = {}
         seen: dict[int, str] = {}
