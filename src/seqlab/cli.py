@@ -324,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command not in ("train", "params") and overrides:
         parser.error(f"unrecognized arguments: {' '.join(overrides)}")
+    if args.command in ("train", "compare"):  # a training process: keep freed memory for the next step
+        from seqlab.training.allocator import keep_freed_memory
+
+        keep_freed_memory()
     try:
         if args.command == "train":
             return _cmd_train(args, overrides)

@@ -22,6 +22,7 @@ from seqlab.lab.decode import decode_profile
 from seqlab.lab.suite import MIXER_ORDER, Entry, Suite
 from seqlab.models import build, make_config
 from seqlab.training import TrainConfig, Trainer
+from seqlab.training.allocator import keep_freed_memory
 from seqlab.training.checkpoint import write_text_atomic
 
 log = logging.getLogger("seqlab.lab")
@@ -256,7 +257,10 @@ class Compare:
             ctx = mp.get_context("spawn")  # no forked torch thread pools
             # longest first, so that no long run starts last while the other workers sit idle
             todo.sort(key=lambda i: -_cost(*jobs[i]))
-            with ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx) as pool:
+            # workers are training processes of their own: let them keep freed memory (seqlab.training.allocator)
+            with ProcessPoolExecutor(
+                max_workers=self.jobs, mp_context=ctx, initializer=keep_freed_memory
+            ) as pool:
                 futures = {pool.submit(train_run, self.suite, *jobs[i], self.seed, 1): i for i in todo}
                 for future in as_completed(futures):
                     finish(futures[future], future.result())

@@ -17,12 +17,12 @@ Two implementations with the same signature and the same numbers:
 
 * ``selective_scan_ref``: the equations above as a loop over t, differentiated by autograd. The reference.
 * ``selective_scan``: the fast path. The sequence is cut into chunks of ``chunk_size`` positions. Per chunk
-  the big (b, l, d, n) tensors (Ā, B̄u and the states) are built with a few vectorized operations, the
-  recurrence runs over the chunk's positions on (b, d, n) slices written in place into one chunk buffer,
-  and the outputs are one contraction over n. A custom ``torch.autograd.Function`` keeps only the inputs
-  and the state at each chunk boundary, (b, t / chunk_size, d, n), and recomputes one chunk at a time in
-  the backward pass, whose adjoint recurrence and parameter gradients are written out in docs/scan.md.
-  So memory is O(b·t·d + b·(t/l)·d·n + b·l·d·n), never the O(b·t·d·n) of a scan that keeps every state
+  the big (b, l, n, d) tensors (Ā, B̄u and the states; channels innermost) are built with a few vectorized
+  operations, the recurrence runs over the chunk's positions on (b, n, d) slices written in place into one
+  chunk buffer, and the outputs are one batched product with C. A custom ``torch.autograd.Function`` keeps
+  only the inputs and the state at each chunk boundary, (b, t / chunk_size, n, d), and recomputes one chunk
+  at a time in the backward pass, whose adjoint recurrence and parameter gradients are written out in
+  docs/scan.md. So memory is O(b·t·d + b·(t/l)·d·n + b·l·d·n), never the O(b·t·d·n) of a scan that keeps every state
   for autograd (Hugging Face's slow path and mambapy's pscan both do).
 
 Why a loop inside each chunk and not a parallel (log-depth or cumsum) form: on CPU the work, not the
@@ -115,13 +115,18 @@ class _ChunkedScan(torch.autograd.Function):
     """y_t = ⟨h_t, C_t⟩, h_t = exp(Δ_t A) h_{t-1} + Δ_t u_t B_t, chunk by chunk; backward recomputes.
 
     Inputs u, delta (b, t, d); A (d, n); B, C (b, t, n); h0 (b, d, n). Outputs y (b, t, d), h_t (b, d, n).
+    Inside, states are laid out (b, n, d) and a chunk's buffers (b, l, n, d): channels innermost, so that
+    every broadcast runs along a contiguous row of d and every contraction over n or d is a batched matrix
+    product (with n = 16 innermost the elementwise kernels ran 16-wide and the reductions were slow sums).
     """
 
     @staticmethod
-    def _chunk_states(u, delta, A, B, h0):
-        """One chunk's states: (b, l, d) inputs -> Ā, H (b, l, d, n), H[:, i] the state after position i."""
-        dA = torch.exp(delta[..., None] * A)  # (b, l, d, 1) * (d, n) -> (b, l, d, n), exponents ≤ 0
-        H = (delta * u)[..., None] * B[:, :, None, :]  # Δ u B: (b, l, d, 1) * (b, l, 1, n) -> (b, l, d, n)
+    def _chunk_states(u, delta, At, B, h0):
+        """One chunk: (b, l, d) inputs, At = Aᵀ (n, d), h0 (b, n, d) -> Ā, H (b, l, n, d), H[:, i] = h_i."""
+        dA = torch.mul(
+            delta[:, :, None, :], At
+        ).exp_()  # Ā = exp(Δ A): (b, l, 1, d) * (n, d) -> (b, l, n, d), ≤ 1
+        H = (delta * u)[:, :, None, :] * B[..., None]  # Δ u B: (b, l, 1, d) * (b, l, n, 1) -> (b, l, n, d)
         h = h0
         for i in range(u.size(1)):  # h_i = Ā_i h_{i-1} + Δ_i u_i B_i, in place over the Δ u B buffer
             h = torch.addcmul(H[:, i], dA[:, i], h, out=H[:, i])
@@ -130,55 +135,57 @@ class _ChunkedScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u, delta, A, B, C, h0, chunk_size: int):
         b, t, d = u.shape
+        At = A.t().contiguous()  # (n, d)
         starts = list(range(0, t, chunk_size))
-        boundary = u.new_empty(b, len(starts), d, A.size(1))  # state entering each chunk: (b, c, d, n)
+        boundary = u.new_empty(b, len(starts), A.size(1), d)  # state entering each chunk: (b, c, n, d)
         y = u.new_empty(b, t, d)
-        h = h0
+        h = h0.transpose(1, 2)  # (b, n, d)
         for k, s in enumerate(starts):
             e = min(s + chunk_size, t)
             boundary[:, k] = h
-            _, H = _ChunkedScan._chunk_states(u[:, s:e], delta[:, s:e], A, B[:, s:e], h)
-            y[:, s:e] = (H * C[:, s:e, None, :]).sum(
-                -1
-            )  # ⟨h_i, C_i⟩: (b, l, d, n) * (b, l, 1, n) -> (b, l, d)
+            _, H = _ChunkedScan._chunk_states(u[:, s:e], delta[:, s:e], At, B[:, s:e], h)
+            y[:, s:e] = (C[:, s:e, None, :] @ H).squeeze(2)  # ⟨C_i, h_i⟩: (b, l, 1, n) x (b, l, n, d)
             h = H[:, -1].clone()
         ctx.save_for_backward(u, delta, A, B, C, boundary)
         ctx.chunk_size = chunk_size
-        return y, h
+        return y, h.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, dy, dh_last):
         u, delta, A, B, C, boundary = ctx.saved_tensors
-        l_max = ctx.chunk_size
-        t = u.size(1)
+        l_max, t = ctx.chunk_size, u.size(1)
+        At = A.t().contiguous()  # (n, d)
         du, ddelta = torch.empty_like(u), torch.empty_like(delta)
         dB, dC = torch.empty_like(B), torch.empty_like(C)
-        dA = torch.zeros_like(A)
-        g = torch.zeros_like(boundary[:, 0]) if dh_last is None else dh_last.clone()  # ∂L/∂h after chunk
+        dAt = torch.zeros_like(At)  # (n, d)
+        # ∂L/∂h after the chunk, (b, n, d)
+        g = torch.zeros_like(boundary[:, 0]) if dh_last is None else dh_last.transpose(1, 2).contiguous()
+        carry = torch.empty_like(g)  # g's storage inside the loops (no allocation per position)
         if dy is None:
             dy = torch.zeros_like(u)
         for k in range(boundary.size(1) - 1, -1, -1):
             s, e = k * l_max, min((k + 1) * l_max, t)
             uc, dc, Bc, Cc, dyc = u[:, s:e], delta[:, s:e], B[:, s:e], C[:, s:e], dy[:, s:e]
             h0 = boundary[:, k]
-            dAbar, H = _ChunkedScan._chunk_states(uc, dc, A, Bc, h0)
-            dC[:, s:e] = (dyc[:, :, None, :] @ H).squeeze(2)  # Σ_d dy_i h_i: (b, l, 1, d) x (b, l, d, n)
+            dAbar, H = _ChunkedScan._chunk_states(uc, dc, At, Bc, h0)
+            dC[:, s:e] = (H @ dyc[..., None]).squeeze(-1)  # Σ_d h_i dy_i: (b, l, n, d) x (b, l, d, 1)
             # adjoint recurrence, backwards through the chunk: G_i = ∂L/∂h_i = C_i dy_i + Ā_{i+1} G_{i+1}
-            G = dyc[..., None] * Cc[:, :, None, :]  # (b, l, d, 1) * (b, l, 1, n) -> (b, l, d, n)
+            G = Cc[..., None] * dyc[:, :, None, :]  # (b, l, n, 1) * (b, l, 1, d) -> (b, l, n, d)
             for i in range(e - s - 1, -1, -1):
-                g = torch.add(G[:, i], g, out=G[:, i])  # G_i = C_i dy_i + (Ā_{i+1} G_{i+1}, carried in g)
-                g = dAbar[:, i] * g  # what flows to h_{i-1}
-            # h_{i-1} for every i: the chunk's entering state, then the chunk's own states shifted by one
-            H_prev = torch.cat([h0[:, None], H[:, :-1]], dim=1)  # (b, l, d, n)
-            # ∂L/∂(Δ_i A) = G_i ⊙ h_{i-1} ⊙ Ā_i, reusing the H_prev buffer
-            dlog = H_prev.mul_(G).mul_(dAbar)  # (b, l, d, n)
-            # (the einsums these stand for ran as slow batched matrix-vector products on CPU)
-            GB = (G * Bc[:, :, None, :]).sum(-1)  # ⟨G_i, B_i⟩ = ∂L/∂(Δ_i u_i): (b, l, d)
-            dB[:, s:e] = ((dc * uc)[:, :, None, :] @ G).squeeze(2)  # Σ_d G_i Δ_i u_i: (b, l, n)
-            ddelta[:, s:e] = (dlog * A).sum(-1) + GB * uc  # Σ_n ∂L/∂(Δ A) A + ⟨G, B⟩ u
+                torch.add(G[:, i], g, out=G[:, i])  # G_i = C_i dy_i + (Ā_{i+1} G_{i+1}, carried in g)
+                g = torch.mul(dAbar[:, i], G[:, i], out=carry)  # what flows to h_{i-1}
+            GB = (Bc[:, :, None, :] @ G).squeeze(2)  # ⟨B_i, G_i⟩ = ∂L/∂(Δ_i u_i): (b, l, 1, n) x (b, l, n, d)
+            dB[:, s:e] = (G @ (dc * uc)[..., None]).squeeze(
+                -1
+            )  # Σ_d G_i Δ_i u_i: (b, l, n, d) x (b, l, d, 1)
+            # ∂L/∂(Δ_i A) = G_i ⊙ h_{i-1} ⊙ Ā_i, in G's buffer (G is not needed after this)
+            dlog = G.mul_(dAbar)
+            dlog[:, 1:].mul_(H[:, :-1])  # h_{i-1} is the chunk's own previous state ...
+            dlog[:, 0].mul_(h0)  # ... or, for the first position, the state entering the chunk
+            ddelta[:, s:e] = (dlog * At).sum(2) + GB * uc  # Σ_n ∂L/∂(Δ A) A + ⟨G, B⟩ u
             du[:, s:e] = GB * dc
-            dA += dlog.mul_(dc[..., None]).sum((0, 1))  # Σ_{b,i} ∂L/∂(Δ_i A) Δ_i: (d, n)
-        return du, ddelta, dA, dB, dC, g, None
+            dAt += dlog.mul_(dc[:, :, None, :]).sum((0, 1))  # Σ_{b,i} ∂L/∂(Δ_i A) Δ_i: (n, d)
+        return du, ddelta, dAt.t(), dB, dC, g.transpose(1, 2), None
 
 
 def selective_scan(
@@ -193,12 +200,15 @@ def selective_scan(
     delta_softplus: bool = False,
     initial_state: Tensor | None = None,
     return_last_state: bool = False,
-    chunk_size: int = 32,
+    chunk_size: int = 8,
 ):
     r"""The selective scan, chunked, with a memory-light custom backward. Same contract as
     ``selective_scan_ref``; ``chunk_size`` trades Python steps against the size of one chunk's buffers
-    (b, chunk_size, d, n). Of 16, 32 and 64, 32 was the fastest on CPU at the sizes of
-    benchmarks/bench_mamba.py (64's buffers no longer fit in cache). The backward's derivation: docs/scan.md.
+    (b, chunk_size, n, d) and the boundary states kept for backward (one per chunk). Measured fwd+bwd on
+    CPU with the (b, l, n, d) layout, chunk sizes 4 to 64: flat from 4 to 8, then slower as the buffers
+    leave the cache (16: +10-15%, 32: +30-40%, 64: +45-65%), at the lab's sizes (b 32, t 72 and 136, d 120,
+    n 16, one thread) and benchmarks/bench_mamba.py's (b 16, t 256, d 512, two threads); hence 8. The
+    backward's derivation: docs/scan.md.
     """
     _check(u, delta, A, B, C, initial_state)
     if chunk_size < 1:

@@ -1,0 +1,44 @@
+"""Keep freed memory in a training process instead of handing it back to the OS after every step.
+
+PyTorch's CPU tensors come from the C library's malloc. glibc serves a request above its mmap threshold with a
+fresh mapping and, when the free space at the top of the heap exceeds its trim threshold, returns it to the OS.
+Both thresholds adapt upwards only to 32 MB and 2 x that, so a training step whose temporaries are several MB
+each (Mamba's (b, chunk, d, n) scan buffers: 8 MB at the lab's sizes) gets new pages every step, and the
+kernel faults and zero-fills each of them. Raising the thresholds makes malloc reuse the memory it already
+has, as PyTorch's CPU performance guide gets by preloading jemalloc or tcmalloc.
+
+Measured on one core (Mamba LM, d_model 60, 2 layers, batch 32 x 72 tokens, the lab's selective-copying run):
+190 -> 148-153 ms per training step; the lab's LSTM and a 4 x 256 GPT were unchanged. The cost is that the
+process keeps its peak heap until it exits, which a training run reaches anyway.
+
+``seqlab train`` and ``seqlab compare`` (and the lab's worker processes) call :func:`keep_freed_memory`;
+library code never does, because the setting belongs to the whole process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+_applied = False
+
+
+def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
+    """Raise glibc's mmap and trim thresholds for this process; True when applied (Linux with glibc only)."""
+    global _applied
+    if _applied:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # another C library (musl has no mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _applied = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+    )
+    return _applied
