@@ -124,3 +124,15 @@ def test_shapes_and_errors():
         selective_scan(x["u"], x["delta"], x["A"], x["B"][:, :2], x["C"])
     with pytest.raises(ValueError, match="chunk_size"):
         selective_scan(x["u"], x["delta"], x["A"], x["B"], x["C"], chunk_size=0)
+
+
+def test_auto_chunk_size_keeps_the_chunk_buffer_near_the_cache():
+    from seqlab.layers.scan import auto_chunk_size
+
+    # (b, n, d) -> positions per chunk: 8 when the batch is wide, longer for narrow batches, at most 64
+    assert auto_chunk_size(32, 16, 120) == 8 and auto_chunk_size(16, 16, 512) == 8
+    assert auto_chunk_size(8, 16, 120) == 16 and auto_chunk_size(1, 16, 512) == 32
+    assert auto_chunk_size(1, 4, 8) == 64
+    for b, n, d in [(32, 16, 120), (8, 16, 120), (1, 16, 512)]:
+        size = auto_chunk_size(b, n, d)
+        assert size * b * n * d <= 3 << 17 or size == 8

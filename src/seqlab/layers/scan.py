@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["selective_scan", "selective_scan_ref"]
+__all__ = ["auto_chunk_size", "selective_scan", "selective_scan_ref"]
 
 
 def _check(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_state: Tensor | None) -> None:
@@ -188,6 +188,21 @@ class _ChunkedScan(torch.autograd.Function):
         return du, ddelta, dAt.t(), dB, dC, g.transpose(1, 2), None
 
 
+def auto_chunk_size(b: int, n: int, d: int, budget: int = 3 << 17) -> int:
+    """The largest of 8, 16, 32, 64 positions whose chunk buffer (b, l, n, d) holds at most ``budget`` floats.
+
+    Short chunks cost Python steps, long ones fall out of the cache. Measured fwd+bwd on CPU (one and two
+    threads), the fastest chunk kept its buffers near 250k-500k floats: 8 at the lab's training sizes
+    (b 32, d 120, n 16) and at benchmarks/bench_mamba.py's (b 16 and 8, d 512), 16 at b 8 or 4 with d 120-256,
+    32-64 for a single long sequence; a fixed 32 (the earlier default) was 1.3-1.4x slower where 8 wins, a
+    fixed 8 up to 1.25x slower for one sequence.
+    """
+    size = 8
+    while size < 64 and 2 * size * b * n * d <= budget:
+        size *= 2
+    return size
+
+
 def selective_scan(
     u: Tensor,
     delta: Tensor,
@@ -200,17 +215,16 @@ def selective_scan(
     delta_softplus: bool = False,
     initial_state: Tensor | None = None,
     return_last_state: bool = False,
-    chunk_size: int = 8,
+    chunk_size: int | None = None,
 ):
     r"""The selective scan, chunked, with a memory-light custom backward. Same contract as
     ``selective_scan_ref``; ``chunk_size`` trades Python steps against the size of one chunk's buffers
-    (b, chunk_size, n, d) and the boundary states kept for backward (one per chunk). Measured fwd+bwd on
-    CPU with the (b, l, n, d) layout, chunk sizes 4 to 64: flat from 4 to 8, then slower as the buffers
-    leave the cache (16: +10-15%, 32: +30-40%, 64: +45-65%), at the lab's sizes (b 32, t 72 and 136, d 120,
-    n 16, one thread) and benchmarks/bench_mamba.py's (b 16, t 256, d 512, two threads); hence 8. The
-    backward's derivation: docs/scan.md.
+    (b, chunk_size, n, d) and the boundary states kept for backward (one per chunk). None picks
+    :func:`auto_chunk_size`. The backward's derivation: docs/scan.md.
     """
     _check(u, delta, A, B, C, initial_state)
+    if chunk_size is None:
+        chunk_size = auto_chunk_size(u.size(0), A.size(1), u.size(2))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
     dtype = u.dtype

@@ -231,7 +231,7 @@ class Mamba(nn.Module):
         dt_init_floor: float = 1e-4,
         bias: bool = False,
         conv_bias: bool = True,
-        chunk_size: int = 8,
+        chunk_size: int | None = None,
         device=None,
         dtype=None,
     ):

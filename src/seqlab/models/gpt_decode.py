@@ -6,9 +6,9 @@ checking its input, building its state object and calling torch's kernels. At ba
 the kernels costs as much as the products. :class:`StaticCacheDecoder` does the same arithmetic with none
 of it:
 
-* one key and one value buffer per layer, allocated for the whole generation at the prompt, the keys stored
-  transposed, (b, g, k, capacity), so that the scores are a plain product; each new token writes one slot
-  of each in place (no growing cache, no state objects);
+* one key and one value buffer per layer, allocated for the whole generation at the prompt: values
+  (b·g, capacity, k) and keys transposed, (b·g, k, capacity), so that the scores are a plain product; each
+  new token writes one slot of each in place (no growing cache, no state objects);
 * one query against the cache needs no mask and no fused kernel: two batched products and a softmax,
 
       s = q Kᵀ · scale   (b·g, h/g, t)        o = softmax(s) V   (b·g, h/g, k)
@@ -39,7 +39,7 @@ __all__ = ["StaticCacheDecoder"]
 
 
 def _norm_fn(norm):
-    """The norm as a function of x (b, d): LayerNorm through F.layer_norm, RMSNorm through its own forward."""
+    """The norm as a function of x (..., d): LayerNorm through torch.layer_norm, RMSNorm through its forward."""
     if isinstance(norm, RMSNorm):
         return norm.forward
     shape, w, b, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
