@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqlab.layers.scan import _ChunkedScan, selective_scan, selective_scan_ref
+from seqlab.layers.scan import _ChunkedScan, auto_chunk_size, selective_scan, selective_scan_ref
 
 F64 = torch.float64
 
@@ -127,8 +127,6 @@ def test_shapes_and_errors():
 
 
 def test_auto_chunk_size_keeps_the_chunk_buffer_near_the_cache():
-    from seqlab.layers.scan import auto_chunk_size
-
     # (b, n, d) -> positions per chunk: 8 when the batch is wide, longer for narrow batches, at most 64
     assert auto_chunk_size(32, 16, 120) == 8 and auto_chunk_size(16, 16, 512) == 8
     assert auto_chunk_size(8, 16, 120) == 16 and auto_chunk_size(1, 16, 512) == 32
