@@ -28,10 +28,10 @@ from seqlab.training.checkpoint import write_text_atomic
 log = logging.getLogger("seqlab.lab")
 
 
-_STEP_COST = {"mamba": 8.0, "s4d": 1.5, "attention": 1.5}
-"""Rough cost of a training step relative to an LSTM's at the lab's sizes on CPU (measured at 60k parameters,
-t=64: Mamba's chunked scan is the slow one); only the ETA and the order in which parallel jobs start
-depend on it."""
+_STEP_COST = {"mamba": 5.6, "gru": 1.9, "linear-attention": 1.8, "s4d": 1.7, "attention": 1.5, "rnn": 1.3}
+"""Rough cost of a training step relative to an LSTM's at the lab's sizes on CPU (medians over the quick
+suite's tasks, 60k parameters, one thread per run: Mamba's chunked scan is the slow one); only the ETA and
+the order in which parallel jobs start depend on it."""
 
 
 def _cost(mixer: str, entry: Entry) -> float:
