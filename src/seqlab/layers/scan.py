@@ -22,8 +22,8 @@ Two implementations with the same signature and the same numbers:
   chunk buffer, and the outputs are one batched product with C. A custom ``torch.autograd.Function`` keeps
   only the inputs and the state at each chunk boundary, (b, t / chunk_size, n, d), and recomputes one chunk
   at a time in the backward pass, whose adjoint recurrence and parameter gradients are written out in
-  docs/scan.md. So memory is O(b·t·d + b·(t/l)·d·n + b·l·d·n), never the O(b·t·d·n) of a scan that keeps every state
-  for autograd (Hugging Face's slow path and mambapy's pscan both do).
+  docs/scan.md. So memory is O(b·t·d + b·(t/l)·d·n + b·l·d·n), never the O(b·t·d·n) of a scan that keeps
+  every state for autograd (Hugging Face's slow path and mambapy's pscan both do).
 
 Why a loop inside each chunk and not a parallel (log-depth or cumsum) form: on CPU the work, not the
 number of kernel launches, is what costs, and the loop does the least. The alternatives were measured on
@@ -123,9 +123,8 @@ class _ChunkedScan(torch.autograd.Function):
     @staticmethod
     def _chunk_states(u, delta, At, B, h0):
         """One chunk: (b, l, d) inputs, At = Aᵀ (n, d), h0 (b, n, d) -> Ā, H (b, l, n, d), H[:, i] = h_i."""
-        dA = torch.mul(
-            delta[:, :, None, :], At
-        ).exp_()  # Ā = exp(Δ A): (b, l, 1, d) * (n, d) -> (b, l, n, d), ≤ 1
+        # Ā = exp(Δ A): (b, l, 1, d) * (n, d) -> (b, l, n, d), every exponent ≤ 0
+        dA = torch.mul(delta[:, :, None, :], At).exp_()
         H = (delta * u)[:, :, None, :] * B[..., None]  # Δ u B: (b, l, 1, d) * (b, l, n, 1) -> (b, l, n, d)
         h = h0
         for i in range(u.size(1)):  # h_i = Ā_i h_{i-1} + Δ_i u_i B_i, in place over the Δ u B buffer
@@ -175,9 +174,8 @@ class _ChunkedScan(torch.autograd.Function):
                 torch.add(G[:, i], g, out=G[:, i])  # G_i = C_i dy_i + (Ā_{i+1} G_{i+1}, carried in g)
                 g = torch.mul(dAbar[:, i], G[:, i], out=carry)  # what flows to h_{i-1}
             GB = (Bc[:, :, None, :] @ G).squeeze(2)  # ⟨B_i, G_i⟩ = ∂L/∂(Δ_i u_i): (b, l, 1, n) x (b, l, n, d)
-            dB[:, s:e] = (G @ (dc * uc)[..., None]).squeeze(
-                -1
-            )  # Σ_d G_i Δ_i u_i: (b, l, n, d) x (b, l, d, 1)
+            # Σ_d G_i Δ_i u_i: (b, l, n, d) x (b, l, d, 1)
+            dB[:, s:e] = (G @ (dc * uc)[..., None]).squeeze(-1)
             # ∂L/∂(Δ_i A) = G_i ⊙ h_{i-1} ⊙ Ā_i, in G's buffer (G is not needed after this)
             dlog = G.mul_(dAbar)
             dlog[:, 1:].mul_(H[:, :-1])  # h_{i-1} is the chunk's own previous state ...
