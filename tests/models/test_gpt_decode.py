@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from seqlab.models.gpt import GPT, GPTConfig
-from seqlab.models.gpt_decode import StaticCacheDecoder
+from seqlab.models.gpt_decode import StaticCacheDecoder, why_not_fast_decode
 
 CONFIGS = {
     "gpt2": {},
@@ -93,3 +93,30 @@ def test_decoder_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="positive"):
         StaticCacheDecoder(model, capacity=0)
     assert StaticCacheDecoder(model, capacity=1000).capacity == 32  # never past the position table
+
+
+def test_hooks_and_foreign_parts_send_generation_down_the_module_path():
+    model = make("gpt2", torch.float32)
+    prompt = torch.randint(0, 50, (1, 5))
+    assert why_not_fast_decode(model) is None
+    seen = []
+    handle = model.blocks[1].mlp.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    assert why_not_fast_decode(model) == "module blocks.1.mlp has forward hooks"
+    model.generate(prompt, 4, temperature=0)
+    assert len(seen) == 1 + 3  # the prompt's forward, then one step per further token: the hook saw them all
+    handle.remove()
+
+    class Scaled(torch.nn.Module):  # a user's own channel mixer
+        def __init__(self, mlp):
+            super().__init__()
+            self.mlp, self.calls = mlp, 0
+
+        def forward(self, x):
+            self.calls += 1
+            return 0.5 * self.mlp(x)
+
+    model.blocks[0].mlp = scaled = Scaled(model.blocks[0].mlp)
+    assert "block 0 has a Scaled" in why_not_fast_decode(model)
+    out = model.generate(prompt, 6, temperature=0)
+    assert scaled.calls == 1 + 5  # the user's module ran for the prompt and every further token
+    assert torch.equal(out, model.generate(prompt, 6, temperature=0, fast=False))

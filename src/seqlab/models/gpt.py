@@ -33,7 +33,7 @@ from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import LearnedPositionalEmbedding, RotaryEmbedding
 from seqlab.models.generation import generate
-from seqlab.models.gpt_decode import StaticCacheDecoder
+from seqlab.models.gpt_decode import StaticCacheDecoder, why_not_fast_decode
 from seqlab.models.init import normal_init_
 
 __all__ = ["GPT", "PRESETS", "GPTBlock", "GPTConfig"]
@@ -240,10 +240,11 @@ class GPT(nn.Module):
 
         With learned positions the context slides past ``max_seq_len`` (see ``seqlab.models.generation``).
         ``fast`` decodes through :class:`seqlab.models.gpt_decode.StaticCacheDecoder` (the same arithmetic on
-        preallocated buffers, without the modules' overhead); ``fast=False`` steps through ``self.step``.
+        preallocated buffers, without the modules' overhead) unless ``why_not_fast_decode`` names a reason
+        (hooks, swapped-in parts); ``fast=False`` steps through ``self.step``.
         """
         model = self
-        if fast:
+        if fast and why_not_fast_decode(self) is None:
             t = prompt_ids.size(-1) if prompt_ids.dim() else 1
             model = StaticCacheDecoder(self, capacity=t + max(max_new_tokens, 1))
         return generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)

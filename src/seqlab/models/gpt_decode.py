@@ -30,12 +30,39 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from seqlab.layers.mlp import _ACTS, SwiGLU
-from seqlab.layers.norms import RMSNorm
+from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.mlp import _ACTS, MLP, SwiGLU
+from seqlab.layers.norms import LayerNorm, RMSNorm
 
-__all__ = ["StaticCacheDecoder"]
+__all__ = ["StaticCacheDecoder", "why_not_fast_decode"]
+
+
+def why_not_fast_decode(model) -> str | None:
+    """Why ``GPT.generate`` would step through the modules instead of this decoder, or None if it can use it.
+
+    The decoder computes what GPT's own blocks compute, so it stands in only for them: a hook on any module
+    (which decoding would skip) or a swapped-in block part sends generation down the module path.
+    """
+    hooks = nn.modules.module
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return "global forward hooks are registered"
+    for name, m in model.named_modules():
+        if m._forward_hooks or m._forward_pre_hooks:
+            return f"module {name or 'model'} has forward hooks"
+    norms = (nn.LayerNorm, LayerNorm, RMSNorm)
+    for i, blk in enumerate(model.blocks):
+        parts = (blk.norm1, blk.attn, blk.norm2, blk.mlp)
+        kinds = (norms, MultiheadAttention, norms, (MLP, SwiGLU))
+        for part, kind in zip(parts, kinds, strict=True):
+            if type(part) not in (kind if isinstance(kind, tuple) else (kind,)):
+                return f"block {i} has a {type(part).__name__}, which the decoder does not know"
+        if blk.attn.window is not None:
+            return f"block {i} attends through a sliding window"
+    if type(model.norm) not in norms:
+        return f"the final norm is a {type(model.norm).__name__}, which the decoder does not know"
+    return None
 
 
 def _norm_fn(norm):
