@@ -113,6 +113,7 @@ def test_parallel_jobs_train_every_run_once_and_match_the_serial_results(tmp_pat
     paths = compare(tmp_path / "jobs", TINY, mixers=["gru", "lstm"], progress=True, gradients=False, jobs=2)
     out = capsys.readouterr().out
     assert out.count("(done") == 2 * 3 and "[6/6]" in out
+    assert out.startswith("[compare] training 6 run(s), 2 at a time, longest first (")  # before any run ends
     rows = {
         (r["mixer"], r["setting"]): r["value"]
         for r in json.loads(paths["results"].read_text())

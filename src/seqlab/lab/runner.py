@@ -240,6 +240,12 @@ class Compare:
         for i in range(len(jobs)):
             if data[i] is not None:
                 report(i, "reused")
+        if self.progress and todo:  # the first runs to finish may take a minute or more: say what is coming
+            plan = f"[compare] training {len(todo)} run(s)"
+            if self.jobs > 1 and len(todo) > 1:
+                mixer, entry = jobs[max(todo, key=lambda i: _cost(*jobs[i]))]
+                plan += f", {min(self.jobs, len(todo))} at a time, longest first ({mixer} on {entry.task})"
+            print(plan, flush=True)
 
         def finish(i: int, result: dict[str, Any]) -> None:
             finished.add(i)
