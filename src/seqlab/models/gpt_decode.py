@@ -54,9 +54,9 @@ def why_not_fast_decode(model) -> str | None:
     norms = (nn.LayerNorm, LayerNorm, RMSNorm)
     for i, blk in enumerate(model.blocks):
         parts = (blk.norm1, blk.attn, blk.norm2, blk.mlp)
-        kinds = (norms, MultiheadAttention, norms, (MLP, SwiGLU))
+        kinds = (norms, (MultiheadAttention,), norms, (MLP, SwiGLU))
         for part, kind in zip(parts, kinds, strict=True):
-            if type(part) not in (kind if isinstance(kind, tuple) else (kind,)):
+            if type(part) not in kind:
                 return f"block {i} has a {type(part).__name__}, which the decoder does not know"
         if blk.attn.window is not None:
             return f"block {i} attends through a sliding window"
