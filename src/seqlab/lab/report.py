@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from seqlab.lab.suite import FAMILY, Suite
+from seqlab.viz.figures import pyplot, save_figure
 
 PUBLIC_FIELDS = ("mixer", "task", "setting", "metric", "value", "params", "train_tokens_per_s", "seconds")
 
@@ -193,10 +194,7 @@ def write_table(
 
 
 def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[dict[str, Any]]) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paths = []
     # decode latency and state bytes against context
@@ -213,10 +211,7 @@ def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[dict[s
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle("decoding: O(1) state vs a growing KV cache")
-    fig.tight_layout()
-    paths.append(out / "decode.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "decode.png"))
 
     # throughput
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -232,10 +227,7 @@ def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[dict[s
     ax.set_title("training throughput (forward + backward + step)")
     ax.legend()
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    paths.append(out / "throughput.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "throughput.png"))
 
     # metric against setting, per task with several settings
     by_task: dict[str, list] = defaultdict(list)
@@ -255,10 +247,7 @@ def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[dict[s
             ax.set_title(task)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "accuracy_vs_length.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(save_figure(fig, out / "accuracy_vs_length.png"))
 
     # training curves, one panel per task setting
     entries = list(suite.entries)
@@ -279,8 +268,5 @@ def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[dict[s
     for ax in list(axes.flat)[len(entries) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out / "training_curves.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / "training_curves.png", dpi=100))
     return paths

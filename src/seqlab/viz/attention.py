@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from seqlab.viz.figures import pyplot, save_figure
+
 __all__ = ["plot_attention", "token_labels", "write_attention_maps"]
 
 
@@ -26,10 +28,7 @@ def token_labels(tokenizer, ids: list[int]) -> list[str]:
 
 def plot_attention(weights: Tensor, labels: list[str], path: str | Path, title: str = "") -> Path:
     """weights (t_q, t_k) -> one PNG heatmap with the tokens along both axes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     w = weights.detach().float().cpu().numpy()
     t = w.shape[0]
@@ -43,12 +42,7 @@ def plot_attention(weights: Tensor, labels: list[str], path: str | Path, title: 
     ax.set_ylabel("query")
     ax.set_title(title)
     fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 @torch.no_grad()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from seqlab.viz.figures import pyplot, save_figure
+
 
 @dataclass
 class GradientFlow:
@@ -89,10 +91,7 @@ def gradient_flow(
 
 def plot_gradient_flow(groups: list[list[GradientFlow]], path, title: str | None = None) -> None:
     """One panel per group (e.g. at initialization, after training), log-scale ‖∂L/∂h_t‖ against t."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False, sharey=True)
     for ax, group in zip(axes[0], groups, strict=True):
@@ -110,6 +109,4 @@ def plot_gradient_flow(groups: list[list[GradientFlow]], path, title: str | None
     axes[0][0].set_ylabel("‖∂L/∂h_t‖")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

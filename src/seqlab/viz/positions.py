@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from seqlab.layers.positional import RotaryEmbedding, sinusoidal_2d_table, sinusoidal_table
+from seqlab.viz.figures import pyplot, save_figure
 
 
 def rope_scores(head_dim: int, max_offset: int, base: float = 10000.0, seed: int = 0) -> Tensor:
@@ -57,10 +58,7 @@ def plot_positions(
             f"need n_positions >= 2, grid >= 2 and d_model a positive multiple of 4 (2-D codes split it in "
             f"four); got n_positions={n_positions}, d_model={d_model}, grid={grid}"
         )
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     table = sinusoidal_table(n_positions, d_model, base)  # (t, d)
     sim = table @ table.T  # (t, d) x (d, t) -> (t, t)
@@ -89,9 +87,4 @@ def plot_positions(
         title=f"2-D sinusoidal, {grid}×{grid} patches: similarity to +", xlabel="column", ylabel="row"
     )
     fig.colorbar(im, ax=axes[3], fraction=0.046)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
