@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import re
 import statistics
 import sys
 import time
@@ -32,18 +31,13 @@ import torch
 from torch import nn
 
 from seqlab.interop import from_torch
-from seqlab.lab.report import cpu_name
+from seqlab.lab.report import cpu_name, hardware_slug
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def hardware(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-
-
-def slug(text: str) -> str:
-    plain = re.sub(r"\((r|tm)\)", "", text.lower())  # "Intel(R) Xeon(R)" -> "intel xeon"
-    return re.sub(r"[^a-z0-9]+", "-", plain).strip("-")
 
 
 def sync(device: torch.device) -> None:
@@ -144,7 +138,7 @@ def main() -> None:
     print(text)
     if not a.quick:
         RESULTS.mkdir(exist_ok=True)
-        tag = slug(hw) + ("" if a.dtype == "float32" else f"-{a.dtype}")
+        tag = hardware_slug(hw) + ("" if a.dtype == "float32" else f"-{a.dtype}")
         path = RESULTS / f"attention-{tag}-torch{torch.__version__.split('+')[0]}.md"
         path.write_text(text)
         print(f"wrote {path}")

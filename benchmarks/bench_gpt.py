@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import re
 import statistics
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from seqlab.lab.report import cpu_name
+from seqlab.lab.report import cpu_name, hardware_slug
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -251,9 +250,7 @@ def main() -> None:
     print(text)
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
-        plain = re.sub(r"\((r|tm)\)", "", cpu_name().lower())
-        name = re.sub(r"[^a-z0-9]+", "-", plain).strip("-").split("-")[:2]
-        out = RESULTS / f"gpt-{'-'.join(name)}-torch{torch.__version__.split('+')[0]}.md"
+        out = RESULTS / f"gpt-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
         out.write_text(text, encoding="utf-8")
         print(f"wrote {out}")
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from seqlab.lab.report import cpu_name
+from seqlab.lab.report import cpu_name, hardware_slug
 
 D_MODEL, N_LAYERS, D_STATE, VOCAB = 256, 4, 16, 256
 SHAPES = [(16, 256), (8, 1024)]
@@ -205,7 +205,7 @@ def main() -> None:
         "(b, d_inner, d_state)) whatever the context).",
         "",
     ]
-    cpu = re.sub(r"[^a-z0-9]+", "-", cpu_name().lower()).strip("-")
+    cpu = hardware_slug(cpu_name())
     ver = torch.__version__.split("+")[0]
     out = args.out or Path(__file__).parent / "results" / f"mamba-{cpu}-torch{ver}.md"
     out.write_text("\n".join(lines))

@@ -23,7 +23,6 @@ import argparse
 import datetime as dt
 import os
 import platform
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from seqlab.lab.report import cpu_name
+from seqlab.lab.report import cpu_name, hardware_slug
 from seqlab.layers import GRU, LSTM, RNN
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -49,11 +48,6 @@ LAYERS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
 
 def hardware(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-
-
-def slug(text: str) -> str:
-    plain = re.sub(r"\((r|tm)\)", "", text.lower())  # "Intel(R) Xeon(R)" -> "intel xeon"
-    return re.sub(r"[^a-z0-9]+", "-", plain).strip("-")
 
 
 def sync(device: torch.device) -> None:
@@ -203,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(text)
     if not args.quick:
-        out = args.out or RESULTS / f"recurrent-{slug(hw)}-torch{version}.md"
+        out = args.out or RESULTS / f"recurrent-{hardware_slug(hw)}-torch{version}.md"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         print(f"written to {out}")

@@ -11,18 +11,11 @@ import argparse
 import datetime
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
 
-from seqlab.lab.report import cpu_name
-
-
-def slug(text: str) -> str:
-    """The CPU's first two words, as the other benchmarks name their files: "Intel(R) Xeon(R) ..." -> intel-xeon."""
-    plain = re.sub(r"\((r|tm)\)", "", text.lower())
-    return "-".join(re.sub(r"[^a-z0-9]+", "-", plain).strip("-").split("-")[:2])
+from seqlab.lab.report import cpu_name, hardware_slug
 
 
 def main() -> None:
@@ -40,7 +33,7 @@ def main() -> None:
     val = [r for r in records if r["split"] == "val"]
     train = [r for r in records if r["split"] == "train"]
     tps = sorted(r["tokens_per_s"] for r in train[1:]) or [float("nan")]
-    stem = f"{args.name}-{slug(cpu_name())}-torch{torch.__version__.split('+')[0]}"
+    stem = f"{args.name}-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}"
     args.out.mkdir(parents=True, exist_ok=True)
 
     lines = [

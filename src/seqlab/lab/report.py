@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,14 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def hardware_slug(name: str, words: int | None = None) -> str:
+    """A file-name form of a CPU or GPU name: "Intel(R) Xeon(R) Processor" -> intel-xeon-processor; ``words``
+    keeps only the first few (intel-xeon)."""
+    plain = re.sub(r"\((r|tm)\)", "", name.lower())
+    parts = re.sub(r"[^a-z0-9]+", "-", plain).strip("-").split("-")
+    return "-".join(parts[:words])
 
 
 def _cell(records, mixer: str, fmt: str, **match) -> str | None:
