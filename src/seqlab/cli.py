@@ -150,8 +150,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
-    jobs = args.jobs if args.jobs is not None else max(1, min(4, len(os.sched_getaffinity(0))))
-    paths = compare(args.out, args.suite, split(args.mixers), split(args.tasks), args.seed, jobs=jobs)
+    if args.jobs is None:  # the cores this process may use (Linux), else all of them; at most 4
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        args.jobs = max(1, min(4, usable))
+    paths = compare(args.out, args.suite, split(args.mixers), split(args.tasks), args.seed, jobs=args.jobs)
     print(Path(paths["table"]).read_text(encoding="utf-8"))
     print(
         f"wrote {paths['results']}, {paths['table']} and {len(paths['plots'])} plots in "
@@ -241,7 +243,7 @@ def make_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--suite",
         default="quick",
-        help="quick (9 min on 2 cores with --jobs 2) or full (about 45 min with --jobs 2)",
+        help="quick (about 7 min on 2 cores with --jobs 2) or full (about 40 min with --jobs 2)",
     )
     c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
     c.add_argument("--mixers", help="comma-separated subset, e.g. lstm,attention,mamba")
