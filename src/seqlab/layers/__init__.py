@@ -8,6 +8,15 @@ from seqlab.layers.attention import (
     scaled_dot_product_attention_ref,
 )
 from seqlab.layers.linear_attention import LinearAttention
+from seqlab.layers.mixer import (
+    MixerSpec,
+    TokenMixer,
+    create_mixer,
+    list_mixers,
+    make_mixer_config,
+    mixer_spec,
+    register_mixer,
+)
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import LayerNorm, RMSNorm
 from seqlab.layers.positional import (
@@ -36,6 +45,7 @@ __all__ = [
     "LinearAttention",
     "LuongAttention",
     "Mamba",
+    "MixerSpec",
     "MultiheadAttention",
     "RMSNorm",
     "RNNCell",
@@ -43,8 +53,14 @@ __all__ = [
     "SelfAttention",
     "SinusoidalPositionalEncoding",
     "SwiGLU",
+    "TokenMixer",
     "TransformerDecoderLayer",
     "TransformerEncoderLayer",
+    "create_mixer",
+    "list_mixers",
+    "make_mixer_config",
+    "mixer_spec",
+    "register_mixer",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_ref",
     "selective_scan",

@@ -23,6 +23,7 @@ cuDNN), and :func:`scaled_dot_product_attention_ref` writes the equation out and
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.masks import causal_mask, combine_masks, sliding_window_mask
+from seqlab.layers.mixer import MixerSpec, register_mixer
 from seqlab.layers.positional import RotaryEmbedding
 
 __all__ = [
@@ -418,3 +420,51 @@ class SelfAttention(MultiheadAttention):
         self, x: Tensor, state: KVCache | None = None, mask: Tensor | None = None, need_weights: bool = False
     ):
         return super().forward(x, mask=mask, state=state, need_weights=need_weights)
+
+
+@dataclass
+class AttentionMixerConfig:
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    """Key/value heads for grouped-query attention; None means n_heads, 1 multi-query."""
+    head_dim: int | None = None
+    """Per-head width; None means d_model // n_heads."""
+    bias: bool = False
+    """Biases on the q, k, v and output projections (GPT-2: yes; Llama: no)."""
+    window: int | None = None
+    """Sliding-window size (each position sees itself and the window - 1 before); None: all."""
+    rope: bool = True
+    """Rotary positions inside attention (Su et al. 2021); False for a model with learned positions."""
+    rope_base: float = 10000.0
+    """RoPE's base θ: 10000 as in the paper and Llama 2, 500000 in Llama 3."""
+
+
+def _build_attention(d_model: int, c: AttentionMixerConfig, *, dropout: float, device=None, dtype=None):
+    k = c.head_dim if c.head_dim is not None else d_model // max(c.n_heads, 1)
+    rope = RotaryEmbedding(k, base=c.rope_base, device=device) if c.rope else None
+    return SelfAttention(
+        d_model,
+        c.n_heads,
+        c.n_kv_heads,
+        head_dim=c.head_dim,
+        bias=c.bias,
+        dropout=dropout,
+        causal=True,
+        window=c.window,
+        rope=rope,
+        device=device,
+        dtype=dtype,
+    )
+
+
+register_mixer(
+    MixerSpec(
+        name="attention",
+        config=AttentionMixerConfig,
+        build=_build_attention,
+        family="Transformer",
+        summary="causal softmax attention with RoPE, GQA, sliding window and a KV cache (Vaswani et al. 2017)",
+        step_cost=1.5,
+        width_multiple=lambda c: 2 * c.n_heads,  # heads whose width RoPE needs even
+    )
+)

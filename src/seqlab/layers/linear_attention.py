@@ -12,9 +12,13 @@ computes the same numbers chunk by chunk: inside a chunk of c positions the mask
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from seqlab.layers.mixer import MixerSpec, register_mixer
 
 __all__ = ["LinearAttention", "linear_attention_causal", "linear_attention_recurrent_ref"]
 
@@ -172,3 +176,25 @@ class LinearAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, causal={self.causal}"
+
+
+@dataclass
+class LinearAttentionMixerConfig:
+    n_heads: int = 4
+    head_dim: int | None = None
+    """Per-head width; None means d_model // n_heads."""
+
+
+register_mixer(
+    MixerSpec(
+        name="linear-attention",
+        config=LinearAttentionMixerConfig,
+        build=lambda d, c, *, dropout, device=None, dtype=None: LinearAttention(
+            d, c.n_heads, head_dim=c.head_dim, causal=True, device=device, dtype=dtype
+        ),
+        family="Transformer",
+        summary="causal linear attention, elu + 1 features, O(1) state (Katharopoulos et al. 2020)",
+        step_cost=1.8,
+        width_multiple=lambda c: 2 * c.n_heads,
+    )
+)

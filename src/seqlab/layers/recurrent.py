@@ -40,12 +40,15 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from seqlab.layers.mixer import MixerSpec, register_mixer
 
 State = Tensor | tuple[Tensor, Tensor]
 
@@ -586,3 +589,67 @@ class GRU(_RNNBase):
 
     def _update(self, gx, state, w_hh_t, b_hh):
         return (_gru_update(gx, state[0], w_hh_t, b_hh),)
+
+
+# ---- registration as token mixers (seqlab.layers.mixer) -------------------------------------------------
+
+
+@dataclass
+class RNNMixerConfig:
+    nonlinearity: Literal["tanh", "relu"] = "tanh"
+
+
+@dataclass
+class LSTMMixerConfig:
+    forget_bias: float | None = 1.0
+    """Initial forget-gate bias (Gers et al. 2000; Jozefowicz et al. 2015): torch.nn's init starts with
+    f ≈ σ(0) = 1/2, so memory decays as 2^-t until training opens the gate; σ(1) ≈ 0.73 lets long-range
+    gradients through from the first step. None keeps torch.nn's init (the layer itself always does)."""
+
+
+@dataclass
+class GRUMixerConfig:
+    pass
+
+
+def _build_lstm(d_model: int, c: LSTMMixerConfig, *, dropout: float, device=None, dtype=None) -> LSTM:
+    lstm = LSTM(d_model, d_model, device=device, dtype=dtype)
+    if c.forget_bias is not None:
+        with torch.no_grad():
+            lstm.bias_ih_l0[d_model : 2 * d_model].fill_(c.forget_bias)  # gates stacked [i, f, g, o]
+            lstm.bias_hh_l0[d_model : 2 * d_model].zero_()
+    return lstm
+
+
+register_mixer(
+    MixerSpec(
+        name="rnn",
+        config=RNNMixerConfig,
+        build=lambda d, c, *, dropout, device=None, dtype=None: RNN(
+            d, d, nonlinearity=c.nonlinearity, device=device, dtype=dtype
+        ),
+        family="RNN",
+        summary="Elman RNN, h_t = tanh(W x_t + U h_{t-1} + b) (Elman 1990)",
+        step_cost=1.3,
+    )
+)
+register_mixer(
+    MixerSpec(
+        name="lstm",
+        config=LSTMMixerConfig,
+        build=_build_lstm,
+        family="RNN",
+        summary="LSTM with its additive cell state (Hochreiter & Schmidhuber 1997)",
+        step_cost=1.0,
+    )
+)
+register_mixer(
+    MixerSpec(
+        name="gru",
+        config=GRUMixerConfig,
+        build=lambda d, c, *, dropout, device=None, dtype=None: GRU(d, d, device=device, dtype=dtype),
+        family="RNN",
+        summary="GRU, reset and update gates (Cho et al. 2014)",
+        step_cost=1.9,
+    )
+)
