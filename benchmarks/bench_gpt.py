@@ -12,7 +12,7 @@ seqlab's copy is made by the production converter (``seqlab.interop.hf_gpt2.conv
 * Generation: greedy, batch 1, a 16-token prompt and 200 new tokens through each library's KV cache
   (seqlab ``generate(temperature=0)``, which decodes through ``StaticCacheDecoder``; HF
   ``generate(do_sample=False)``); tokens/s from the median. Two more rows: seqlab stepping module by module
-  (``generate(..., fast=False)``, the reference path), and the ceiling set by the model's matrix-vector
+  (``fast_path=False``: the reference path), and the ceiling set by the model's matrix-vector
   products alone (``matvec_ceiling``).
 
     python benchmarks/bench_gpt.py              # writes benchmarks/results/gpt-<hardware>-torch<version>.md
@@ -69,7 +69,7 @@ def matvec_ceiling(model, repeats: int = 7, rounds: int = 50) -> float:
     """
     mats = []
     for blk in model.blocks:
-        mats += [blk.attn.in_proj_weight, blk.attn.out_proj.weight, blk.mlp.fc1.weight, blk.mlp.fc2.weight]
+        mats += [blk.mixer.in_proj_weight, blk.mixer.out_proj.weight, blk.mlp.fc1.weight, blk.mlp.fc2.weight]
     mats.append(model.head.weight)
     inputs = {w.size(1): torch.randn(w.size(1)) for w in mats}
 
@@ -86,6 +86,15 @@ def matvec_ceiling(model, repeats: int = 7, rounds: int = 50) -> float:
             one_token()
         times.append((time.perf_counter() - t) / rounds)
     return statistics.median(times)
+
+
+def generate_ref(model, prompt, new_tokens):
+    """Greedy generation through the modules' ``step`` (the reference path the static decoder stands in for)."""
+    model.fast_path = False
+    try:
+        return model.generate(prompt, new_tokens, temperature=0)
+    finally:
+        model.fast_path = True
 
 
 def train_step_fn(model, logits_of, batch, lr=1e-3):
@@ -175,7 +184,7 @@ def main() -> None:
     gen = alternate(
         {
             "seqlab": lambda: ours.generate(prompt, new_tokens, temperature=0),
-            "modules": lambda: ours.generate(prompt, new_tokens, temperature=0, fast=False),
+            "modules": lambda: generate_ref(ours, prompt, new_tokens),
             "hf": lambda: hf.generate(
                 prompt,
                 attention_mask=ones,
@@ -190,7 +199,7 @@ def main() -> None:
     ceiling = 1.0 / matvec_ceiling(ours)
     modules_same = torch.equal(
         ours.generate(prompt, new_tokens, temperature=0),
-        ours.generate(prompt, new_tokens, temperature=0, fast=False),
+        generate_ref(ours, prompt, new_tokens),
     )
     same = torch.equal(
         ours.generate(prompt, new_tokens, temperature=0),
@@ -229,7 +238,7 @@ def main() -> None:
         f"{gr['seqlab'] / gr['hf']:.2f} |"
     )
     lines.append(
-        f"| greedy generation, seqlab stepping module by module (`fast=False`) | {gr['modules']:,.0f} | | "
+        f"| greedy generation, seqlab stepping module by module (`fast_path=False`) | {gr['modules']:,.0f} | | "
         f"{gr['modules'] / gr['hf']:.2f} |"
     )
     lines.append(
@@ -241,7 +250,7 @@ def main() -> None:
         f"Training FLOPs per token: {flops_tok:,}.",
         "",
         "seqlab's `generate` decodes through `seqlab.models.gpt_decode.StaticCacheDecoder` (preallocated KV",
-        "buffers, the kernels called on the weights directly); `fast=False` steps through the modules (GPT.step).",
+        "buffers, the kernels called on the weights directly); `fast_path=False` steps through the modules (LM.step).",
         "The ceiling row times the matrix-vector products of one token (QKV, output and the MLP's two per layer,",
         "then the head) with nothing between them: at batch 1 each streams its weights once per token, so an fp32",
         f"decoder that reads every weight once per token cannot beat it here; seqlab keeps {gr['seqlab'] / ceiling:.0%}.",

@@ -34,7 +34,7 @@ def _tiny_llama(**kw):
 def test_logits_match(kw):
     hf = _tiny_llama(**kw)
     ours = convert_llama(hf)
-    assert ours.config.n_kv_heads == 2 and ours.config.position == "rope"
+    assert ours.config.mixer_config["n_kv_heads"] == 2 and ours.config.mixer_config["rope"]
     ids = torch.randint(0, 101, (2, 19))
     with torch.no_grad():
         ref = hf(ids).logits

@@ -48,7 +48,7 @@ def test_same_logits_and_config(tie):
     hf = _hf_mamba(tie_word_embeddings=tie)
     ours = from_hf(hf).eval()
     assert ours.config.norm_eps == hf.config.layer_norm_epsilon and ours.config.d_ff == 0
-    assert ours.config.dt_rank == hf.config.time_step_rank
+    assert ours.config.mixer_config["dt_rank"] == hf.config.time_step_rank
     assert (ours.head.weight is ours.embed.weight) == tie
     ids = torch.randint(0, 61, (3, 45))
     with torch.no_grad():

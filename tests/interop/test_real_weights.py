@@ -75,7 +75,7 @@ def test_smollm2_greedy_continuation_matches(monkeypatch):
     ).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     ours = from_hf(hf)
-    assert ours.config.n_layers == 30 and ours.config.n_kv_heads == 3
+    assert ours.config.n_layers == 30 and ours.config.mixer_config["n_kv_heads"] == 3
     prompt = tok("The capital of France is", return_tensors="pt").input_ids
     ref = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False)
     got = ours.generate(prompt, 8, temperature=0)

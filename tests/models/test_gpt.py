@@ -1,4 +1,4 @@
-"""The GPT family: model protocol, the DESIGN laws at model level, configuration and initialization."""
+"""GPT presets of the LM stack: model protocol, the DESIGN laws at model level, configuration and initialization."""
 
 import dataclasses
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seqlab.models import build, create
-from seqlab.models.gpt import GPTConfig
+from seqlab.models.lm import LMConfig
 
 PRESETS = ["test-gpt", "test-gpt-llama"]
 
@@ -49,29 +49,34 @@ def test_causal_batch_independent_and_every_parameter_learns(name):
 def test_gpt2_initialization_and_tying():
     torch.manual_seed(0)
     model = create("gpt-tiny", vocab_size=65)
-    assert model.head.weight is model.tok_embed.weight
+    assert model.head.weight is model.embed.weight
     c = model.config
     resid = torch.cat([p.weight.flatten() for b in model.blocks for p in b.residual_projections()])
     assert abs(resid.std().item() - 0.02 / math.sqrt(2 * c.n_layers)) < 2e-4
-    assert abs(model.blocks[0].attn.in_proj_weight.std().item() - 0.02) < 1e-3
-    assert all(b.attn.in_proj_bias.abs().sum() == 0 for b in model.blocks)
+    assert abs(model.blocks[0].mixer.in_proj_weight.std().item() - 0.02) < 1e-3
+    assert all(b.mixer.in_proj_bias.abs().sum() == 0 for b in model.blocks)
     llama = create("test-gpt-llama")
-    assert llama.head.weight is not llama.tok_embed.weight and llama.blocks[0].attn.in_proj_bias is None
-    assert llama.pos_embed is None and llama.blocks[0].attn.rope is not None
+    assert llama.head.weight is not llama.embed.weight and llama.blocks[0].mixer.in_proj_bias is None
+    assert llama.pos_embed is None and llama.blocks[0].mixer.rope is not None
+    assert all(b.mlp.gate.bias is None and b.norm1.weight.shape == (32,) for b in llama.blocks)
 
 
 def test_config_round_trip_and_validation():
     cfg = create("test-gpt-llama").config
-    again = GPTConfig(**json.loads(json.dumps(dataclasses.asdict(cfg))))
+    again = LMConfig(**json.loads(json.dumps(dataclasses.asdict(cfg))))
     assert again == cfg
-    model = build("gpt", dataclasses.asdict(cfg))
-    assert model.family == "gpt"
+    model = build("lm", dataclasses.asdict(cfg))
+    assert model.family == "lm" and model.config == cfg
+    assert create("test-gpt", n_heads=2).config.mixer_config["n_heads"] == 2  # a mixer field given flat
+    assert create("test-gpt", n_heads=2).config.mixer_config["bias"] is True  # the preset's others stay
     with pytest.raises(ValueError, match="norm must be one of"):
-        GPTConfig(norm="batchnorm")
+        LMConfig(norm="batchnorm")
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        GPTConfig(n_heads=4, n_kv_heads=3)
+        create("test-gpt", n_heads=4, n_kv_heads=3)
     with pytest.raises(ValueError, match="divisible"):
-        GPTConfig(d_model=30, n_heads=4)
+        create("test-gpt", d_model=30, n_heads=4)
+    with pytest.raises(ValueError, match="unknown field"):
+        create("test-lm-lstm", n_heads=4)  # an LSTM has no heads
 
 
 def test_generate_and_attention_maps():

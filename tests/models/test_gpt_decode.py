@@ -1,16 +1,18 @@
-"""StaticCacheDecoder against GPT.step (the module-by-module reference) for every GPT option."""
+"""StaticCacheDecoder against LM.step (the module-by-module reference) for every attention-LM option."""
 
 import pytest
 import torch
 
-from seqlab.models.gpt import GPT, GPTConfig
-from seqlab.models.gpt_decode import StaticCacheDecoder, why_not_fast_decode
+from seqlab.models import make_config
+from seqlab.models.gpt import gpt_fields
+from seqlab.models.gpt_decode import StaticCacheDecoder, why_not_static_decode
+from seqlab.models.lm import LM
 
 CONFIGS = {
     "gpt2": {},
     "llama": {
-        "n_kv_heads": 2,
-        "position": "rope",
+        "mixer_config": {"n_kv_heads": 2, "rope": True, "bias": False},
+        "position": "none",
         "norm": "rmsnorm",
         "norm_eps": 1e-6,
         "mlp": "swiglu",
@@ -18,19 +20,31 @@ CONFIGS = {
         "bias": False,
         "tie_weights": False,
     },
-    "mqa-relu-nopos": {"n_kv_heads": 1, "mlp": "relu", "position": "none", "head_dim": 6},
-    "gelu-untied": {"mlp": "gelu", "tie_weights": False, "n_heads": 2},
+    "mqa-relu-nopos": {"mixer_config": {"n_kv_heads": 1, "head_dim": 6}, "mlp": "relu", "position": "none"},
+    "gelu-untied-headbias": {
+        "mlp": "gelu",
+        "tie_weights": False,
+        "mixer_config": {"n_heads": 2},
+        "head_bias": True,
+    },
 }
 
 
-def make(name: str, dtype=torch.float64) -> GPT:
+def make(name: str, dtype=torch.float64) -> LM:
     torch.manual_seed(0)
-    base = {"vocab_size": 50, "max_seq_len": 32, "n_layers": 2, "n_heads": 4, "d_model": 16}
-    model = GPT(GPTConfig(**{**base, **CONFIGS[name]})).to(dtype).eval()
+    fields = gpt_fields(16, 2, 4, 32, vocab_size=50, **CONFIGS[name])
+    model = LM(make_config("lm", fields)).to(dtype).eval()
     with torch.no_grad():  # non-trivial norms and biases, so a dropped term would show
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     return model
+
+
+def reference(model: LM) -> LM:
+    """The same weights in a model built with ``fast_path=False``: generation steps through the modules."""
+    ref = LM(model.config, fast_path=False).to(model.head.weight.dtype).eval()
+    ref.load_state_dict(model.state_dict())
+    return ref
 
 
 @pytest.mark.parametrize("batch", [1, 3])  # one sequence runs on matrix-vector products, several on matrices
@@ -55,11 +69,11 @@ def test_fast_generate_equals_reference_generate(name):
     model = make(name, torch.float32)
     prompt = torch.randint(0, 50, (2, 6))
     fast = model.generate(prompt, 20, temperature=0)
-    assert torch.equal(fast, model.generate(prompt, 20, temperature=0, fast=False))
+    assert torch.equal(fast, reference(model).generate(prompt, 20, temperature=0))
     # sampling draws the same tokens from the same generator state
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     a = model.generate(prompt, 20, temperature=0.8, top_k=10, generator=g1)
-    b = model.generate(prompt, 20, temperature=0.8, top_k=10, generator=g2, fast=False)
+    b = reference(model).generate(prompt, 20, temperature=0.8, top_k=10, generator=g2)
     assert torch.equal(a, b)
 
 
@@ -68,10 +82,10 @@ def test_generation_slides_past_the_position_table_like_the_reference():
     prompt = torch.randint(0, 50, (1, 10))
     fast = model.generate(prompt, 60, temperature=0)
     assert fast.shape == (1, 70)
-    assert torch.equal(fast, model.generate(prompt, 60, temperature=0, fast=False))
+    assert torch.equal(fast, reference(model).generate(prompt, 60, temperature=0))
     long_prompt = torch.randint(0, 50, (40,))  # longer than the table: the last 32 positions are read
     assert torch.equal(
-        model.generate(long_prompt, 5, temperature=0), model.generate(long_prompt, 5, 0, fast=False)
+        model.generate(long_prompt, 5, temperature=0), reference(model).generate(long_prompt, 5, 0)
     )
 
 
@@ -98,10 +112,10 @@ def test_decoder_refuses_what_it_cannot_do():
 def test_hooks_and_foreign_parts_send_generation_down_the_module_path():
     model = make("gpt2", torch.float32)
     prompt = torch.randint(0, 50, (1, 5))
-    assert why_not_fast_decode(model) is None
+    assert model.why_not_fast_path() is None
     seen = []
     handle = model.blocks[1].mlp.register_forward_hook(lambda m, i, o: seen.append(o.shape))
-    assert why_not_fast_decode(model) == "module blocks.1.mlp has forward hooks"
+    assert model.why_not_fast_path() == "module blocks.1.mlp has forward hooks"
     model.generate(prompt, 4, temperature=0)
     assert len(seen) == 1 + 3  # the prompt's forward, then one step per further token: the hook saw them all
     handle.remove()
@@ -116,7 +130,19 @@ def test_hooks_and_foreign_parts_send_generation_down_the_module_path():
             return 0.5 * self.mlp(x)
 
     model.blocks[0].mlp = scaled = Scaled(model.blocks[0].mlp)
-    assert "block 0 has a Scaled" in why_not_fast_decode(model)
+    assert "block 0 has a Scaled" in model.why_not_fast_path()
     out = model.generate(prompt, 6, temperature=0)
     assert scaled.calls == 1 + 5  # the user's module ran for the prompt and every further token
-    assert torch.equal(out, model.generate(prompt, 6, temperature=0, fast=False))
+    model.fast_path = False
+    assert model.why_not_fast_path() == "fast_path=False was set on this model"
+    assert torch.equal(out, model.generate(prompt, 6, temperature=0))
+
+
+def test_only_attention_stacks_take_the_static_decoder():
+    from seqlab.models import create
+
+    assert why_not_static_decode(create("test-gpt")) is None
+    assert "LSTM" in why_not_static_decode(create("test-lm-lstm"))
+    assert "layout='stacked'" in why_not_static_decode(create("test-lstm-lm"))
+    assert "sliding window" in why_not_static_decode(create("test-lm-attention", window=4))
+    assert "NoneType" in why_not_static_decode(create("test-gpt", d_ff=0))

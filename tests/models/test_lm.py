@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from seqlab.layers import list_mixers
 from seqlab.layers.attention import KVCache
 from seqlab.models import create
-from seqlab.models.lm import MIXERS, LMConfig
+from seqlab.models.lm import LM, LMConfig
 
 TEST_PRESETS = {
     "lstm": "test-lm-lstm",
@@ -77,4 +78,24 @@ def test_config_errors():
         LMConfig(mixer="transformer-xl")
     with pytest.raises(ValueError, match="mlp"):
         LMConfig(mlp="tanh")
-    assert {"rnn", "lstm", "gru"} <= set(MIXERS)
+    assert {"rnn", "lstm", "gru"} <= set(list_mixers())
+
+
+@pytest.mark.parametrize("mixer", list_mixers())
+def test_every_registered_mixer_builds_a_language_model(mixer):
+    """The registry is the only place the LM learns mixers from: each one builds, reads, steps and learns."""
+    from seqlab.layers import mixer_spec
+
+    torch.manual_seed(0)
+    model = LM(LMConfig(mixer=mixer, vocab_size=9, d_model=16, n_layers=2)).eval()
+    assert (model.blocks[0].mlp is not None) == mixer_spec(mixer).channel_mlp
+    x = torch.randint(0, 9, (2, 6))
+    full = model(x)
+    state, outs = model.init_state(2), []
+    for t in range(6):
+        y, state = model.step(x[:, t], state)
+        outs.append(y)
+    torch.testing.assert_close(torch.stack(outs, 1), full, atol=1e-5, rtol=1e-5)
+    model.train()
+    model(x).logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for p in model.parameters())

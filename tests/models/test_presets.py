@@ -84,5 +84,5 @@ def test_params_command(capsys):
     assert "124,439,808 parameters" in out and "FLOPs per token at context 1024" in out
     assert main(["params", "test-gpt", "--model.n_layers=1", "--shapes"]) == 0
     out = capsys.readouterr().out
-    assert "blocks.0.attn.in_proj_weight" in out and "blocks.1." not in out
+    assert "blocks.0.mixer.in_proj_weight" in out and "blocks.1." not in out
     assert main(["params", "test-gpt", "--train.steps=3"]) == 2

@@ -1,9 +1,11 @@
+import dataclasses
+
 import pytest
 import torch
 
 from seqlab.models import build, count_parameters, create, list_models
 from seqlab.models.generation import generate, sample_next
-from seqlab.models.rnn_lm import RNNLMConfig
+from seqlab.models.lm import LMConfig
 
 
 @pytest.mark.parametrize("name", ["test-rnn-lm", "test-lstm-lm", "test-gru-lm"])
@@ -67,12 +69,16 @@ def test_tied_weights_share_one_tensor():
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="cell"):
-        RNNLMConfig(cell="transformer")
+    with pytest.raises(ValueError, match="unknown mixer"):
+        LMConfig(mixer="transformer")
     with pytest.raises(ValueError, match="dropout"):
-        RNNLMConfig(dropout=1.0)
-    with pytest.raises(ValueError, match="unknown RNNLMConfig field"):
+        LMConfig(dropout=1.0)
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['n_layer'\]"):
         create("test-lstm-lm", n_layer=2)
+    with pytest.raises(ValueError, match="stacked layout has no channel MLP"):
+        create("test-lstm-lm", d_ff=64)
+    with pytest.raises(ValueError, match="tie_weights needs token inputs"):
+        create("test-lstm-lm", tie_weights=True, d_input=3)
     with pytest.raises(ValueError, match="unknown model"):
         create("no-such-model")
 
@@ -81,12 +87,12 @@ def test_registry_round_trip_and_every_parameter_gets_a_gradient():
     from seqlab.models import PRESETS
 
     for name in list_models():
-        if PRESETS[name][0] != "rnn_lm":
-            continue  # other families have their own conformance tests
+        if PRESETS[name][1].get("layout") != "stacked":
+            continue  # the char-RNN presets; other layouts have their own conformance tests
         meta = not name.startswith("test-")  # full-size presets are only built on the meta device
         model = create(name, vocab_size=13, device=torch.device("meta") if meta else None)
         assert model.config.vocab_size == 13
-        clone = build(model.family, vars(model.config), device=torch.device("meta"))
+        clone = build(model.family, dataclasses.asdict(model.config), device=torch.device("meta"))
         assert clone.config == model.config
         if not meta:
             model(torch.randint(0, 13, (2, 5))).sum().backward()
@@ -129,3 +135,20 @@ def test_generate_greedy_matches_argmax_rollout():
     assert generate(model, prompt[0], 2, temperature=0).shape == (5,)
     with pytest.raises(ValueError, match="prompt_ids"):
         model.generate(torch.tensor([[0.5]]), 2)
+
+
+def test_char_rnn_equals_torch_nn_stacked_lstm():
+    """The stacked layout is embedding -> torch.nn.LSTM(num_layers=2) -> linear head, weight for weight."""
+    torch.manual_seed(0)
+    model = create("test-lstm-lm", vocab_size=11).double().eval()
+    embed, head = torch.nn.Embedding(11, 32).double(), torch.nn.Linear(32, 11).double()
+    lstm = torch.nn.LSTM(32, 32, num_layers=2, batch_first=True).double()
+    state = {"embed.weight": embed.weight, "head.weight": head.weight, "head.bias": head.bias}
+    state.update({f"rnn.{k}": v for k, v in lstm.state_dict().items()})  # the 0.1 RNNLM's names
+    model.load_state_dict(state)
+    x = torch.randint(0, 11, (3, 8))
+    ref, (h, c) = lstm(embed(x))
+    logits, states = model(x, return_state=True)
+    torch.testing.assert_close(logits, head(ref), rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.cat([s[0] for s in states]), h, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.cat([s[1] for s in states]), c, rtol=0, atol=1e-12)

@@ -1,11 +1,11 @@
-"""Hugging Face ``GPT2LMHeadModel`` -> seqlab ``GPT`` (the default GPT-2 shape: no config change needed).
+"""Hugging Face ``GPT2LMHeadModel`` -> seqlab ``LM`` in GPT-2's shape (``seqlab.models.gpt.gpt_fields``).
 
-    transformer.wte.weight                 -> tok_embed.weight
+    transformer.wte.weight                 -> embed.weight
     transformer.wpe.weight                 -> pos_embed.weight
     transformer.h.{i}.ln_1.{weight,bias}   -> blocks.{i}.norm1.{weight,bias}
-    transformer.h.{i}.attn.c_attn.weight   -> blocks.{i}.attn.in_proj_weight     transposed: (d, 3d) -> (3d, d)
-    transformer.h.{i}.attn.c_attn.bias     -> blocks.{i}.attn.in_proj_bias       [q; k; v] in both
-    transformer.h.{i}.attn.c_proj.*        -> blocks.{i}.attn.out_proj.*         weight transposed
+    transformer.h.{i}.attn.c_attn.weight   -> blocks.{i}.mixer.in_proj_weight    transposed: (d, 3d) -> (3d, d)
+    transformer.h.{i}.attn.c_attn.bias     -> blocks.{i}.mixer.in_proj_bias       [q; k; v] in both
+    transformer.h.{i}.attn.c_proj.*        -> blocks.{i}.mixer.out_proj.*        weight transposed
     transformer.h.{i}.ln_2.*               -> blocks.{i}.norm2.*
     transformer.h.{i}.mlp.c_fc.*           -> blocks.{i}.mlp.fc1.*               weight transposed
     transformer.h.{i}.mlp.c_proj.*         -> blocks.{i}.mlp.fc2.*               weight transposed
@@ -14,7 +14,7 @@
 
 GPT-2 stores its projections as ``Conv1D`` modules whose weight is (in, out), the transpose of
 ``nn.Linear``'s (out, in): ``y = x W + b``. Every projection weight is transposed on the way in.
-Configurations seqlab's GPT cannot express are rejected with the field to change.
+Configurations seqlab's LM cannot express are rejected with the field to change.
 """
 
 from __future__ import annotations
@@ -22,15 +22,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from seqlab.models.gpt import GPT, GPTConfig
+from seqlab.models.gpt import gpt_fields
+from seqlab.models.lm import LM, LMConfig
 
 __all__ = ["convert_gpt2", "gpt2_config", "load_mapped"]
 
 _ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
 
-def gpt2_config(hf_config) -> GPTConfig:
-    """The GPTConfig equivalent to a transformers ``GPT2Config``."""
+def gpt2_config(hf_config) -> LMConfig:
+    """The LMConfig equivalent to a transformers ``GPT2Config``."""
     c = hf_config
     checks = [
         (c.activation_function in _ACT, f"activation_function={c.activation_function!r}"),
@@ -40,21 +41,19 @@ def gpt2_config(hf_config) -> GPTConfig:
     ]
     for ok, what in checks:
         if not ok:
-            raise ValueError(f"cannot convert this GPT2Config: seqlab's GPT does not support {what}")
-    return GPTConfig(
+            raise ValueError(f"cannot convert this GPT2Config: seqlab's LM does not support {what}")
+    fields = gpt_fields(
+        c.n_embd,
+        c.n_layer,
+        c.n_head,
+        c.n_positions,
         vocab_size=c.vocab_size,
-        max_seq_len=c.n_positions,
-        n_layers=c.n_layer,
-        n_heads=c.n_head,
-        d_model=c.n_embd,
         d_ff=c.n_inner,
         mlp=_ACT[c.activation_function],
-        norm="layernorm",
         norm_eps=c.layer_norm_epsilon,
-        position="learned",
-        bias=True,
         tie_weights=bool(getattr(c, "tie_word_embeddings", True)),
     )
+    return LMConfig(**fields)
 
 
 @torch.no_grad()
@@ -73,13 +72,13 @@ def load_mapped(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module
     return model
 
 
-def convert_gpt2(hf_model: nn.Module) -> GPT:
-    """seqlab GPT with the weights of a transformers ``GPT2LMHeadModel`` (same device, dtype and mode)."""
+def convert_gpt2(hf_model: nn.Module) -> LM:
+    """seqlab LM with the weights of a transformers ``GPT2LMHeadModel`` (same device, dtype and mode)."""
     config = gpt2_config(hf_model.config)
     sd = hf_model.state_dict()
     ref = sd["transformer.wte.weight"]
     out = {
-        "tok_embed.weight": ref,
+        "embed.weight": ref,
         "pos_embed.weight": sd["transformer.wpe.weight"],
         "norm.weight": sd["transformer.ln_f.weight"],
         "norm.bias": sd["transformer.ln_f.bias"],
@@ -89,18 +88,18 @@ def convert_gpt2(hf_model: nn.Module) -> GPT:
     pairs = [
         ("ln_1", "norm1", False),
         ("ln_2", "norm2", False),
-        ("attn.c_proj", "attn.out_proj", True),
+        ("attn.c_proj", "mixer.out_proj", True),
         ("mlp.c_fc", "mlp.fc1", True),
         ("mlp.c_proj", "mlp.fc2", True),
     ]
     for i in range(config.n_layers):
         src, dst = f"transformer.h.{i}.", f"blocks.{i}."
-        out[dst + "attn.in_proj_weight"] = sd[src + "attn.c_attn.weight"].t()  # Conv1D (d, 3d) -> (3d, d)
-        out[dst + "attn.in_proj_bias"] = sd[src + "attn.c_attn.bias"]
+        out[dst + "mixer.in_proj_weight"] = sd[src + "attn.c_attn.weight"].t()  # Conv1D (d, 3d) -> (3d, d)
+        out[dst + "mixer.in_proj_bias"] = sd[src + "attn.c_attn.bias"]
         for a, b, conv in pairs:
             w = sd[src + a + ".weight"]
             out[dst + b + ".weight"] = w.t() if conv else w  # Conv1D (in, out) -> Linear (out, in)
             out[dst + b + ".bias"] = sd[src + a + ".bias"]
-    model = GPT(config, device=ref.device, dtype=ref.dtype)
+    model = LM(config, device=ref.device, dtype=ref.dtype)
     load_mapped(model, out)
     return model.train(hf_model.training)

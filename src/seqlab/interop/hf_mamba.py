@@ -46,10 +46,12 @@ def mamba_config(hf_config) -> LMConfig:
         norm="rmsnorm",
         norm_eps=c.layer_norm_epsilon,
         tie_weights=bool(getattr(c, "tie_word_embeddings", True)),
-        d_state=c.state_size,
-        d_conv=c.conv_kernel,
-        expand=c.expand,
-        dt_rank=int(c.time_step_rank),
+        mixer_config={
+            "d_state": c.state_size,
+            "d_conv": c.conv_kernel,
+            "expand": c.expand,
+            "dt_rank": int(c.time_step_rank),
+        },
     )
 
 
@@ -74,11 +76,11 @@ def convert_mamba(hf_model: nn.Module) -> LM:
     ref = next(hf_model.parameters())
     model = LM(config, device=torch.device("meta"))
     state = {_rename(k): v for k, v in hf_model.state_dict().items()}
-    if config.tie_weights:
+    if config.tied:
         state.setdefault("head.weight", state["embed.weight"])
     model = model.to_empty(device=ref.device).to(ref.dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if config.tie_weights:
+    if config.tied:
         model.head.weight = model.embed.weight  # to_empty() unties; tie again
         missing = [k for k in missing if k != "head.weight"]
     if missing or unexpected:

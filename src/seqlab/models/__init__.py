@@ -2,7 +2,10 @@
 
 A family is a (config dataclass, model class) pair; a preset is a family plus literal config fields. Models
 keep their config as ``model.config`` and their family as ``model.family``, which is all a checkpoint needs
-to rebuild them (``build(family, config_dict)``).
+to rebuild them (``build(family, config_dict)``). Every causal LM is family "lm" (``seqlab.models.lm``):
+GPT, the char-RNN LMs, Mamba and S4D are its presets. For it, a mixer's own fields may be given flat
+(``create('gpt-tiny', n_heads=3)`` sets ``mixer_config['n_heads']``). Configs written by seqlab 0.1 (families
+"gpt" and "rnn_lm", the flat LM config) are upgraded on the way in (``seqlab.models.legacy``).
 """
 
 from __future__ import annotations
@@ -14,20 +17,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from seqlab.layers.mixer import mixer_spec
 from seqlab.models import encoder, gpt, lm, mamba, rnn_lm, transformer
+from seqlab.models.legacy import split_mixer_fields, upgrade_config
 
 FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
-    "rnn_lm": (rnn_lm.RNNLMConfig, rnn_lm.RNNLM),
     "lm": (lm.LMConfig, lm.LM),
-    "gpt": (gpt.GPTConfig, gpt.GPT),
     "encoder": (encoder.EncoderConfig, encoder.Encoder),
     "transformer": (transformer.TransformerConfig, transformer.Transformer),
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    **{name: ("rnn_lm", fields) for name, fields in rnn_lm.PRESETS.items()},
+    **{name: ("lm", fields) for name, fields in rnn_lm.PRESETS.items()},
     **{name: ("lm", fields) for name, fields in lm.PRESETS.items()},
     **{name: ("lm", fields) for name, fields in mamba.PRESETS.items()},
-    **{name: ("gpt", fields) for name, fields in gpt.PRESETS.items()},
+    **{name: ("lm", fields) for name, fields in gpt.PRESETS.items()},
     **{name: ("encoder", fields) for name, fields in encoder.PRESETS.items()},
     **{name: ("transformer", fields) for name, fields in transformer.PRESETS.items()},
 }
@@ -43,13 +46,21 @@ def list_models(pattern: str | None = None) -> list[str]:
 
 def make_config(family: str, fields: dict[str, Any]):
     """The family's config dataclass from a dict, rejecting unknown fields with the list of known ones."""
+    family, fields = upgrade_config(family, fields)
+    if family == "lm":
+        fields = split_mixer_fields(fields, strict=True)
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}")
     cls = FAMILIES[family][0]
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(known)}")
+        hint = ""
+        if family == "lm":
+            mixer = fields.get("mixer", "lstm")
+            own = [f.name for f in dataclasses.fields(mixer_spec(mixer).config)]
+            hint = f", nor of the {mixer!r} mixer (its fields: {own or 'none'})"
+        raise ValueError(f"unknown field(s) {unknown}: not {cls.__name__} fields {sorted(known)}{hint}")
     return cls(**fields)
 
 
@@ -59,12 +70,23 @@ def _resolve(name: str, overrides: dict[str, Any]):
             f"unknown model {name!r}; `seqlab list` shows the presets: {', '.join(list_models())}"
         )
     family, fields = PRESETS[name]
+    if family == "lm":  # the mixer's own fields merge one by one, unless the override changes the mixer
+        mixer = overrides.get("mixer", fields["mixer"])
+        base = (
+            split_mixer_fields(fields, strict=True)
+            if mixer == fields["mixer"]
+            else {**fields, "mixer_config": {}}
+        )
+        over = split_mixer_fields({"mixer": mixer, **overrides}, strict=True)
+        overrides = {**over, "mixer_config": {**base["mixer_config"], **over["mixer_config"]}}
+        fields = base
     return family, make_config(family, {**fields, **overrides})
 
 
 def build(family: str, config, device=None, dtype=None) -> nn.Module:
     """A model of ``family`` from its config (a dataclass or a dict, e.g. read from a checkpoint)."""
     if isinstance(config, dict):
+        family, config = upgrade_config(family, config)
         config = make_config(family, config)
     return FAMILIES[family][1](config, device=device, dtype=dtype)
 

@@ -1,6 +1,7 @@
-r"""Fast KV-cache decoding for :class:`seqlab.models.gpt.GPT`: the same model, stepped on the bare kernels.
+r"""Fast KV-cache decoding for attention LMs (:class:`seqlab.models.lm.LM` with the attention mixer: GPT-2,
+Llama-style): the same model, stepped on the bare kernels.
 
-``GPT.step`` is the reference: one token goes through the modules (block, attention, norms, MLP), each
+``LM.step`` is the reference: one token goes through the modules (block, attention, norms, MLP), each
 checking its input, building its state object and calling torch's kernels. At batch 1 a 4 x 256 model does
 17 matrix-vector products per token and about a hundred small ops around them, so on a CPU the Python around
 the kernels costs as much as the products. :class:`StaticCacheDecoder` does the same arithmetic with none
@@ -19,8 +20,8 @@ of it:
   from a table computed once per generation.
 
 The prompt itself is read by the model's ordinary forward (parallel, fused SDPA) and its caches are copied
-into the buffers. ``GPT.generate`` decodes through this class unless asked for ``fast=False``; the tests hold
-its logits to ``GPT.step``'s. The decoder is for one linear generation: its state is the position it has
+into the buffers. ``LM.generate`` decodes through this class unless ``LM.why_not_fast_path()`` gives a reason
+(``fast_path=False`` among them); the tests hold its logits to ``LM.step``'s. The decoder is for one linear generation: its state is the position it has
 reached, and stepping from any other position is refused rather than silently reading overwritten slots.
 """
 
@@ -32,19 +33,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.attention import MultiheadAttention, SelfAttention
 from seqlab.layers.mlp import _ACTS, MLP, SwiGLU
 from seqlab.layers.norms import LayerNorm, RMSNorm
 
-__all__ = ["StaticCacheDecoder", "why_not_fast_decode"]
+__all__ = ["StaticCacheDecoder", "why_not_static_decode"]
 
 
-def why_not_fast_decode(model) -> str | None:
-    """Why ``GPT.generate`` would step through the modules instead of this decoder, or None if it can use it.
+def why_not_static_decode(model) -> str | None:
+    """Why ``LM.generate`` would step through the modules instead of this decoder, or None if it can use it.
 
-    The decoder computes what GPT's own blocks compute, so it stands in only for them: a hook on any module
-    (which decoding would skip) or a swapped-in block part sends generation down the module path.
+    The decoder computes what a pre-norm attention block computes, so it stands in only for that: another
+    mixer, another layout, a hook on any module (which decoding would skip) or a swapped-in block part sends
+    generation down the module path.
     """
+    c = model.config
+    if c.layout != "pre-norm" or c.d_input is not None:
+        return f"the decoder reads tokens through pre-norm blocks; this model has layout={c.layout!r}" + (
+            "" if c.d_input is None else " and feature inputs"
+        )
     hooks = nn.modules.module
     if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
         return "global forward hooks are registered"
@@ -53,13 +60,15 @@ def why_not_fast_decode(model) -> str | None:
             return f"module {name or 'model'} has forward hooks"
     norms = (nn.LayerNorm, LayerNorm, RMSNorm)
     for i, blk in enumerate(model.blocks):
-        parts = (blk.norm1, blk.attn, blk.norm2, blk.mlp)
-        kinds = (norms, (MultiheadAttention,), norms, (MLP, SwiGLU))
+        parts = (blk.norm1, blk.mixer, blk.norm2, blk.mlp)
+        kinds = (norms, (MultiheadAttention, SelfAttention), norms, (MLP, SwiGLU))
         for part, kind in zip(parts, kinds, strict=True):
             if type(part) not in kind:
                 return f"block {i} has a {type(part).__name__}, which the decoder does not know"
-        if blk.attn.window is not None:
+        if blk.mixer.window is not None:
             return f"block {i} attends through a sliding window"
+        if not blk.mixer.causal:
+            return f"block {i} attends without a causal mask"
     if type(model.norm) not in norms:
         return f"the final norm is a {type(model.norm).__name__}, which the decoder does not know"
     return None
@@ -96,7 +105,7 @@ def _mlp_fn(mlp, vector: bool):
 
 
 class StaticCacheDecoder:
-    """Greedy or sampled decoding of a GPT with per-layer KV buffers of a fixed ``capacity`` (positions).
+    """Greedy or sampled decoding of an attention LM with per-layer KV buffers of a fixed ``capacity`` (positions).
 
     Speaks what :func:`seqlab.models.generation.generate` needs of a model: ``decoder(ids, return_state=True)``
     reads a prompt (b, t) and returns ``(logits (b, t, v), pos)``; ``decoder.step(ids (b,), pos)`` returns
@@ -105,13 +114,12 @@ class StaticCacheDecoder:
     """
 
     def __init__(self, model, capacity: int):
-        c = model.config
         if capacity < 1:
             raise ValueError(f"capacity must be a positive number of positions, got {capacity}")
         limit = model.context_limit
         self.model, self.capacity = model, capacity if limit is None else min(capacity, limit)
-        self.h, self.g, self.kd = c.n_heads, c.n_kv_heads or c.n_heads, c.k
-        attn = model.blocks[0].attn
+        attn = model.blocks[0].mixer
+        self.h, self.g, self.kd = attn.n_heads, attn.n_kv_heads, attn.head_dim
         self.scale = attn.scale if attn.scale is not None else 1.0 / math.sqrt(self.kd)
         self.rope = attn.rope
         self.final_norm = _norm_fn(model.norm)
@@ -123,15 +131,15 @@ class StaticCacheDecoder:
         self.layers = [
             (
                 _norm_fn(blk.norm1),
-                _proj(blk.attn.in_proj_weight, blk.attn.in_proj_bias, vector),
-                blk.attn._split_sizes(),
-                _proj(blk.attn.out_proj.weight, blk.attn.out_proj.bias, vector),
+                _proj(blk.mixer.in_proj_weight, blk.mixer.in_proj_bias, vector),
+                blk.mixer._split_sizes(),
+                _proj(blk.mixer.out_proj.weight, blk.mixer.out_proj.bias, vector),
                 _norm_fn(blk.norm2),
                 _mlp_fn(blk.mlp, vector),
             )
             for blk in self.model.blocks
         ]
-        self.head = _proj(self.model.head.weight, None, vector)
+        self.head = _proj(self.model.head.weight, self.model.head.bias, vector)
         lead = () if vector else (batch,)
         self.o_shape = (*lead, self.h * self.kd)
         self.batch = batch
@@ -185,8 +193,8 @@ class StaticCacheDecoder:
             )
         m, b = self.model, self.batch
         h, g, kd, t = self.h, self.g, self.kd, pos + 1
-        unused = m.tok_embed.weight.new_empty(())  # baddbmm's input, ignored at beta=0
-        table = m.tok_embed.weight
+        unused = m.embed.weight.new_empty(())  # baddbmm's input, ignored at beta=0
+        table = m.embed.weight
         x = table[int(ids[0])] if b == 1 else F.embedding(ids, table)  # (d,) (a row, never written) or (b, d)
         if m.pos_embed is not None:
             x = x + m.pos_embed.weight[pos]

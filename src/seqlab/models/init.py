@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
@@ -10,10 +12,14 @@ from seqlab.layers.positional import LearnedPositionalEmbedding
 
 
 @torch.no_grad()
-def normal_init_(module: nn.Module, std: float = 0.02) -> None:
+def normal_init_(module: nn.Module, std: float = 0.02, skip: Iterable[nn.Module] = ()) -> None:
     """Every linear, embedding, attention in-projection and learned position table ~ N(0, std), biases zero;
-    norms keep weight 1, bias 0. Modules are visited in ``module.modules()`` order."""
+    norms keep weight 1, bias 0. Modules are visited in ``module.modules()`` order; those in ``skip`` (and
+    their submodules) keep their own initialization."""
+    skipped = {id(m) for s in skip for m in s.modules()}
     for m in module.modules():
+        if id(m) in skipped:
+            continue
         if isinstance(m, nn.Linear | nn.Embedding):
             nn.init.normal_(m.weight, std=std)
             if getattr(m, "bias", None) is not None:

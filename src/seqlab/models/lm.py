@@ -1,214 +1,322 @@
-"""The language-model backbone shared by every token mixer.
+r"""The one causal language-model stack: every token mixer, GPT-2, Llama-style decoders, Mamba and char-RNN LMs.
 
-    tokens (b, t) -> embedding -> n_layers x [x + mixer(norm(x)); x + mlp(norm(x))] -> norm -> head -> logits
+Notation: ``b`` batch, ``t`` time, ``d`` d_model, ``v`` vocabulary (or d_output).
 
-A token mixer moves information between positions (attention, a recurrence, a state-space scan); the channel
-mixer (an MLP) works on each position alone. Swapping the mixer gives an LSTM LM, a Mamba LM, a Transformer
-LM... at parameter counts that can be matched, which is what ``seqlab compare`` relies on. Residuals are
-pre-norm (GPT-2, Radford et al. 2019): the residual stream itself is never normalized, which keeps deep
-stacks trainable without warm-up tricks.
+    x_0 = E[tokens]  (+ P[positions] with learned positions)           or  W_in features, with d_input
+    pre-norm block (GPT-2, Radford et al. 2019; Llama; Mamba; the lab):
+        x = x + mixer(norm1(x))                                          token mixer: moves information in t
+        x = x + mlp(norm2(x))                                            channel mixer; absent when d_ff = 0
+    stacked block (the char-RNN LM, Karpathy 2015; Zaremba et al. 2014):
+        x = mixer(x)                                                     no norm, no residual
+    logits = head(norm(x_L))                                             no final norm in the stacked layout
 
-Every mixer speaks one interface (see docs/design.md):
+The token mixer comes from the registry (``seqlab.layers.list_mixers``): its own fields live in
+``mixer_config``, its default block layout (with a channel MLP or without, as Mamba) in its ``MixerSpec``.
+Pre-norm residuals keep deep stacks trainable: the residual stream itself is never normalized.
 
-    y, state = mixer(x, state)          # x (b, t, d) -> y (b, t, d)
-    state = mixer.init_state(b)
-    y_t, state = mixer.step(x_t, state)  # x_t (b, d) -> y_t (b, d)
+GPT-2 is this stack with the attention mixer (biases, no RoPE), learned positions, LayerNorm, the tanh GELU
+MLP, a tied head and GPT-2's initialization (``init="gpt2"``: N(0, 0.02), and the projections that write into
+the residual stream at N(0, 0.02 / √(2 n_layers)), section 2.3 of the paper). Llama-style: RoPE inside the
+attention mixer, RMSNorm, SwiGLU, no biases, untied head. Mamba: no channel MLP, RMSNorm (MambaForCausalLM's
+layout). The char-RNN LMs: the stacked layout, torch.nn's initialization and a head with a bias.
 
-``MIXERS`` maps a mixer name to a builder ``(config) -> nn.Module``; a new family registers itself there.
+Interface (the token-mixer interface lifted to tokens):
+``model(ids (b, t), state=None, return_state=False, mask=None) -> logits (b, t, v) [, state]``,
+``init_state(b)``, ``step(ids (b,), state) -> (logits (b, v), state)``, ``generate(...)`` and
+``attention_maps(ids)`` where the mixers are attention. The state is the list of the layers' mixer states.
+
+``generate`` decodes through :class:`seqlab.models.gpt_decode.StaticCacheDecoder` (the same arithmetic on
+preallocated buffers) when ``why_not_fast_path()`` is None: every mixer is full causal attention, no hooks,
+and the model was built with ``fast_path=True``; otherwise it steps through the modules, the reference path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import torch
 from torch import Tensor, nn
 
-from seqlab.layers.attention import SelfAttention
-from seqlab.layers.linear_attention import LinearAttention
+from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
-from seqlab.layers.positional import RotaryEmbedding
-from seqlab.layers.recurrent import GRU, LSTM, RNN
-from seqlab.layers.ssm import S4D, Mamba
+from seqlab.layers.positional import LearnedPositionalEmbedding
 from seqlab.models.generation import generate
+from seqlab.models.init import normal_init_
+
+__all__ = ["LM", "Block", "LMConfig"]
 
 
 @dataclass
 class LMConfig:
     mixer: str = "lstm"
-    """Token mixer, a key of MIXERS: 'rnn', 'lstm', 'gru', ..."""
+    """Token mixer, a name from ``seqlab.layers.list_mixers()``: 'rnn', 'lstm', 'attention', 'mamba', ..."""
+    mixer_config: dict[str, Any] | None = None
+    """The mixer's own fields (its config dataclass in the registry), e.g. {'n_heads': 8}; None: defaults."""
     vocab_size: int = 256
     d_model: int = 128
     n_layers: int = 2
+    layout: Literal["pre-norm", "stacked"] = "pre-norm"
+    """'pre-norm': norm -> mixer -> residual, norm -> MLP -> residual; 'stacked': the mixers alone (char-RNN)."""
     d_ff: int | None = None
-    """Hidden width of the channel mixer; None means 4 * d_model, 0 means no channel mixer."""
-    mlp: str = "gelu"
-    """Channel mixer: 'gelu', 'relu' (MLP) or 'swiglu'."""
-    norm: str = "layernorm"
-    """'layernorm' or 'rmsnorm'."""
+    """Hidden width of the channel MLP; None: 4 * d_model if the mixer's block has one (not Mamba's), 0: none."""
+    mlp: Literal["gelu", "gelu_tanh", "relu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float | None = None
+    """Epsilon of every norm; None means the norm's default (1e-5 LayerNorm, 1e-6 RMSNorm)."""
+    bias: bool = True
+    """Biases on the MLP projections and the LayerNorms (GPT-2: yes; Llama: no). The mixer has its own."""
+    position: Literal["none", "learned"] = "none"
+    """Absolute positions added to the embeddings: a learned table of max_seq_len rows (GPT-2), or none."""
+    max_seq_len: int = 1024
+    """Size of the learned position table, and then the longest context; unused without it."""
     dropout: float = 0.0
-    tie_weights: bool = True
-    """Share the embedding with the output head (Press & Wolf 2017)."""
+    """Dropout on the embeddings, the residual branches (and inside attention and S4D); training only."""
+    tie_weights: bool | None = None
+    """Share the embedding with the head (Press & Wolf 2017); None: tie when inputs and outputs are tokens."""
+    head_bias: bool = False
+    init: Literal["default", "gpt2", "torch"] = "default"
+    """'default': embedding N(0, 0.02) (a tied head starts with small logits), the rest as each layer does;
+    'gpt2': GPT-2's scheme (module docstring); 'torch': every layer's torch.nn initialization."""
     d_input: int | None = None
     """If set, inputs are float features (b, t, d_input) read through a linear layer instead of token ids."""
     d_output: int | None = None
     """Output size of the head; None means vocab_size."""
-    max_seq_len: int = 1024
-    """Longest context for mixers that need one (positions, KV cache); recurrent mixers ignore it."""
-    n_heads: int = 4
-    n_kv_heads: int | None = None
-    window: int | None = None
-    """Attention: sliding-window size (each position sees itself and the window - 1 before); None: all."""
-    rope_base: float = 10000.0
-    """Attention: the RoPE base θ (Su et al. 2021); 10000 as in the paper and Llama 2, 500000 in Llama 3."""
-    d_state: int = 16
-    d_conv: int = 4
-    expand: int = 2
-    dt_rank: int | None = None
-    """Mamba: rank of the Δ projection; None means ceil(d_model / 16), as in the paper."""
-    norm_eps: float | None = None
-    """Epsilon of every norm; None means the norm's default (1e-5 LayerNorm, 1e-6 RMSNorm). HF Mamba: 1e-5."""
 
     def __post_init__(self):
-        if self.mixer not in MIXERS:
-            raise ValueError(f"unknown mixer {self.mixer!r}; known mixers: {', '.join(sorted(MIXERS))}")
-        for name in ("vocab_size", "d_model", "n_layers"):
+        for name, hint in get_type_hints(LMConfig).items():
+            choices = get_args(hint) if get_origin(hint) is Literal else ()
+            if choices and getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        for name in ("vocab_size", "d_model", "n_layers", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.mlp not in ("gelu", "relu", "swiglu"):
-            raise ValueError(f"mlp must be 'gelu', 'relu' or 'swiglu', got {self.mlp!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.tie_weights and (self.d_input is not None or self.d_output is not None):
-            self.tie_weights = False  # nothing to tie: inputs or outputs are not the vocabulary
+        if self.layout == "stacked" and self.d_ff:
+            raise ValueError(f"the stacked layout has no channel MLP; got d_ff={self.d_ff}")
+        if self.tie_weights and not self._tokens_in_and_out:
+            raise ValueError(
+                "tie_weights needs token inputs and next-token outputs (d_input = d_output = None)"
+            )
+        self.mixer_config = dataclasses.asdict(make_mixer_config(self.mixer, self.mixer_config))
+
+    @property
+    def _tokens_in_and_out(self) -> bool:
+        return self.d_input is None and self.d_output is None
+
+    @property
+    def tied(self) -> bool:
+        return self._tokens_in_and_out if self.tie_weights is None else self.tie_weights
 
     @property
     def ff_width(self) -> int:
-        return 4 * self.d_model if self.d_ff is None else self.d_ff
-
-
-def _lstm_mixer(d_model: int) -> LSTM:
-    """An LSTM mixer whose forget gate starts open: bias +1 (Gers et al. 2000; Jozefowicz et al. 2015).
-
-    torch.nn's init (all biases U(-1/√H, 1/√H)) starts with f ≈ σ(0) = 1/2, so memory decays as 2^-t until
-    training opens the gate; starting at σ(1) ≈ 0.73 lets long-range gradients through from step one. The
-    layer itself keeps torch.nn's init, so that it stays a drop-in; only this backbone mixer deviates.
-    """
-    lstm = LSTM(d_model, d_model)
-    with torch.no_grad():
-        lstm.bias_ih_l0[d_model : 2 * d_model].fill_(1.0)  # gates stacked [i, f, g, o]
-        lstm.bias_hh_l0[d_model : 2 * d_model].zero_()
-    return lstm
-
-
-MIXERS: dict[str, Callable[[LMConfig], nn.Module]] = {
-    "rnn": lambda c: RNN(c.d_model, c.d_model),
-    "lstm": lambda c: _lstm_mixer(c.d_model),
-    "gru": lambda c: GRU(c.d_model, c.d_model),
-    # causal softmax attention; RoPE inside, so the backbone needs no absolute positions; state: a KV cache
-    "attention": lambda c: SelfAttention(
-        c.d_model,
-        c.n_heads,
-        c.n_kv_heads,
-        bias=False,
-        dropout=c.dropout,
-        causal=True,
-        window=c.window,
-        rope=RotaryEmbedding(c.d_model // c.n_heads, base=c.rope_base),
-    ),
-    # causal linear attention (elu + 1 features); state: (S, z), O(1) per step
-    "linear-attention": lambda c: LinearAttention(c.d_model, c.n_heads, causal=True),
-    "s4d": lambda c: S4D(c.d_model, c.d_state, dropout=c.dropout),
-    "mamba": lambda c: Mamba(c.d_model, c.d_state, c.d_conv, c.expand, dt_rank=c.dt_rank),
-}
+        if self.layout == "stacked":
+            return 0
+        if self.d_ff is not None:
+            return self.d_ff
+        return 4 * self.d_model if mixer_spec(self.mixer).channel_mlp else 0
 
 
 class Block(nn.Module):
-    """x + mixer(norm(x)), then x + mlp(norm(x)). Carries the mixer's state."""
+    """One layer: pre-norm ``x + mixer(norm1(x)); x + mlp(norm2(x))``, or stacked ``mixer(x)``."""
 
-    def __init__(self, config: LMConfig):
+    def __init__(self, c: LMConfig, device=None, dtype=None):
         super().__init__()
-        c = config
-        self.norm1 = make_norm(c.norm, c.d_model, eps=c.norm_eps)
-        self.mixer = MIXERS[c.mixer](c)
+        kw = {"device": device, "dtype": dtype}
+        self.residual = c.layout == "pre-norm"
+        self.norm1 = (
+            make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias, **kw) if self.residual else None
+        )
+        spec = mixer_spec(c.mixer)
+        self.mixer = spec.build(
+            c.d_model, make_mixer_config(c.mixer, c.mixer_config), dropout=c.dropout, **kw
+        )
         self.drop = nn.Dropout(c.dropout)
         self.norm2 = self.mlp = None
         if c.ff_width > 0:
-            self.norm2 = make_norm(c.norm, c.d_model, eps=c.norm_eps)
+            self.norm2 = make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias, **kw)
             if c.mlp == "swiglu":
-                self.mlp = SwiGLU(c.d_model, c.ff_width, dropout=c.dropout)
+                self.mlp = SwiGLU(c.d_model, c.ff_width, bias=c.bias, dropout=c.dropout, **kw)
             else:
-                self.mlp = MLP(c.d_model, c.ff_width, activation=c.mlp, dropout=c.dropout)
+                self.mlp = MLP(c.d_model, c.ff_width, activation=c.mlp, bias=c.bias, dropout=c.dropout, **kw)
 
-    def _channel(self, x: Tensor) -> Tensor:
+    def mixer_input(self, x: Tensor) -> Tensor:
+        return self.norm1(x) if self.residual else x
+
+    def combine(self, x: Tensor, y: Tensor) -> Tensor:
+        """The block's output from its input x and the mixer's output y."""
+        if not self.residual:
+            return self.drop(y)
+        x = x + self.drop(y)
         return x if self.mlp is None else x + self.mlp(self.norm2(x))
 
-    def forward(self, x: Tensor, state: Any = None) -> tuple[Tensor, Any]:
-        y, state = self.mixer(self.norm1(x), state)  # (b, t, d)
-        return self._channel(x + self.drop(y)), state
+    def forward(self, x: Tensor, state: Any = None, mask: Tensor | None = None) -> tuple[Tensor, Any]:
+        kw = {} if mask is None else {"mask": mask}
+        y, state = self.mixer(self.mixer_input(x), state, **kw)  # (b, t, d)
+        return self.combine(x, y), state
 
     def step(self, x_t: Tensor, state: Any) -> tuple[Tensor, Any]:
-        y, state = self.mixer.step(self.norm1(x_t), state)  # (b, d)
-        return self._channel(x_t + y), state
+        y, state = self.mixer.step(self.mixer_input(x_t), state)  # (b, d)
+        return self.combine(x_t, y), state
+
+    def residual_projections(self) -> list[nn.Linear]:
+        """The layers that write into the residual stream (GPT-2 scales their initialization)."""
+        out = [self.mixer.out_proj] if isinstance(self.mixer, MultiheadAttention) else []
+        if self.mlp is not None:
+            out.append(self.mlp.down if isinstance(self.mlp, SwiGLU) else self.mlp.fc2)
+        return out
 
 
 class LM(nn.Module):
-    """The mixer backbone as a causal language model (or a sequence model over features)."""
+    """The causal LM stack (see the module docstring). ``fast_path`` allows the static-cache decoder.
+
+    Examples::
+
+        >>> model = LM(LMConfig(mixer="gru", vocab_size=32, d_model=16))
+        >>> model(torch.randint(0, 32, (2, 5))).shape
+        torch.Size([2, 5, 32])
+    """
 
     family = "lm"
 
-    def __init__(self, config: LMConfig, device=None, dtype=None):
+    def __init__(self, config: LMConfig, device=None, dtype=None, fast_path: bool = True):
         super().__init__()
         self.config = c = config
+        self.fast_path = fast_path
+        kw = {"device": device, "dtype": dtype}
         if c.d_input is None:
-            self.embed = nn.Embedding(c.vocab_size, c.d_model)
+            self.embed = nn.Embedding(c.vocab_size, c.d_model, **kw)
         else:
-            self.embed = nn.Linear(c.d_input, c.d_model)
+            self.embed = nn.Linear(c.d_input, c.d_model, **kw)
+        self.pos_embed = (
+            LearnedPositionalEmbedding(c.max_seq_len, c.d_model, **kw) if c.position == "learned" else None
+        )
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
-        self.norm = make_norm(c.norm, c.d_model, eps=c.norm_eps)
-        self.head = nn.Linear(c.d_model, c.d_output or c.vocab_size, bias=False)
-        if c.d_input is None:  # N(0, 0.02) as GPT-2: with tied weights, N(0, 1) would start with huge logits
-            nn.init.normal_(self.embed.weight, std=0.02)
-        if c.tie_weights:
+        self.blocks = nn.ModuleList(Block(c, **kw) for _ in range(c.n_layers))
+        self.norm = (
+            make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias, **kw)
+            if c.layout == "pre-norm"
+            else None
+        )
+        self.head = nn.Linear(c.d_model, c.d_output or c.vocab_size, bias=c.head_bias, **kw)
+        if c.tied:
             self.head.weight = self.embed.weight
-        if device is not None or dtype is not None:
-            self.to(device=device, dtype=dtype)
+        self.reset_parameters()
+        self.register_load_state_dict_pre_hook(_legacy_keys_hook)
 
-    def _embed(self, x: Tensor) -> Tensor:
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        c = self.config
+        if c.init == "default" and c.d_input is None:  # N(0, 0.02) as GPT-2: tied, N(0, 1) gives huge logits
+            nn.init.normal_(self.embed.weight, std=0.02)
+        elif c.init == "gpt2":
+            other_mixers = [b.mixer for b in self.blocks if not isinstance(b.mixer, MultiheadAttention)]
+            normal_init_(self, std=0.02, skip=other_mixers)  # a recurrent or SSM mixer keeps its own init
+            resid_std = 0.02 / math.sqrt(2 * c.n_layers)
+            for block in self.blocks:
+                for proj in block.residual_projections():
+                    nn.init.normal_(proj.weight, std=resid_std)
+
+    # ---- reading ------------------------------------------------------------------------------------------
+
+    def _embed(self, x: Tensor, offset: int) -> Tensor:
         c = self.config
         if c.d_input is None and x.is_floating_point():
             raise ValueError(f"expected token ids (integer tensor), got {x.dtype}; set d_input for features")
         if c.d_input is not None and x.size(-1) != c.d_input:
             raise ValueError(f"expected features of shape (..., d_input={c.d_input}), got {tuple(x.shape)}")
-        return self.drop(self.embed(x))
+        h = self.embed(x)  # (b, t) -> (b, t, d), or (b,) -> (b, d)
+        if self.pos_embed is not None:
+            h = self.pos_embed(h if h.dim() == 3 else h[:, None], offset).view_as(
+                h
+            )  # + P[offset : offset + t]
+        return self.drop(h)
 
-    def forward(self, x: Tensor, state: list | None = None, return_state: bool = False):
-        """x (b, t) token ids [or (b, t, d_input)] -> logits (b, t, vocab) [and the per-layer states]."""
-        h = self._embed(x)  # (b, t, d)
+    def _offset(self, state: list | None) -> int:
+        """Positions already in the state: only learned positions need it, and attention's cache counts them."""
+        if self.pos_embed is None or not state:
+            return 0
+        pos = getattr(state[0], "pos", None)
+        if pos is None:
+            raise ValueError(
+                f"learned positions need a state that counts positions; {self.config.mixer}'s does not"
+            )
+        return int(pos)
+
+    def forward(
+        self, x: Tensor, state: list | None = None, return_state: bool = False, mask: Tensor | None = None
+    ):
+        """x (b, t) token ids [or (b, t, d_input)] -> logits (b, t, v) [and the per-layer states].
+
+        ``mask`` (b, t) bool, True at real positions (right padding): passed to every mixer.
+        """
+        if x.dim() != (2 if self.config.d_input is None else 3):
+            raise ValueError(
+                f"expected inputs of shape (b, t){'' if self.config.d_input is None else ' + (d_input,)'}, got {tuple(x.shape)}"
+            )
+        h = self._embed(x, self._offset(state))  # (b, t, d)
         states = [None] * len(self.blocks) if state is None else state
         new = []
         for block, s in zip(self.blocks, states, strict=True):
-            h, s = block(h, s)
+            h, s = block(h, s, mask)
             new.append(s)
-        logits = self.head(self.norm(h))  # (b, t, d) -> (b, t, vocab)
+        logits = self.head(self._final_norm(h))  # (b, t, d) -> (b, t, v)
         return (logits, new) if return_state else logits
 
-    def init_state(self, batch_size: int) -> list:
-        return [b.mixer.init_state(batch_size) for b in self.blocks]
+    def _final_norm(self, h: Tensor) -> Tensor:
+        return h if self.norm is None else self.norm(h)
+
+    def init_state(self, batch_size: int, *, device=None, dtype=None) -> list:
+        return [b.mixer.init_state(batch_size, device=device, dtype=dtype) for b in self.blocks]
 
     def step(self, x_t: Tensor, state: list | None = None) -> tuple[Tensor, list]:
-        """x_t (b,) token ids [or (b, d_input)] -> logits (b, vocab), new states."""
-        h = self._embed(x_t)  # (b, d)
-        states = self.init_state(h.size(0)) if state is None else state
+        """x_t (b,) token ids [or (b, d_input)] -> logits (b, v), new states: O(1) for RNN/SSM, O(t) attention."""
+        p = self.head.weight
+        states = self.init_state(x_t.size(0), device=p.device, dtype=p.dtype) if state is None else state
+        h = self._embed(x_t, self._offset(states))  # (b, d)
         new = []
         for block, s in zip(self.blocks, states, strict=True):
             h, s = block.step(h, s)
             new.append(s)
-        return self.head(self.norm(h)), new
+        return self.head(self._final_norm(h)), new
+
+    @property
+    def context_limit(self) -> int | None:
+        """Positions the model can hold: max_seq_len with learned positions; otherwise unbounded."""
+        return self.config.max_seq_len if self.pos_embed is not None else None
+
+    @torch.no_grad()
+    def attention_maps(self, ids: Tensor, layers: list[int] | None = None) -> dict[int, Tensor]:
+        """The attention weights (b, h, t, t) of the chosen layers (all by default) for ids (b, t)."""
+        n = len(self.blocks)
+        layers = list(range(n)) if layers is None else layers
+        bad = [i for i in layers if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"layers {bad} out of range: the model has {n} layers (0 ... {n - 1})")
+        if not isinstance(self.blocks[0].mixer, MultiheadAttention):
+            raise ValueError(
+                f"a {self.config.mixer} mixer has no attention weights; an attention model is needed"
+            )
+        h, maps = self._embed(ids, 0), {}
+        for i, block in enumerate(self.blocks[: max(layers, default=-1) + 1]):
+            y, _, maps[i] = block.mixer(block.mixer_input(h), need_weights=True)
+            h = block.combine(h, y)
+        return {i: maps[i] for i in layers}
+
+    # ---- generation ---------------------------------------------------------------------------------------
+
+    def why_not_fast_path(self) -> str | None:
+        """Why ``generate`` would step through the modules instead of the static-cache decoder, or None."""
+        if not self.fast_path:
+            return "fast_path=False was set on this model"
+        from seqlab.models.gpt_decode import why_not_static_decode
+
+        return why_not_static_decode(self)
 
     def generate(
         self,
@@ -219,13 +327,42 @@ class LM(nn.Module):
         top_p: float | None = None,
         generator: torch.Generator | None = None,
     ) -> Tensor:
-        return generate(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)
+        """Prompt (b, t) or (t,) -> prompt + continuation; ``temperature=0`` is greedy.
+
+        With learned positions the context slides past ``max_seq_len`` (see ``seqlab.models.generation``).
+        """
+        model = self
+        if self.why_not_fast_path() is None:
+            from seqlab.models.gpt_decode import StaticCacheDecoder
+
+            t = prompt_ids.size(-1) if prompt_ids.dim() else 1
+            model = StaticCacheDecoder(self, capacity=t + max(max_new_tokens, 1))
+        return generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)
 
 
-PRESETS = {
+def _legacy_keys_hook(module: LM, state_dict: dict, prefix: str, *args) -> None:
+    """Rename the weights of checkpoints written before the one-stack LM (GPT, RNNLM) to this stack's names."""
+    from seqlab.models.legacy import rename_legacy_keys
+
+    rename_legacy_keys(state_dict, prefix, tied=module.config.tied)
+
+
+# The mixer backbone at test size, one per mixer family member (the lab builds its own at matched budgets).
+PRESETS: dict[str, dict[str, Any]] = {
     "test-lm-lstm": {"mixer": "lstm", "d_model": 32, "n_layers": 2},
     "test-lm-gru": {"mixer": "gru", "d_model": 32, "n_layers": 2},
     "test-lm-rnn": {"mixer": "rnn", "d_model": 32, "n_layers": 2},
-    "test-lm-attention": {"mixer": "attention", "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2},
-    "test-lm-linear-attention": {"mixer": "linear-attention", "d_model": 32, "n_layers": 2, "n_heads": 4},
+    "test-lm-attention": {
+        "mixer": "attention",
+        "mixer_config": {"n_heads": 4, "n_kv_heads": 2},
+        "d_model": 32,
+        "n_layers": 2,
+    },
+    "test-lm-linear-attention": {
+        "mixer": "linear-attention",
+        "mixer_config": {"n_heads": 4},
+        "d_model": 32,
+        "n_layers": 2,
+    },
 }
+"""Family "lm" presets: literal LMConfig fields."""

@@ -21,15 +21,20 @@ from __future__ import annotations
 
 from typing import Any
 
-_MAMBA = {"mixer": "mamba", "d_ff": 0, "norm": "rmsnorm", "d_state": 16, "d_conv": 4, "expand": 2}
-_S4D = {"mixer": "s4d", "mlp": "gelu", "norm": "rmsnorm", "d_state": 64}
+_MAMBA = {
+    "mixer": "mamba",
+    "d_ff": 0,
+    "norm": "rmsnorm",
+    "mixer_config": {"d_state": 16, "d_conv": 4, "expand": 2},
+}
+_S4D = {"mixer": "s4d", "mlp": "gelu", "norm": "rmsnorm", "mixer_config": {"d_state": 64}}
 
 PRESETS: dict[str, dict[str, Any]] = {
     "mamba-tiny": {**_MAMBA, "d_model": 128, "n_layers": 12},
     "mamba-small": {**_MAMBA, "d_model": 256, "n_layers": 12},
     "s4d-tiny": {**_S4D, "d_model": 128, "n_layers": 8},
     "s4d-small": {**_S4D, "d_model": 256, "n_layers": 8},
-    "test-mamba": {**_MAMBA, "d_model": 32, "n_layers": 2, "d_state": 8},
-    "test-s4d": {**_S4D, "d_model": 32, "n_layers": 2, "d_state": 8},
+    "test-mamba": {**_MAMBA, "d_model": 32, "n_layers": 2, "mixer_config": {"d_state": 8}},
+    "test-s4d": {**_S4D, "d_model": 32, "n_layers": 2, "mixer_config": {"d_state": 8}},
 }
 """Family "lm" presets: literal LMConfig fields."""
