@@ -33,6 +33,7 @@ from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.norms import LayerNorm
 from seqlab.layers.transformer_blocks import TransformerEncoderLayer
 from seqlab.models.init import normal_init_
+from seqlab.validation import check_choices, check_divisible, check_dropout, check_positive_ints
 
 __all__ = [
     "PRESETS",
@@ -66,15 +67,10 @@ class EncoderConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
-        if self.activation not in ("gelu", "gelu_tanh", "relu"):
-            raise ValueError(f"activation must be 'gelu', 'gelu_tanh' or 'relu', got {self.activation!r}")
-        for name in ("vocab_size", "max_seq_len", "n_layers", "n_heads", "d_model"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_choices(self)
+        check_positive_ints(self, ("vocab_size", "max_seq_len", "n_layers", "n_heads", "d_model"))
+        check_divisible(self.d_model, self.n_heads)
+        check_dropout(self)
 
     @property
     def ff_width(self) -> int:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -47,6 +47,7 @@ from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import LearnedPositionalEmbedding
 from seqlab.models.generation import generate
 from seqlab.models.init import normal_init_
+from seqlab.validation import check_choices, check_dropout, check_positive_floats, check_positive_ints
 
 __all__ = ["LM", "Block", "LMConfig"]
 
@@ -88,15 +89,15 @@ class LMConfig:
     """Output size of the head; None means vocab_size."""
 
     def __post_init__(self):
-        for name, hint in get_type_hints(LMConfig).items():
-            choices = get_args(hint) if get_origin(hint) is Literal else ()
-            if choices and getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
-        for name in ("vocab_size", "d_model", "n_layers", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_choices(self)
+        check_positive_ints(self, ("vocab_size", "d_model", "n_layers", "max_seq_len"))
+        check_positive_ints(self, ("d_input", "d_output"), allow_none=True)
+        check_positive_floats(self, ("norm_eps",), allow_none=True)
+        check_dropout(self)
+        if self.d_ff is not None and (
+            isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int) or self.d_ff < 0
+        ):
+            raise ValueError(f"d_ff must be an integer >= 0 (0: no channel MLP) or None, got {self.d_ff!r}")
         if self.layout == "stacked" and self.d_ff:
             raise ValueError(f"the stacked layout has no channel MLP; got d_ff={self.d_ff}")
         if self.tie_weights and not self._tokens_in_and_out:
@@ -318,16 +319,9 @@ class LM(nn.Module):
 
         return why_not_static_decode(self)
 
-    def generate(
-        self,
-        prompt_ids: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Tensor:
-        """Prompt (b, t) or (t,) -> prompt + continuation; ``temperature=0`` is greedy.
+    def generate(self, prompt_ids: Tensor, max_new_tokens: int, **sampling) -> Tensor:
+        """Prompt (b, t) or (t,) -> prompt + continuation. ``sampling``: temperature (0 is greedy), top_k, top_p,
+        generator, as in :func:`seqlab.models.generation.generate`.
 
         With learned positions the context slides past ``max_seq_len`` (see ``seqlab.models.generation``).
         """
@@ -337,7 +331,7 @@ class LM(nn.Module):
 
             t = prompt_ids.size(-1) if prompt_ids.dim() else 1
             model = StaticCacheDecoder(self, capacity=t + max(max_new_tokens, 1))
-        return generate(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)
+        return generate(model, prompt_ids, max_new_tokens, **sampling)
 
 
 def _legacy_keys_hook(module: LM, state_dict: dict, prefix: str, *args) -> None:

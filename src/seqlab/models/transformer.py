@@ -34,6 +34,13 @@ from seqlab.layers.attention import KVCache, MultiheadAttention
 from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.positional import SinusoidalPositionalEncoding
 from seqlab.layers.transformer_blocks import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer
+from seqlab.validation import (
+    check_choices,
+    check_divisible,
+    check_dropout,
+    check_positive_floats,
+    check_positive_ints,
+)
 
 __all__ = ["PRESETS", "Transformer", "TransformerConfig"]
 
@@ -60,17 +67,19 @@ class TransformerConfig:
     eos_id: int = 2
 
     def __post_init__(self):
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        check_choices(self)
+        check_positive_ints(
+            self, ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff")
+        )
+        check_positive_ints(self, ("tgt_vocab_size",), allow_none=True)
+        check_positive_floats(self, ("norm_eps",))
+        check_divisible(self.d_model, self.n_heads)
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
             raise ValueError(
                 "share_embeddings needs one vocabulary: set tgt_vocab_size=None (or equal to vocab_size), "
                 "or share_embeddings=False"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_dropout(self)
 
     @property
     def target_vocab(self) -> int:

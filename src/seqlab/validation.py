@@ -1,0 +1,65 @@
+"""Shared validators for config dataclasses: one check and one message per kind of field.
+
+Every config's ``__post_init__`` calls these instead of writing its own copies, so a mistake reads the same
+wherever it is made: the field, what was expected, what came.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+__all__ = [
+    "check_choices",
+    "check_divisible",
+    "check_dropout",
+    "check_positive_floats",
+    "check_positive_ints",
+]
+
+
+@functools.cache
+def _choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    hints = get_type_hints(cls)
+    return {name: get_args(h) for name, h in hints.items() if get_origin(h) is Literal}
+
+
+def check_choices(obj: Any, prefix: str = "") -> None:
+    """Every ``Literal[...]`` field of a dataclass instance holds one of its choices."""
+    for name, choices in _choices(type(obj)).items():
+        if getattr(obj, name) not in choices:
+            raise ValueError(f"{prefix}{name} must be one of {choices}, got {getattr(obj, name)!r}")
+
+
+def check_positive_ints(obj: Any, names: tuple[str, ...], prefix: str = "", allow_none: bool = False) -> None:
+    """Each field is an integer >= 1 (None passes when ``allow_none``)."""
+    for name in names:
+        v = getattr(obj, name)
+        if v is None and allow_none:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{prefix}{name} must be a positive integer, got {v!r}")
+
+
+def check_positive_floats(
+    obj: Any, names: tuple[str, ...], prefix: str = "", allow_none: bool = False
+) -> None:
+    """Each field is a finite number > 0 (None passes when ``allow_none``)."""
+    for name in names:
+        v = getattr(obj, name)
+        if v is None and allow_none:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{prefix}{name} must be a positive finite number, got {v!r}")
+
+
+def check_dropout(obj: Any, name: str = "dropout", prefix: str = "") -> None:
+    v = getattr(obj, name)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v < 1.0:
+        raise ValueError(f"{prefix}{name} must be a probability in [0, 1), got {v!r}")
+
+
+def check_divisible(d_model: int, n_heads: int, hint: str = "") -> None:
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}{hint}")
