@@ -319,9 +319,11 @@ class LM(nn.Module):
 
         return why_not_static_decode(self)
 
-    def generate(self, prompt_ids: Tensor, max_new_tokens: int, **sampling) -> Tensor:
-        """Prompt (b, t) or (t,) -> prompt + continuation. ``sampling``: temperature (0 is greedy), top_k, top_p,
-        generator, as in :func:`seqlab.models.generation.generate`.
+    def generate(
+        self, prompt_ids: Tensor, max_new_tokens: int, temperature: float = 1.0, **sampling
+    ) -> Tensor:
+        """Prompt (b, t) or (t,) -> prompt + continuation. ``temperature=0`` is greedy; ``sampling``: top_k,
+        top_p, generator, as in :func:`seqlab.models.generation.generate`.
 
         With learned positions the context slides past ``max_seq_len`` (see ``seqlab.models.generation``).
         """
@@ -331,7 +333,7 @@ class LM(nn.Module):
 
             t = prompt_ids.size(-1) if prompt_ids.dim() else 1
             model = StaticCacheDecoder(self, capacity=t + max(max_new_tokens, 1))
-        return generate(model, prompt_ids, max_new_tokens, **sampling)
+        return generate(model, prompt_ids, max_new_tokens, temperature, **sampling)
 
 
 def _legacy_keys_hook(module: LM, state_dict: dict, prefix: str, *args) -> None:
