@@ -99,3 +99,22 @@ def test_every_registered_mixer_builds_a_language_model(mixer):
     model.train()
     model(x).logsumexp(-1).mean().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_bad_inputs_get_clear_errors_at_the_boundary():
+    model = create("test-gpt", vocab_size=11)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 11\).*from 0 to 11"):
+        model(torch.tensor([[0, 11]]))
+    with pytest.raises(ValueError, match="from -1"):
+        model.step(torch.tensor([-1]))
+    with pytest.raises(ValueError, match="integer tensor"):
+        model(torch.tensor([[True, False]]))
+    with pytest.raises(ValueError, match="one entry per layer"):
+        model(torch.tensor([[1, 2]]), state=model.init_state(1)[:1])
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate(torch.tensor([1, 2]), 0, top_p=-0.1)  # checked even when nothing is drawn
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.tensor([1, 2]), 2.5)
+    features = create("test-lm-gru", d_input=3, d_output=1)
+    with pytest.raises(ValueError, match="dtype torch.float32"):
+        features(torch.randn(2, 4, 3, dtype=torch.float64))

@@ -15,6 +15,26 @@ import torch
 from torch import Tensor
 
 
+def check_token_ids(ids: Tensor, vocab_size: int) -> None:
+    """Token ids must be integers in [0, vocab_size): a clear error here instead of an IndexError in embedding."""
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"expected token ids (an integer tensor), got {ids.dtype}; set d_input for features")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(
+            f"token ids must be in [0, {vocab_size}) for a vocabulary of {vocab_size}; "
+            f"got values from {int(ids.min())} to {int(ids.max())}"
+        )
+
+
+def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not temperature >= 0:  # NaN fails too
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
 def sample_next(
     logits: Tensor,
     temperature: float = 1.0,
@@ -28,12 +48,7 @@ def sample_next(
     smallest set whose probability mass reaches p. Both filters may be combined; the most likely token
     always survives.
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be a positive integer, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    _check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -62,8 +77,9 @@ def generate(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """prompt_ids (b, t) or (t,) long -> (b, t + max_new_tokens): the prompt followed by the continuation."""
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    _check_sampling(temperature, top_k, top_p)  # before any work, even when no token is drawn
     squeeze = prompt_ids.dim() == 1
     ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
     if ids.dim() != 2 or ids.size(1) == 0 or ids.dtype != torch.long:

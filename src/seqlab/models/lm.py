@@ -45,7 +45,7 @@ from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import LearnedPositionalEmbedding
-from seqlab.models.generation import generate
+from seqlab.models.generation import check_token_ids, generate
 from seqlab.models.init import normal_init_
 from seqlab.validation import check_choices, check_dropout, check_positive_floats, check_positive_ints
 
@@ -227,15 +227,17 @@ class LM(nn.Module):
 
     def _embed(self, x: Tensor, offset: int) -> Tensor:
         c = self.config
-        if c.d_input is None and x.is_floating_point():
-            raise ValueError(f"expected token ids (integer tensor), got {x.dtype}; set d_input for features")
-        if c.d_input is not None and x.size(-1) != c.d_input:
-            raise ValueError(f"expected features of shape (..., d_input={c.d_input}), got {tuple(x.shape)}")
+        if c.d_input is None:
+            check_token_ids(x, c.vocab_size)
+        elif x.size(-1) != c.d_input or x.dtype != self.embed.weight.dtype:
+            w = self.embed.weight
+            raise ValueError(
+                f"expected features (..., d_input={c.d_input}) of the model's dtype {w.dtype}, "
+                f"got {tuple(x.shape)} {x.dtype}"
+            )
         h = self.embed(x)  # (b, t) -> (b, t, d), or (b,) -> (b, d)
-        if self.pos_embed is not None:
-            h = self.pos_embed(h if h.dim() == 3 else h[:, None], offset).view_as(
-                h
-            )  # + P[offset : offset + t]
+        if self.pos_embed is not None:  # + P[offset : offset + t]
+            h = self.pos_embed(h if h.dim() == 3 else h[:, None], offset).view_as(h)
         return self.drop(h)
 
     def _offset(self, state: list | None) -> int:
@@ -261,13 +263,21 @@ class LM(nn.Module):
                 f"expected inputs of shape (b, t){'' if self.config.d_input is None else ' + (d_input,)'}, got {tuple(x.shape)}"
             )
         h = self._embed(x, self._offset(state))  # (b, t, d)
-        states = [None] * len(self.blocks) if state is None else state
+        states = [None] * len(self.blocks) if state is None else self._check_state(state)
         new = []
         for block, s in zip(self.blocks, states, strict=True):
             h, s = block(h, s, mask)
             new.append(s)
         logits = self.head(self._final_norm(h))  # (b, t, d) -> (b, t, v)
         return (logits, new) if return_state else logits
+
+    def _check_state(self, state: list) -> list:
+        if not isinstance(state, list | tuple) or len(state) != len(self.blocks):
+            got = f"{len(state)} entries" if isinstance(state, list | tuple) else type(state).__name__
+            raise ValueError(
+                f"expected a state with one entry per layer ({len(self.blocks)}), as init_state makes; got {got}"
+            )
+        return state
 
     def _final_norm(self, h: Tensor) -> Tensor:
         return h if self.norm is None else self.norm(h)
@@ -279,6 +289,7 @@ class LM(nn.Module):
         """x_t (b,) token ids [or (b, d_input)] -> logits (b, v), new states: O(1) for RNN/SSM, O(t) attention."""
         p = self.head.weight
         states = self.init_state(x_t.size(0), device=p.device, dtype=p.dtype) if state is None else state
+        self._check_state(states)
         h = self._embed(x_t, self._offset(states))  # (b, d)
         new = []
         for block, s in zip(self.blocks, states, strict=True):
