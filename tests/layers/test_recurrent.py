@@ -141,11 +141,9 @@ def test_matches_torch_nn(kind, num_layers, bidirectional, bias, b, with_lengths
     state = random_state(kind, num_layers * (1 + bidirectional), b, gen) if with_state else None
 
     want = outputs_and_grads(lambda x, s: torch_forward(theirs, x, s, lengths), theirs, x, state)
-    fast = outputs_and_grads(lambda x, s: ours(x, s, lengths), ours, x, state)
-    assert ours.last_path == "fast"
+    fast = outputs_and_grads(lambda x, s: ours(x, s, lengths=lengths), ours, x, state)
     assert_same(fast, want)
     ref = outputs_and_grads(lambda x, s: ours_ref(x, s, lengths=lengths), ours_ref, x, state)
-    assert ours_ref.last_path == "ref"
     assert_same(ref, want)
     if with_lengths:  # padded positions output exactly zero
         pad = torch.arange(T)[None, :] >= lengths[:, None]  # (b, t)
@@ -163,8 +161,9 @@ def test_matches_torch_nn_time_major(kind, bidirectional, with_lengths):
     lengths = unsorted_lengths(3, T, gen) if with_lengths else None
     state = random_state(kind, 2 * (1 + bidirectional), 3, gen)
     want = outputs_and_grads(lambda x, s: torch_forward(theirs, x, s, lengths), theirs, x, state)
-    assert_same(outputs_and_grads(lambda x, s: ours(x, s, lengths), ours, x, state), want)
-    assert_same(outputs_and_grads(lambda x, s: ours.forward_ref(x, s, lengths), ours, x, state), want)
+    mask = None if lengths is None else torch.arange(T)[None, :] < lengths[:, None]  # (b, t), batch-first
+    assert_same(outputs_and_grads(lambda x, s: ours(x, s, lengths=lengths), ours, x, state), want)
+    assert_same(outputs_and_grads(lambda x, s: ours.forward_ref(x, s, mask), ours, x, state), want)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -219,8 +218,8 @@ def test_fast_and_ref_agree_in_float32(kind):
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(4, 9, IN, generator=gen)
     lengths = unsorted_lengths(4, 9, gen)
-    fast = outputs_and_grads(lambda x, s: ours(x, s, lengths), ours, x, None)
-    ref = outputs_and_grads(lambda x, s: ours.forward_ref(x, s, lengths), ours, x, None)
+    fast = outputs_and_grads(lambda x, s: ours(x, s, lengths=lengths), ours, x, None)
+    ref = outputs_and_grads(lambda x, s: ours.forward_ref(x, s, lengths=lengths), ours, x, None)
     assert fast.keys() == ref.keys()
     for key in fast:
         torch.testing.assert_close(
@@ -228,35 +227,40 @@ def test_fast_and_ref_agree_in_float32(kind):
         )
 
 
+def _refuse(*args, **kwargs):
+    raise AssertionError("this path must not run")
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_paths_are_reported(kind):
+def test_forward_takes_the_path_that_why_not_fast_path_announces(kind, monkeypatch):
     ours = make_ours(kind)
     x = torch.randn(2, T, IN, dtype=F64)
     assert ours.why_not_fast_path(x) is None
-    ours(x)
-    assert ours.last_path == "fast"
-    ours.forward_ref(x)
-    assert ours.last_path == "ref"
+    want, _ = ours.forward_ref(x)
+    monkeypatch.setattr(ours, "_forward_ref", _refuse)  # the fast path needs no reference loop
+    torch.testing.assert_close(ours(x)[0], want, **TOL)
     off = make_ours(kind, fast_path=False)
     assert "fast_path=False" in off.why_not_fast_path(x)
-    off(x)
-    assert off.last_path == "ref"
+    monkeypatch.setattr(off, "_forward_fast", _refuse)  # ... and fast_path=False never calls the kernel
+    torch.testing.assert_close(off(x)[0], want, **TOL)
 
 
 class _Tagged(Tensor):
     """A tensor subclass: it carries __torch_function__, which the fused kernel does not honour."""
 
 
-def test_tensor_subclass_takes_the_reference_path_and_says_why(caplog):
+def test_tensor_subclass_takes_the_reference_path_and_says_why_once(caplog, monkeypatch):
+    monkeypatch.setattr("seqlab.layers.fastpath._logged", set())
     ours = make_ours("lstm")
     x = torch.randn(2, T, IN, dtype=F64)
     tagged = x.as_subclass(_Tagged)
     assert "subclass" in ours.why_not_fast_path(tagged)
+    monkeypatch.setattr(ours, "_forward_fast", _refuse)
     with caplog.at_level("INFO", logger="seqlab.layers.recurrent"):
         y, _ = ours(tagged)
-    assert ours.last_path == "ref"
-    assert "subclass" in caplog.text
-    torch.testing.assert_close(y.as_subclass(Tensor), ours(x)[0], **TOL)
+        ours(tagged)
+    assert caplog.text.count("subclass") == 1
+    torch.testing.assert_close(y.as_subclass(Tensor), ours.forward_ref(x)[0], **TOL)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
@@ -393,6 +397,47 @@ def test_full_lengths_equal_no_lengths(kind):
         torch.testing.assert_close(y_len, y, **TOL)
         for a, c in zip(parts(s_len), parts(s), strict=True):
             torch.testing.assert_close(a, c, **TOL)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("path", ["forward", "forward_ref"])
+def test_mask_equals_lengths(kind, path):
+    """mask (b, t), True at real positions, is the token-mixer spelling of lengths; batch-first either way."""
+    ours = make_ours(kind, num_layers=2, bidirectional=True, batch_first=False)
+    gen = torch.Generator().manual_seed(2)
+    lengths = unsorted_lengths(3, T, gen)
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # (b, t)
+    x = torch.randn(T, 3, IN, generator=gen, dtype=F64)
+    run = getattr(ours, path)
+    (y, s), (y_len, s_len) = run(x, mask=mask), run(x, lengths=lengths)
+    torch.testing.assert_close(y, y_len, **TOL)
+    for a, c in zip(parts(s), parts(s_len), strict=True):
+        torch.testing.assert_close(a, c, **TOL)
+    unbatched = make_ours(kind)
+    x1 = torch.randn(T, IN, generator=gen, dtype=F64)
+    y1, _ = getattr(unbatched, path)(x1, mask=torch.arange(T) < 4)  # unbatched: a (t,) mask
+    torch.testing.assert_close(y1[:4], getattr(unbatched, path)(x1[:4])[0], **TOL)
+
+
+@pytest.mark.parametrize("method", ["forward", "forward_ref"])
+def test_bad_masks(method):
+    run = getattr(make_ours("lstm"), method)
+    x = torch.randn(2, T, IN, dtype=F64)
+    mask = torch.ones(2, T, dtype=torch.bool)
+    with pytest.raises(ValueError, match="mask or as lengths, not both"):
+        run(x, mask=mask, lengths=torch.tensor([T, T]))
+    with pytest.raises(ValueError, match=r"\(b, t\) = \(2, 6\).*got torch.bool of shape \(2, 5\)"):
+        run(x, mask=mask[:, 1:])
+    with pytest.raises(ValueError, match=r"got torch.int64"):
+        run(x, mask=mask.long())
+    left = mask.clone()
+    left[1, :2] = False
+    with pytest.raises(ValueError, match=r"right-padded.*row 1"):
+        run(x, mask=left)
+    empty = mask.clone()
+    empty[0] = False
+    with pytest.raises(ValueError, match="at least one real position"):
+        run(x, mask=empty)
 
 
 # ---- state, initialisation ----------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ broadcastable to ``(b, h, t_q, t_k)``:
 * :func:`sliding_window_mask` ``(t_q, t_k)``: the causal mask restricted to the last ``window`` keys
   (Longformer/Mistral-style local attention), or a symmetric band when ``causal=False``.
 * :func:`padding_mask` ``(b, t)`` from lengths, :func:`key_padding_mask` ``(b, 1, 1, t_k)`` for keys.
+* :func:`check_padding_mask`: the token mixers' ``mask`` argument, (b, t), True at real positions, padding
+  on the right; validated once, with an error that says what was expected.
 * :func:`combine_masks`: logical AND of any number of masks (``None`` means "no restriction").
 
 A query row whose mask is all ``False`` has nothing to attend to; seqlab's attention returns zeros for it.
@@ -26,6 +28,7 @@ from torch import Tensor
 
 __all__ = [
     "causal_mask",
+    "check_padding_mask",
     "combine_masks",
     "from_torch_mask",
     "key_padding_mask",
@@ -79,6 +82,31 @@ def padding_mask(lengths: Tensor | list[int], max_len: int | None = None, device
         raise ValueError(f"lengths must be 1-D (b,), got shape {tuple(lengths.shape)}")
     t = int(lengths.max()) if max_len is None else max_len
     return torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)  # (b, t)
+
+
+def check_padding_mask(mask: Tensor, b: int, t: int, device=None) -> Tensor | None:
+    """Validate a token mixer's padding mask and return it on ``device``, or None when no position is padding.
+
+    The mask is (b, t) boolean, True at real positions, padding on the right: every row is a run of True then
+    a run of False. A ValueError says what was expected and what came. Costs one host sync.
+    """
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (b, t):
+        got = (
+            f"{mask.dtype} of shape {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+        )
+        raise ValueError(
+            f"mask must be a boolean tensor of shape (b, t) = {(b, t)}, True at real positions; got {got}"
+        )
+    mask = mask.to(device) if device is not None else mask
+    starts_again = mask[:, 1:] & ~mask[:, :-1]  # (b, t - 1): a real position right after padding
+    left_padded, all_real = torch.stack([starts_again.any(), mask.all()]).tolist()
+    if left_padded:
+        row, pos = (int(i) for i in starts_again.nonzero()[0])
+        raise ValueError(
+            "mask must be right-padded (each row True at its real positions, then False), but row "
+            f"{row} has a real position at {pos + 1} after padding; move the padding to the end"
+        )
+    return None if all_real else mask
 
 
 def key_padding_mask(mask_or_lengths: Tensor | list[int], max_len: int | None = None) -> Tensor:

@@ -1,0 +1,347 @@
+r"""The machinery shared by seqlab's RNN, LSTM and GRU (``seqlab.layers.recurrent``, where the equations are).
+
+Notation: ``b`` batch, ``t`` time, ``H`` hidden size, ``L`` layers, ``D`` directions (1 or 2), ``G`` gates.
+
+Parameters are torch.nn's (``weight_ih_l{k}[_reverse]`` ...), the state is torch.nn's ``(L * D, b, H)``.
+Two paths (``seqlab.layers.fastpath``): ``_forward_fast`` calls the fused kernel that torch.nn calls (through
+``pack_padded_sequence`` when some sequence is padded); ``_forward_ref`` loops over time, holding the state at
+padded positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from seqlab.layers.fastpath import FastPathMixin
+from seqlab.layers.masks import check_padding_mask
+
+State = Tensor | tuple[Tensor, Tensor]
+
+__all__ = ["RNNBase", "State"]
+
+
+class RNNBase(FastPathMixin, nn.Module):
+    """What RNN, LSTM and GRU share: torch.nn's parameters and state layout, input checks, the two paths.
+
+    A subclass sets ``mode`` (the fused kernel's name in ``torch._VF``), ``n_gates`` and ``_update`` (one step
+    of its recurrence, from ``seqlab.layers.recurrent_cells``); see ``seqlab.layers.recurrent``.
+    """
+
+    mode: str = ""  # name of the fused kernel in torch._VF
+    n_gates: int = 1
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = True,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        *,
+        fast_path: bool = True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if input_size <= 0 or hidden_size <= 0 or num_layers <= 0:
+            raise ValueError(
+                f"input_size, hidden_size and num_layers must be positive, got "
+                f"{input_size}, {hidden_size}, {num_layers}"
+            )
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1], got {dropout}")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
+        self.bidirectional = bidirectional
+        self.num_directions = 2 if bidirectional else 1
+        self.fast_path = fast_path
+        kw = {"device": device, "dtype": dtype}
+        g = self.n_gates * hidden_size
+        self._flat_names: list[str] = []
+        for layer in range(num_layers):
+            layer_in = input_size if layer == 0 else hidden_size * self.num_directions
+            for suffix in ("", "_reverse")[: self.num_directions]:
+                names = [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
+                setattr(self, names[0], nn.Parameter(torch.empty(g, layer_in, **kw)))
+                setattr(self, names[1], nn.Parameter(torch.empty(g, hidden_size, **kw)))
+                if bias:
+                    names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
+                    setattr(self, names[2], nn.Parameter(torch.empty(g, **kw)))
+                    setattr(self, names[3], nn.Parameter(torch.empty(g, **kw)))
+                self._flat_names += names
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """U(-1/√H, 1/√H) for every weight and bias, as torch.nn does."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            nn.init.uniform_(p, -bound, bound)
+
+    @property
+    def _flat_weights(self) -> list[Tensor]:
+        return [getattr(self, n) for n in self._flat_names]
+
+    def _layer_params(self, layer: int, reverse: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        s = f"l{layer}{'_reverse' if reverse else ''}"
+        if self.bias:
+            return (
+                getattr(self, f"weight_ih_{s}"),
+                getattr(self, f"weight_hh_{s}"),
+                getattr(self, f"bias_ih_{s}"),
+                getattr(self, f"bias_hh_{s}"),
+            )
+        return getattr(self, f"weight_ih_{s}"), getattr(self, f"weight_hh_{s}"), None, None
+
+    # ---- state -------------------------------------------------------------------------------------------
+
+    def init_state(self, batch_size: int, *, device=None, dtype=None) -> State:
+        """Zeros in torch.nn's layout: ``h`` (or ``(h, c)`` for LSTM) of shape (L * D, b, H).
+
+        ``device`` and ``dtype`` default to the parameters'.
+        """
+        p = self.weight_ih_l0
+        shape = (self.num_layers * self.num_directions, batch_size, self.hidden_size)
+        h = torch.zeros(shape, device=device or p.device, dtype=dtype or p.dtype)
+        return (h, h.clone()) if self.mode == "LSTM" else h
+
+    def _check_state(self, state: State, x: Tensor, b: int, unbatched: bool) -> None:
+        shape = (self.num_layers * self.num_directions, b, self.hidden_size)
+        if unbatched:
+            shape = (shape[0], shape[2])
+        if self.mode == "LSTM" and not (isinstance(state, tuple | list) and len(state) == 2):
+            raise ValueError(
+                f"LSTM state must be a pair (h, c), each of shape {shape}, got {type(state).__name__}"
+            )
+        parts = state if self.mode == "LSTM" else (state,)
+        for name, s in zip("hc", parts, strict=False):
+            if not isinstance(s, Tensor) or tuple(s.shape) != shape:
+                got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
+                layout = "num_layers * num_directions, " + ("" if unbatched else "b, ") + "hidden_size"
+                raise ValueError(
+                    f"{type(self).__name__} state {name} must have shape ({layout}) = {shape}, got {got}"
+                )
+            if s.dtype != x.dtype or s.device != x.device:
+                raise ValueError(
+                    f"{type(self).__name__} state {name} is {s.dtype} on {s.device} but x is "
+                    f"{x.dtype} on {x.device}; move the state with .to(x)"
+                )
+
+    # ---- input checks ------------------------------------------------------------------------------------
+
+    def _check_lengths(self, lengths: Tensor | list[int], b: int, t: int) -> Tensor | None:
+        lengths = torch.as_tensor(lengths)
+        integral = not (lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool)
+        if lengths.dim() != 1 or lengths.numel() != b or not integral:
+            raise ValueError(
+                f"lengths must be an integer tensor of shape (b,) = ({b},), got "
+                f"{lengths.dtype} of shape {tuple(lengths.shape)}"
+            )
+        if b == 0:
+            return None  # an empty batch has nothing to mask
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 1:
+            raise ValueError(f"every length must be at least 1, got a length of {lo}")
+        if hi > t:
+            raise ValueError(f"lengths cannot exceed the sequence length t={t}, got a length of {hi}")
+        return lengths
+
+    def _mask_lengths(self, mask: Tensor, b: int, t: int, unbatched: bool) -> Tensor | None:
+        """A padding mask (b, t), or (t,) for an unbatched sequence, as lengths (b,); None if nothing is padded."""
+        mask = mask.unsqueeze(0) if unbatched and isinstance(mask, Tensor) and mask.dim() == 1 else mask
+        mask = check_padding_mask(mask, b, t)
+        if mask is None:
+            return None
+        lengths = mask.sum(1)  # (b,): right padding, so the number of real positions is the length
+        if not bool(lengths.all()):
+            raise ValueError("every sequence needs at least one real position, got a mask row of all False")
+        return lengths
+
+    def _prepare(
+        self, x: Tensor, state: State | None, mask: Tensor | None, lengths: Tensor | None
+    ) -> tuple[Tensor, State, Tensor | None, bool]:
+        """Validate the inputs of a forward; return x, state (zeros if None) and lengths, batched."""
+        layout = "(b, t, input_size)" if self.batch_first else "(t, b, input_size)"
+        if x.dim() not in (2, 3) or x.size(-1) != self.input_size:
+            raise ValueError(
+                f"{type(self).__name__} expects x of shape {layout} (or unbatched (t, input_size)) with "
+                f"input_size={self.input_size}, got {tuple(x.shape)}"
+            )
+        unbatched = x.dim() == 2  # torch.nn also accepts a single unbatched sequence (t, input_size)
+        if unbatched:
+            x = x.unsqueeze(0 if self.batch_first else 1)
+        b, t = (x.size(0), x.size(1)) if self.batch_first else (x.size(1), x.size(0))
+        if t == 0:
+            raise ValueError(
+                f"{type(self).__name__} needs at least one time step, got x of shape {tuple(x.shape)}"
+            )
+        if mask is not None and lengths is not None:
+            raise ValueError("give the padding as mask or as lengths, not both")
+        if mask is not None:
+            lengths = self._mask_lengths(mask, b, t, unbatched)
+        elif lengths is not None:
+            lengths = self._check_lengths(lengths, b, t)
+        if state is None:
+            return x, self.init_state(b, device=x.device, dtype=x.dtype), lengths, unbatched
+        self._check_state(state, x, b, unbatched)
+        if unbatched:
+            state = tuple(s.unsqueeze(1) for s in state) if self.mode == "LSTM" else state.unsqueeze(1)
+        return x, (tuple(state) if self.mode == "LSTM" else state), lengths, unbatched
+
+    def _finish(self, out: Tensor, state: State, unbatched: bool) -> tuple[Tensor, State]:
+        if unbatched:
+            out = out.squeeze(0 if self.batch_first else 1)
+            state = tuple(s.squeeze(1) for s in state) if self.mode == "LSTM" else state.squeeze(1)
+        return out, state
+
+    # ---- the two paths ------------------------------------------------------------------------------------
+
+    def why_not_fast_path(self, x: Tensor | None = None) -> str | None:
+        """Why ``forward`` would use the reference path for this input, or None if the fused kernel is used."""
+        if (reason := super().why_not_fast_path(x)) is not None:
+            return reason
+        if x is not None and torch.overrides.has_torch_function((x,)):  # the fused kernel would bypass them
+            return "the input is a tensor subclass or carries __torch_function__ overrides"
+        return None
+
+    def forward(
+        self,
+        x: Tensor,
+        state: State | None = None,
+        mask: Tensor | None = None,
+        *,
+        lengths: Tensor | None = None,
+    ) -> tuple[Tensor, State]:
+        """x (b, t, input_size) -> output (b, t, D * H), state (L * D, b, H) [or (h, c) for LSTM].
+
+        ``mask`` (b, t) boolean, True at real positions, padding on the right; or ``lengths`` (b,), any order
+        and device: positions at or beyond a sequence's length are padding. A single unbatched sequence
+        (t, input_size) with state (L * D, H) works too, as in torch.nn (its mask, if any, is (t,)).
+        """
+        x, state, lengths, unbatched = self._prepare(x, state, mask, lengths)
+        if self._take_fast_path(x):
+            return self._finish(*self._forward_fast(x, state, lengths), unbatched)
+        return self._finish(*self._forward_ref(x, state, lengths), unbatched)
+
+    def forward_ref(
+        self,
+        x: Tensor,
+        state: State | None = None,
+        mask: Tensor | None = None,
+        *,
+        lengths: Tensor | None = None,
+    ) -> tuple[Tensor, State]:
+        """The reference path, whatever ``fast_path`` says: the equations as a loop over time."""
+        x, state, lengths, unbatched = self._prepare(x, state, mask, lengths)
+        return self._finish(*self._forward_ref(x, state, lengths), unbatched)
+
+    def _forward_fast(self, x: Tensor, state: State, lengths: Tensor | None) -> tuple[Tensor, State]:
+        kernel = getattr(torch._VF, self.mode.lower())
+        hx = state if self.mode == "LSTM" else (state,)
+        args = (
+            self._flat_weights,
+            self.bias,
+            self.num_layers,
+            self.dropout,
+            self.training,
+            self.bidirectional,
+        )
+        if lengths is None:
+            res = kernel(x, hx if self.mode == "LSTM" else hx[0], *args, self.batch_first)
+            return res[0], ((res[1], res[2]) if self.mode == "LSTM" else res[1])
+        t = x.size(1) if self.batch_first else x.size(0)
+        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=self.batch_first, enforce_sorted=False)
+        hx = tuple(s.index_select(1, packed.sorted_indices) for s in hx)  # states follow the sorted order
+        res = kernel(packed.data, packed.batch_sizes, hx if self.mode == "LSTM" else hx[0], *args)
+        out = PackedSequence(res[0], packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices)
+        out, _ = pad_packed_sequence(out, batch_first=self.batch_first, total_length=t)
+        final = tuple(s.index_select(1, packed.unsorted_indices) for s in res[1:])
+        return out, (final if self.mode == "LSTM" else final[0])
+
+    def _forward_ref(self, x: Tensor, state: State, lengths: Tensor | None) -> tuple[Tensor, State]:
+        x = x.transpose(0, 1) if self.batch_first else x  # (t, b, in): the loop walks the leading dimension
+        t = x.size(0)
+        hs = [s.unbind(0) for s in (state if self.mode == "LSTM" else (state,))]  # each L * D x (b, H)
+        keep = None
+        if lengths is not None:
+            # keep[t, j] is True where position t is real for sequence j: (t, b, 1)
+            keep = (torch.arange(t, device=x.device)[:, None] < lengths.to(x.device)[None, :]).unsqueeze(-1)
+            # padding never enters the arithmetic, so whatever fills it (even NaN) cannot reach a gradient
+            x = x.masked_fill(~keep, 0.0)
+        finals: list[list[Tensor]] = [[] for _ in hs]
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(self.num_directions):
+                k = layer * self.num_directions + d
+                y, last = self._direction_ref(x, tuple(s[k] for s in hs), layer, d == 1, keep)
+                outs.append(y)
+                for f, s in zip(finals, last, strict=True):
+                    f.append(s)
+            x = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # (t, b, D * H)
+            if keep is not None:
+                x = x.masked_fill(~keep, 0.0)  # padded positions output zero
+            if layer < self.num_layers - 1 and self.dropout > 0:
+                x = F.dropout(x, self.dropout, self.training)
+        out = x.transpose(0, 1) if self.batch_first else x
+        new = tuple(torch.stack(f) for f in finals)  # (L * D, b, H)
+        return out, (new if self.mode == "LSTM" else new[0])
+
+    def _direction_ref(
+        self, x: Tensor, state: tuple[Tensor, ...], layer: int, reverse: bool, keep: Tensor | None
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One layer, one direction. x (t, b, in) -> y (t, b, H) and the final state."""
+        w_ih, w_hh, b_ih, b_hh = self._layer_params(layer, reverse)
+        fold = self.mode != "GRU" and self.bias  # RNN/LSTM: fold b_hh into the input projection
+        gx = F.linear(x, w_ih, b_ih + b_hh if fold else b_ih)  # (t, b, in) x (in, G*H) -> (t, b, G*H)
+        # unbind, not gx[i]: one autograd node for all t slices. Indexing per step would make the backward
+        # build a zero-filled (t, b, G*H) gradient for every step, O(t²) time in the sequence length.
+        gx_steps = gx.unbind(0)  # t x (b, G*H)
+        keep_steps = keep.unbind(0) if keep is not None else None  # t x (b, 1)
+        w_hh_t = w_hh.t()  # (H, G*H), transposed once here rather than at every step
+        b_rec = b_hh if self.mode == "GRU" else None  # GRU: b_hn sits inside r ⊙ (...), so it cannot fold
+        ys: list[Tensor] = [None] * x.size(0)  # type: ignore[list-item]
+        for i in range(x.size(0) - 1, -1, -1) if reverse else range(x.size(0)):
+            new = self._update(gx_steps[i], state, w_hh_t, b_rec)
+            if keep_steps is not None:  # padding: hold the state
+                new = tuple(torch.where(keep_steps[i], n, s) for n, s in zip(new, state, strict=True))
+            ys[i] = new[0]
+            state = new
+        return torch.stack(ys), state
+
+    def _update(
+        self, gx: Tensor, state: tuple[Tensor, ...], w_hh_t: Tensor, b_hh: Tensor | None
+    ) -> tuple[Tensor, ...]:
+        """One step: gx (b, G*H), state parts (b, H) -> new state parts; the first is the output."""
+        raise NotImplementedError
+
+    # ---- one position at a time ---------------------------------------------------------------------------
+
+    def step(self, x_t: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        """One position: x_t (b, input_size) -> y_t (b, H), new state. O(1) in the number of past steps."""
+        if self.bidirectional:
+            raise ValueError("step() needs a unidirectional layer: a bidirectional one reads the future")
+        if x_t.dim() != 2 or x_t.size(1) != self.input_size:
+            raise ValueError(f"step expects x_t of shape (b, {self.input_size}), got {tuple(x_t.shape)}")
+        x = x_t.unsqueeze(1) if self.batch_first else x_t.unsqueeze(0)
+        y, state = self.forward(x, state)
+        return (y[:, 0] if self.batch_first else y[0]), state
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
+        if not self.bias:
+            s += ", bias=False"
+        if not self.batch_first:
+            s += ", batch_first=False"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        if not self.fast_path:
+            s += ", fast_path=False"
+        return s
