@@ -284,6 +284,56 @@ def test_linear_attention_forms_and_padding():
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, 6:] = False
     torch.testing.assert_close(nc(x, mask=mask)[0][1, :6], nc(x[1:, :6])[0][0])
+    # the non-causal reference writes the (t, t) weights out; with a carried state both agree too
+    s0 = nc(torch.randn(2, 3, 16, dtype=torch.float64))[1]
+    (y, (S, z)), (y_ref, (S_ref, z_ref)) = nc(x, s0, mask), nc.forward_ref(x, s0, mask)
+    for got, want in ((y, y_ref), (S, S_ref), (z, z_ref)):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("this path must not run")
+
+
+@pytest.mark.parametrize("kind", ["softmax", "linear"])
+def test_fast_path_flag_and_forward_ref(kind, monkeypatch):
+    """forward_ref is the written-out path whatever fast_path says; fast_path=False makes forward take it."""
+    m = _mixer(kind)
+    x = torch.randn(2, 7, 16, dtype=torch.float64, requires_grad=True)
+    mask = torch.arange(7)[None, :] < torch.tensor([7, 4])[:, None]
+    assert m.why_not_fast_path(x) is None
+    (y, _), (y_ref, _) = m(x, mask=mask), m.forward_ref(x, mask=mask)
+    g, g_ref = (torch.autograd.grad(out.square().sum(), x)[0] for out in (y, y_ref))
+    torch.testing.assert_close(y, y_ref, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(g, g_ref, atol=1e-10, rtol=1e-10)
+    fast = "seqlab.layers.attention.scaled_dot_product_attention"
+    if kind == "linear":
+        fast = "seqlab.layers.linear_attention.linear_attention_causal"
+    monkeypatch.setattr(fast, _refuse)
+    with pytest.raises(AssertionError, match="must not run"):
+        m(x)
+    m.fast_path = False
+    assert "fast_path=False" in m.why_not_fast_path(x) and "fast_path=False" in repr(m)
+    torch.testing.assert_close(m(x, mask=mask)[0], y_ref, atol=0, rtol=0)
+
+
+def test_self_attention_padding_mask_and_attention_mask():
+    """SelfAttention's mask is the token mixer's (b, t) padding mask; attn_mask is MultiheadAttention's."""
+    torch.manual_seed(0)
+    sa = SelfAttention(16, 4, causal=False).double().eval()
+    mha = MultiheadAttention(16, 4, causal=False).double().eval()
+    mha.load_state_dict(sa.state_dict())
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    pad = torch.arange(6)[None, :] < torch.tensor([6, 4])[:, None]  # (b, t)
+    y, _ = sa(x, mask=pad)
+    torch.testing.assert_close(y[1, :4], sa(x[1:, :4])[0][0])  # not causal, yet padded keys are unseen
+    torch.testing.assert_close(y, mha(x.masked_fill(~pad[..., None], 0.0), mask=key_padding_mask(pad))[0])
+    band = sliding_window_mask(6, window=2, causal=False)
+    torch.testing.assert_close(sa(x, attn_mask=band)[0], mha(x, mask=band)[0])
+    both = sa(x, mask=pad, attn_mask=band)[0]
+    torch.testing.assert_close(both[1, :4], sa(x[1:, :4], attn_mask=band[:4, :4])[0][0])
+    with pytest.raises(ValueError, match=r"\(b, t\) = \(2, 6\)"):
+        sa(x, mask=key_padding_mask(pad))  # a (b, 1, 1, t) attention mask goes to attn_mask
 
 
 @pytest.mark.parametrize("cls", ["additive", "dot", "general"])

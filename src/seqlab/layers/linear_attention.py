@@ -8,6 +8,11 @@ Notation: ``b`` batch, ``t`` time, ``d`` model width, ``h`` heads, ``k`` head di
 The recurrent form updates (S, z) one position at a time: O(1) state and work per step. The parallel form
 computes the same numbers chunk by chunk: inside a chunk of c positions the masked quadratic form
 (φ(Q) φ(K)ᵀ ⊙ causal) V, across chunks the carried (S, z); O(t c k + t k²) work, no (t, k, k) tensor.
+The chunked form is :class:`LinearAttention`'s fast path and the recurrent one its reference
+(``forward_ref``, ``fast_path=False``; ``seqlab.layers.fastpath``).
+
+A padding ``mask`` (b, t), True at real positions, padding on the right, zeroes the padded inputs and their
+keys φ(k): (S, z) sum over the real positions only, so each sequence's outputs and state are its own.
 """
 
 from __future__ import annotations
@@ -18,9 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.fastpath import FastPathMixin
+from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
 
-__all__ = ["LinearAttention", "linear_attention_causal", "linear_attention_recurrent_ref"]
+__all__ = [
+    "LinearAttention",
+    "linear_attention_causal",
+    "linear_attention_noncausal_ref",
+    "linear_attention_recurrent_ref",
+]
 
 
 def _elu1(x: Tensor) -> Tensor:
@@ -77,7 +89,22 @@ def linear_attention_recurrent_ref(
     return torch.stack(outs, dim=2), (S, z)
 
 
-class LinearAttention(nn.Module):
+def linear_attention_noncausal_ref(
+    q: Tensor, k: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None = None, eps: float = 1e-6
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Non-causal linear attention with the weights written out: y_i = Σ_j (φ(q_i)·φ(k_j)) v_j / (Σ_j φ(q_i)·φ(k_j)
+    + eps), every j, plus a carried state's φ(q_i)ᵀ S_0 and φ(q_i)ᵀ z_0. Shapes as :func:`linear_attention_causal`."""
+    w = q @ k.transpose(-2, -1)  # (b, h, t, k) x (b, h, k, t) -> (b, h, t, t)
+    num, den = w @ v, w.sum(-1, keepdim=True)  # (b, h, t, e), (b, h, t, 1)
+    S, z = k.transpose(-2, -1) @ v, k.sum(-2)  # the state after all positions: (b, h, k, e), (b, h, k)
+    if state is not None:
+        num = num + q @ state[0]  # (b, h, t, k) x (b, h, k, e)
+        den = den + q @ state[1].unsqueeze(-1)  # (b, h, t, k) x (b, h, k, 1)
+        S, z = S + state[0], z + state[1]
+    return num / (den + eps), (S, z)
+
+
+class LinearAttention(FastPathMixin, nn.Module):
     r"""Multi-head linear attention (Katharopoulos et al. 2020, arXiv 2006.16236), a token mixer.
 
         q, k, v = x W_q, x W_k, x W_v  (b, h, t, k);   φ(u) = elu(u) + 1
@@ -86,10 +113,22 @@ class LinearAttention(nn.Module):
         out = [y_1; ...; y_h] W_o
 
     ``y, (S, z) = attn(x, state=None, mask=None)``: x (b, t, d); state S (b, h, k, k), z (b, h, k): the O(1)
-    summary of the past that ``step`` updates per position. ``mask`` (b, t) boolean, True at real tokens:
-    padded keys contribute nothing (their φ(k) is zeroed). The forward pass uses the chunked parallel form
-    (:func:`linear_attention_causal`); ``forward_ref`` is the recurrent form. Parameters are laid out like
-    :class:`MultiheadAttention`'s (``in_proj_weight`` stacks [W_q; W_k; W_v], ``out_proj``).
+    summary of the past that ``step`` updates per position (a carried state adds to both sums).
+    ``mask`` (b, t) boolean, True at real positions, padding on the right: padded inputs are zeroed and their
+    φ(k) too, so padded keys add nothing to S and z; the outputs at real positions and the returned (S, z)
+    equal those of each sequence run alone. Parameters are laid out like :class:`MultiheadAttention`'s
+    (``in_proj_weight`` stacks [W_q; W_k; W_v], ``out_proj``).
+
+    Two paths (``seqlab.layers.fastpath``): ``forward`` uses the chunked parallel form
+    (:func:`linear_attention_causal`; non-causal: the sums as two products); ``forward_ref`` (and
+    ``fast_path=False``) the recurrent form position by position (non-causal: the t x t weights written out).
+
+    Examples::
+
+        >>> attn = LinearAttention(16, n_heads=2)
+        >>> y, (S, z) = attn(torch.randn(3, 7, 16))
+        >>> y.shape, S.shape, z.shape
+        (torch.Size([3, 7, 16]), torch.Size([3, 2, 8, 8]), torch.Size([3, 2, 8]))
     """
 
     def __init__(
@@ -103,6 +142,8 @@ class LinearAttention(nn.Module):
         chunk_size: int = 64,
         device=None,
         dtype=None,
+        *,
+        fast_path: bool = True,
     ):
         super().__init__()
         if head_dim is None:
@@ -113,7 +154,7 @@ class LinearAttention(nn.Module):
             head_dim = d_model // n_heads
         kw = {"device": device, "dtype": dtype}
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
-        self.causal, self.eps, self.chunk_size = causal, eps, chunk_size
+        self.causal, self.eps, self.chunk_size, self.fast_path = causal, eps, chunk_size, fast_path
         self.in_proj_weight = nn.Parameter(torch.empty(3 * n_heads * head_dim, d_model, **kw))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * n_heads * head_dim, **kw)) if bias else None
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias, **kw)
@@ -125,25 +166,27 @@ class LinearAttention(nn.Module):
             nn.init.zeros_(self.in_proj_bias)
         self.out_proj.reset_parameters()
 
-    def init_state(self, batch_size: int, device=None, dtype=None) -> tuple[Tensor, Tensor]:
+    def init_state(self, batch_size: int, *, device=None, dtype=None) -> tuple[Tensor, Tensor]:
+        """Zeros: S (b, h, k, k), z (b, h, k); ``device`` and ``dtype`` default to the parameters'."""
         w = self.in_proj_weight
         kw = {"device": device or w.device, "dtype": dtype or w.dtype}
         h, kd = self.n_heads, self.head_dim
         return torch.zeros(batch_size, h, kd, kd, **kw), torch.zeros(batch_size, h, kd, **kw)
 
     def _features(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """x (b, t, d) -> φ(q), φ(k), v, each (b, h, t, k); padded positions contribute no key."""
         if x.dim() != 3 or x.size(-1) != self.d_model:
             raise ValueError(f"expected x of shape (b, t, {self.d_model}), got {tuple(x.shape)}")
         b, t, _ = x.shape
+        if mask is not None:
+            mask = check_padding_mask(mask, b, t, x.device)
+        if mask is not None:
+            x = x.masked_fill(~mask[..., None], 0.0)  # padded inputs (even NaN) never enter a product
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, d) -> (b, t, 3 h k)
         qkv = qkv.view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, b, h, t, k)
         q, k, v = _elu1(qkv[0]), _elu1(qkv[1]), qkv[2]
         if mask is not None:
-            if mask.shape != (b, t) or mask.dtype != torch.bool:
-                raise ValueError(
-                    f"mask must be boolean (b, t) = {(b, t)}, True at real tokens; got {mask.shape}"
-                )
-            k = k * mask[:, None, :, None]  # (b, 1, t, 1): padded keys add nothing to S and z
+            k = k.masked_fill(~mask[:, None, :, None], 0.0)  # (b, 1, t, 1): padded keys add nothing to S, z
         return q, k, v
 
     def _out(self, y: Tensor) -> Tensor:
@@ -151,6 +194,8 @@ class LinearAttention(nn.Module):
         return self.out_proj(y.transpose(1, 2).reshape(b, t, h * kd))  # (b, t, h k) -> (b, t, d)
 
     def forward(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None):
+        if not self._take_fast_path(x):
+            return self.forward_ref(x, state, mask)
         q, k, v = self._features(x, mask)  # (b, h, t, k) each
         if self.causal:
             y, state = linear_attention_causal(q, k, v, state, self.chunk_size, self.eps)
@@ -163,9 +208,12 @@ class LinearAttention(nn.Module):
         return self._out(y), (S, z)
 
     def forward_ref(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None):
-        """The causal recurrent form position by position (the reference for the chunked forward)."""
+        """The reference: causal, the recurrent form position by position; non-causal, the weights written out."""
         q, k, v = self._features(x, mask)
-        y, state = linear_attention_recurrent_ref(q, k, v, state, self.eps)
+        if self.causal:
+            y, state = linear_attention_recurrent_ref(q, k, v, state, self.eps)
+        else:
+            y, state = linear_attention_noncausal_ref(q, k, v, state, self.eps)
         return self._out(y), state
 
     def step(self, x_t: Tensor, state: tuple[Tensor, Tensor] | None = None):
@@ -175,7 +223,8 @@ class LinearAttention(nn.Module):
         return self._out(y).squeeze(1), state
 
     def extra_repr(self) -> str:
-        return f"{self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, causal={self.causal}"
+        s = f"{self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, causal={self.causal}"
+        return s + (", fast_path=False" if not self.fast_path else "")
 
 
 @dataclass

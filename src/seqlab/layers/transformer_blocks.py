@@ -73,7 +73,7 @@ class TransformerEncoderLayer(nn.Module):
         self.drop1, self.drop2 = nn.Dropout(dropout), nn.Dropout(dropout)
 
     def _sa(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        return self.drop1(self.self_attn(x, mask=mask)[0])  # (b, t, d)
+        return self.drop1(self.self_attn(x, attn_mask=mask)[0])  # (b, t, d)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         if self.norm_first:
@@ -143,7 +143,7 @@ class TransformerDecoderLayer(nn.Module):
 
         def sa(h: Tensor) -> Tensor:
             nonlocal self_cache
-            y, self_cache = self.self_attn(h, state=self_cache, mask=mask)  # (b, t, d)
+            y, self_cache = self.self_attn(h, state=self_cache, attn_mask=mask)  # (b, t, d)
             return self.drop1(y)
 
         def ca(h: Tensor) -> Tensor:
