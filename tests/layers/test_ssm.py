@@ -134,23 +134,82 @@ def test_causal(kind, t, data):
     torch.testing.assert_close(m(x)[0][:, :s], m(x2)[0][:, :s], atol=1e-12, rtol=0)
 
 
+# ---- fast paths against the references ---------------------------------------------------------------------
+
+
+def _outputs_and_grads(run, m, x, state=None):
+    """y, the final state's parts and the gradients of x, the initial state and every parameter."""
+    y, final = run(x, state)
+    parts = [final] if isinstance(final, torch.Tensor) else list(final)
+    gen = torch.Generator().manual_seed(1)
+    loss = (y * torch.randn(y.shape, generator=gen, dtype=y.dtype)).sum()
+    loss = loss + sum((torch.view_as_real(p) if p.is_complex() else p).sum() for p in parts)
+    inputs = [x, *([] if state is None else ([state] if isinstance(state, torch.Tensor) else list(state)))]
+    grads = torch.autograd.grad(loss, [*inputs, *m.parameters()])
+    return [y, *parts, *grads]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_fast_path_equals_reference_with_gradients(kind, masked):
+    """S4D: FFT convolution against the recurrence; Mamba: chunked scan against the loop. With a carried
+    state and (masked) right padding, outputs, final states and every gradient agree in float64."""
+    m = _make(kind, 8, 3, 0)
+    m.chunk_size = 5
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 13, 8, generator=gen, dtype=F64, requires_grad=True)
+    with torch.no_grad():
+        _, state = m(torch.randn(3, 4, 8, generator=gen, dtype=F64))
+    leaf = lambda s: s.clone().requires_grad_()  # noqa: E731
+    state = leaf(state) if isinstance(state, torch.Tensor) else tuple(leaf(s) for s in state)
+    mask = (torch.arange(13)[None, :] < torch.tensor([13, 7, 2])[:, None]) if masked else None
+    fast = _outputs_and_grads(lambda x, s: m(x, s, mask), m, x, state)
+    ref = _outputs_and_grads(lambda x, s: m.forward_ref(x, s, mask), m, x, state)
+    for a, b in zip(fast, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("this path must not run")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_path_flag_selects_the_path(kind, monkeypatch):
+    m = _make(kind, 4, 2, 0)
+    x = torch.randn(2, 6, 4, dtype=F64)
+    assert m.why_not_fast_path(x) is None
+    want, _ = m.forward_ref(x)
+    slow = "selective_scan_ref" if kind == "mamba" else None
+    if slow:
+        monkeypatch.setattr(f"seqlab.layers.mamba.{slow}", _refuse)
+    else:
+        monkeypatch.setattr(m, "ssm_recurrent_ref", _refuse)
+    torch.testing.assert_close(m(x)[0], want, atol=1e-10, rtol=0)
+    monkeypatch.undo()
+    m.fast_path = False
+    assert "fast_path=False" in m.why_not_fast_path(x)
+    if kind == "mamba":
+        monkeypatch.setattr("seqlab.layers.mamba.selective_scan", _refuse)
+    else:
+        monkeypatch.setattr(m, "ssm_conv", _refuse)
+    torch.testing.assert_close(m(x)[0], want, atol=1e-10, rtol=0)
+
+
 # ---- Mamba -------------------------------------------------------------------------------------------------
 
 
-def test_mamba_fast_scan_equals_reference_with_gradients():
+@pytest.mark.parametrize("d_conv", [2, 4])
+def test_mamba_conv_state_of_a_padded_row_is_its_last_real_inputs(d_conv):
+    """Rows shorter than d_conv keep the carried conv inputs in front, as when run alone."""
     torch.manual_seed(0)
-    m = Mamba(8, d_state=4, chunk_size=5, dtype=F64)
-    x = torch.randn(2, 13, 8, dtype=F64, requires_grad=True)
-    y, (conv, h) = m(x)
-    grads = torch.autograd.grad(y.square().sum() + h.sum(), [x, *m.parameters()])
-    m.use_ref = True
-    y_r, (conv_r, h_r) = m(x)
-    grads_r = torch.autograd.grad(y_r.square().sum() + h_r.sum(), [x, *m.parameters()])
-    torch.testing.assert_close(y, y_r)
-    torch.testing.assert_close(h, h_r)
-    torch.testing.assert_close(conv, conv_r)
-    for g, g_r in zip(grads, grads_r, strict=True):
-        torch.testing.assert_close(g, g_r)
+    m = Mamba(4, d_state=3, d_conv=d_conv, dtype=F64)
+    x = torch.randn(3, 6, 4, dtype=F64)
+    mask = torch.arange(6)[None, :] < torch.tensor([6, 3, 1])[:, None]
+    _, (conv, h) = m(x, mask=mask)
+    for i, n in enumerate([6, 3, 1]):
+        _, (conv_i, h_i) = m(x[i : i + 1, :n])
+        torch.testing.assert_close(conv[i : i + 1], conv_i, atol=1e-12, rtol=0)
+        torch.testing.assert_close(h[i : i + 1], h_i, atol=1e-12, rtol=0)
 
 
 def test_mamba_initialization_and_parameter_names():
@@ -164,6 +223,8 @@ def test_mamba_initialization_and_parameter_names():
     assert torch.all(m.D == 1)
     conv, h = m.init_state(3)
     assert conv.shape == (3, 64, 4) and h.shape == (3, 64, 16)
+    conv, h = m.init_state(2, dtype=F64)
+    assert conv.dtype == h.dtype == F64
     with pytest.raises(ValueError, match="expects x of shape"):
         m(torch.randn(2, 5, 31))
 
