@@ -29,7 +29,9 @@ padding on the right, and the fast/reference switch of ``seqlab.layers.fastpath`
 """
 
 from seqlab.layers.discretization import discretize, discretize_bilinear, discretize_zoh
-from seqlab.layers.mamba import Mamba
 from seqlab.layers.s4d import S4D
+
+# isort: split
+from seqlab.layers.mamba import Mamba  # after S4D: the registry lists "s4d" before "mamba", as it always has
 
 __all__ = ["S4D", "Mamba", "discretize", "discretize_bilinear", "discretize_zoh"]
