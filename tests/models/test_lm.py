@@ -116,5 +116,5 @@ def test_bad_inputs_get_clear_errors_at_the_boundary():
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(torch.tensor([1, 2]), 2.5)
     features = create("test-lm-gru", d_input=3, d_output=1)
-    with pytest.raises(ValueError, match="dtype torch.float32"):
+    with pytest.raises(ValueError, match=r"dtype torch\.float32"):
         features(torch.randn(2, 4, 3, dtype=torch.float64))
