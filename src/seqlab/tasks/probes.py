@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import Batch, Task, generator_for
-from seqlab.tasks.synthetic import _check_index, _check_int, _check_output, _evaluate, _model_device
+from seqlab.tasks.base import Batch, Task, check_index, check_int, check_output, generator_for, model_device
+from seqlab.tasks.synthetic import SymbolAlphabet
 
 __all__ = ["IGNORE_INDEX", "AssociativeRecallTask", "InductionHeadsTask", "SelectiveCopyTask"]
 
@@ -48,11 +48,11 @@ IGNORE_INDEX = -100
 
 def _answer_loss(task: str, model, batch: Batch, vocab_size: int) -> tuple[Tensor, dict[str, float], None]:
     """Cross-entropy and accuracy over the positions where ``y != IGNORE_INDEX``."""
-    device = _model_device(model)
+    device = model_device(model)
     x, y = batch["x"].to(device), batch["y"].to(device)
     b, t = x.shape
     v = vocab_size
-    logits = _check_output(task, model(x), (b, t, v), f"logits (b, t, vocab_size={v})")
+    logits = check_output(task, model(x), (b, t, v), f"logits (b, t, vocab_size={v})")
     scored = y != IGNORE_INDEX  # (b, t) True at the answer positions
     answer_logits = logits[scored].float()  # (n_answers, v)
     answers = y[scored]  # (n_answers,)
@@ -62,12 +62,30 @@ def _answer_loss(task: str, model, batch: Batch, vocab_size: int) -> tuple[Tenso
     return loss, {"loss": loss.item(), "accuracy": accuracy.item()}, None
 
 
+class _AnswerTask(Task):
+    """What the three probes share: token inputs over ``vocab_size``, the loss over the answer positions."""
+
+    vocab_size: int
+    total_len: int
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence of any split (a learned position table needs at least this many rows)."""
+        return self.total_len
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size}
+
+    def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
+        return _answer_loss(type(self).__name__, model, batch, self.vocab_size)
+
+
 def _random_positions(b: int, n: int, k: int, g: torch.Generator) -> Tensor:
     """(b, k) sorted positions, k distinct ones per row drawn uniformly from range(n)."""
     return torch.rand(b, n, generator=g).argsort(dim=1)[:, :k].sort(dim=1).values
 
 
-class SelectiveCopyTask(Task):
+class SelectiveCopyTask(SymbolAlphabet, _AnswerTask):
     r"""Selective copying: write out, in order, the symbols scattered at random positions among blanks.
 
     Tokens: 0 blank, 1..n_symbols the alphabet, n_symbols + 1 the delimiter ("go"), so
@@ -92,16 +110,16 @@ class SelectiveCopyTask(Task):
     """
 
     name = "selective_copy"
-    stateful = False
+    derived = ("vocab_size", "total_len", "baseline_loss")
 
     def __init__(
         self, seq_len: int = 64, n_tokens: int = 8, n_symbols: int = 8, batch_size: int = 32, seed: int = 0
     ):
-        self.seq_len = _check_int("seq_len", seq_len, 1)  # the region L holding the symbols
-        self.n_tokens = _check_int("n_tokens", n_tokens, 1)
-        self.n_symbols = _check_int("n_symbols", n_symbols, 1)
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.seed = _check_int("seed", seed, 0)
+        self.seq_len = check_int("seq_len", seq_len, 1)  # the region L holding the symbols
+        self.n_tokens = check_int("n_tokens", n_tokens, 1)
+        self.n_symbols = check_int("n_symbols", n_symbols, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seed = check_int("seed", seed, 0)
         if n_tokens > seq_len:
             raise ValueError(
                 f"n_tokens={n_tokens} symbols need distinct positions in a region of seq_len={seq_len}; "
@@ -109,36 +127,17 @@ class SelectiveCopyTask(Task):
             )
 
     @property
-    def blank(self) -> int:
-        return 0
-
-    @property
-    def delimiter(self) -> int:
-        return self.n_symbols + 1
-
-    @property
-    def vocab_size(self) -> int:
-        return self.n_symbols + 2
-
-    @property
     def total_len(self) -> int:
         """Length of every input and target sequence: seq_len + 1 + n_tokens."""
         return self.seq_len + 1 + self.n_tokens
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.total_len
 
     @property
     def baseline_loss(self) -> float:
         """Cross-entropy of a uniform guess among the symbols at every answer position."""
         return math.log(self.n_symbols)
 
-    def model_overrides(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size}
-
     def get_batch(self, split: str, index: int) -> Batch:
-        g = generator_for(self.seed, split, _check_index(index))
+        g = generator_for(self.seed, split, check_index(index))
         b, L, k, t = self.batch_size, self.seq_len, self.n_tokens, self.total_len
         positions = _random_positions(b, L, k, g)  # (b, k) sorted, distinct, in [0, L)
         symbols = torch.randint(1, self.n_symbols + 1, (b, k), generator=g)  # (b, k)
@@ -149,28 +148,8 @@ class SelectiveCopyTask(Task):
         y[:, L + 1 :] = symbols
         return {"x": x, "y": y}
 
-    def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
-        return _answer_loss("SelectiveCopyTask", model, batch, self.vocab_size)
 
-    @torch.no_grad()
-    def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
-        return _evaluate(self, model, max_batches)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "seq_len": self.seq_len,
-            "n_tokens": self.n_tokens,
-            "n_symbols": self.n_symbols,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "vocab_size": self.vocab_size,
-            "total_len": self.total_len,
-            "baseline_loss": self.baseline_loss,
-        }
-
-
-class AssociativeRecallTask(Task):
+class AssociativeRecallTask(_AnswerTask):
     r"""Multi-query associative recall (MQAR): key-value pairs, then queries of the keys.
 
     Tokens: keys 0 .. V/2 - 1 and values V/2 .. V - 1 (V = ``vocab_size``, the key range is ⌊V/2⌋ long),
@@ -197,7 +176,7 @@ class AssociativeRecallTask(Task):
     """
 
     name = "associative_recall"
-    stateful = False
+    derived = ("n_keys", "n_values", "total_len", "baseline_loss")
 
     def __init__(
         self,
@@ -208,12 +187,12 @@ class AssociativeRecallTask(Task):
         batch_size: int = 32,
         seed: int = 0,
     ):
-        self.n_pairs = _check_int("n_pairs", n_pairs, 1)
-        self.n_queries = _check_int("n_queries", n_queries, 1)
-        self.vocab_size = _check_int("vocab_size", vocab_size, 2)
-        self.seq_len = _check_int("seq_len", seq_len, 2)  # the context L
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.seed = _check_int("seed", seed, 0)
+        self.n_pairs = check_int("n_pairs", n_pairs, 1)
+        self.n_queries = check_int("n_queries", n_queries, 1)
+        self.vocab_size = check_int("vocab_size", vocab_size, 2)
+        self.seq_len = check_int("seq_len", seq_len, 2)  # the context L
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seed = check_int("seed", seed, 0)
         if n_queries > n_pairs:
             raise ValueError(f"n_queries={n_queries} must be <= n_pairs={n_pairs}: each pair is queried once")
         if seq_len < 2 * n_pairs:
@@ -240,19 +219,12 @@ class AssociativeRecallTask(Task):
         return self.seq_len + self.n_queries
 
     @property
-    def max_seq_len(self) -> int:
-        return self.total_len
-
-    @property
     def baseline_loss(self) -> float:
         """Cross-entropy of a uniform guess among the values at every query position."""
         return math.log(self.n_values)
 
-    def model_overrides(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size}
-
     def get_batch(self, split: str, index: int) -> Batch:
-        g = generator_for(self.seed, split, _check_index(index))
+        g = generator_for(self.seed, split, check_index(index))
         b, n, q, L, t = self.batch_size, self.n_pairs, self.n_queries, self.seq_len, self.total_len
         keys = torch.rand(b, self.n_keys, generator=g).argsort(dim=1)[:, :n]  # (b, n) distinct keys
         values = torch.randint(self.n_keys, self.vocab_size, (b, n), generator=g)  # (b, n)
@@ -264,30 +236,8 @@ class AssociativeRecallTask(Task):
         y[:, L:] = values.gather(1, asked)
         return {"x": x, "y": y}
 
-    def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
-        return _answer_loss("AssociativeRecallTask", model, batch, self.vocab_size)
 
-    @torch.no_grad()
-    def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
-        return _evaluate(self, model, max_batches)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "n_pairs": self.n_pairs,
-            "n_queries": self.n_queries,
-            "vocab_size": self.vocab_size,
-            "seq_len": self.seq_len,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "n_keys": self.n_keys,
-            "n_values": self.n_values,
-            "total_len": self.total_len,
-            "baseline_loss": self.baseline_loss,
-        }
-
-
-class InductionHeadsTask(Task):
+class InductionHeadsTask(_AnswerTask):
     r"""Induction heads: after the trigger comes back, recall the token that followed it the first time.
 
     Tokens: 0 the trigger, 1 .. V-1 ordinary tokens (V = ``vocab_size``). A sequence of length T::
@@ -313,7 +263,7 @@ class InductionHeadsTask(Task):
     """
 
     name = "induction"
-    stateful = False
+    derived = ("baseline_loss",)
 
     def __init__(
         self,
@@ -323,12 +273,12 @@ class InductionHeadsTask(Task):
         seed: int = 0,
         test_seq_len: int | None = None,
     ):
-        self.seq_len = _check_int("seq_len", seq_len, 3)  # trigger, recalled token, trigger again
-        self.vocab_size = _check_int("vocab_size", vocab_size, 2)  # the trigger and one ordinary token
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.seed = _check_int("seed", seed, 0)
+        self.seq_len = check_int("seq_len", seq_len, 3)  # trigger, recalled token, trigger again
+        self.vocab_size = check_int("vocab_size", vocab_size, 2)  # the trigger and one ordinary token
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seed = check_int("seed", seed, 0)
         self.test_seq_len = (
-            4 * seq_len if test_seq_len is None else _check_int("test_seq_len", test_seq_len, 3)
+            4 * seq_len if test_seq_len is None else check_int("test_seq_len", test_seq_len, 3)
         )
 
     @property
@@ -349,11 +299,8 @@ class InductionHeadsTask(Task):
         """Sequence length of a split: seq_len for training, test_seq_len for validation and test."""
         return self.seq_len if split == "train" else self.test_seq_len
 
-    def model_overrides(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size}
-
     def get_batch(self, split: str, index: int) -> Batch:
-        g = generator_for(self.seed, split, _check_index(index))
+        g = generator_for(self.seed, split, check_index(index))
         b, t = self.batch_size, self.split_len(split)
         x = torch.randint(1, self.vocab_size, (b, t), generator=g)  # (b, t) ordinary tokens
         p = torch.randint(0, t - 2, (b, 1), generator=g)  # (b, 1) first trigger, in [0, t - 3]
@@ -362,21 +309,3 @@ class InductionHeadsTask(Task):
         y = torch.full((b, t), IGNORE_INDEX, dtype=torch.long)  # (b, t)
         y[:, -1] = x.gather(1, p + 1).squeeze(1)  # the token that followed the first trigger
         return {"x": x, "y": y}
-
-    def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
-        return _answer_loss("InductionHeadsTask", model, batch, self.vocab_size)
-
-    @torch.no_grad()
-    def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
-        return _evaluate(self, model, max_batches)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "seq_len": self.seq_len,
-            "test_seq_len": self.test_seq_len,
-            "vocab_size": self.vocab_size,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "baseline_loss": self.baseline_loss,
-        }

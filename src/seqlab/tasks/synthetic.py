@@ -22,61 +22,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import Batch, Task, generator_for
+from seqlab.tasks.base import Batch, Task, check_index, check_int, check_output, generator_for, model_device
 
-__all__ = ["AddingTask", "CopyTask"]
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+__all__ = ["AddingTask", "CopyTask", "SymbolAlphabet"]
 
 
-def _check_index(index: Any) -> int:
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"batch index must be a non-negative integer, got {index!r}")
-    return index
+class SymbolAlphabet:
+    """Tokens of the copy tasks: 0 blank, 1..n_symbols the alphabet, n_symbols + 1 the delimiter ("go")."""
 
+    n_symbols: int
 
-def _model_device(model) -> torch.device:
-    """Where the model's parameters live (CPU for a parameterless model)."""
-    try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration):
-        return torch.device("cpu")
+    @property
+    def blank(self) -> int:
+        return 0
 
+    @property
+    def delimiter(self) -> int:
+        return self.n_symbols + 1
 
-def _check_output(task: str, out: Any, expected: tuple[int, int, int], what: str) -> Tensor:
-    if not isinstance(out, Tensor) or tuple(out.shape) != expected:
-        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ValueError(
-            f"{task} expects the model to map its input to {what} of shape {expected}, got {got}; "
-            f"build the model with the task's model_overrides()"
-        )
-    return out
+    @property
+    def vocab_size(self) -> int:
+        return self.n_symbols + 2
 
-
-@torch.no_grad()
-def _evaluate(task: Task, model, max_batches: int) -> dict[str, float]:
-    """Mean of ``task.loss`` metrics over validation batches 0..max_batches-1, in eval mode, keys ``val_*``.
-
-    All batches have the same size, so the mean of the per-batch means is the mean over all examples.
-    """
-    _check_int("max_batches", max_batches, 1)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
-        totals: dict[str, float] = {}
-        for index in range(max_batches):
-            _, metrics, _ = task.loss(model, task.get_batch("val", index))
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
-    finally:
-        if was_training:
-            model.train()
-    return {f"val_{key}": value / max_batches for key, value in totals.items()}
+    def model_overrides(self) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size}
 
 
 class AddingTask(Task):
@@ -99,21 +68,21 @@ class AddingTask(Task):
     """
 
     name = "adding"
-    stateful = False
+    derived = ("baseline_mse",)
 
     baseline_mse = 1.0 / 6.0
     """Expected MSE of always predicting 1.0."""
 
     def __init__(self, seq_len: int = 100, batch_size: int = 32, seed: int = 0):
-        self.seq_len = _check_int("seq_len", seq_len, 2)  # one marker per half needs two positions
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.seed = _check_int("seed", seed, 0)
+        self.seq_len = check_int("seq_len", seq_len, 2)  # one marker per half needs two positions
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seed = check_int("seed", seed, 0)
 
     def model_overrides(self) -> dict[str, Any]:
         return {"d_input": 2, "d_output": 1}
 
     def get_batch(self, split: str, index: int) -> Batch:
-        g = generator_for(self.seed, split, _check_index(index))
+        g = generator_for(self.seed, split, check_index(index))
         b, t, half = self.batch_size, self.seq_len, self.seq_len // 2
         values = torch.rand(b, t, generator=g)  # (b, t)
         first = torch.randint(0, half, (b,), generator=g)  # (b,) one position in [0, t/2)
@@ -125,10 +94,10 @@ class AddingTask(Task):
         return {"x": x, "y": y}
 
     def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
-        device = _model_device(model)
+        device = model_device(model)
         x, y = batch["x"].to(device), batch["y"].to(device)
         b, t, _ = x.shape
-        out = _check_output("AddingTask", model(x), (b, t, 1), "(b, t, d_output=1)")
+        out = check_output("AddingTask", model(x), (b, t, 1), "(b, t, d_output=1)")
         pred = out[:, -1, 0]  # (b,) the prediction is read at the last position
         mse = F.mse_loss(pred.float(), y)
         metrics = {
@@ -137,21 +106,8 @@ class AddingTask(Task):
         }
         return mse, metrics, None
 
-    @torch.no_grad()
-    def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
-        return _evaluate(self, model, max_batches)
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "seq_len": self.seq_len,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "baseline_mse": self.baseline_mse,
-        }
-
-
-class CopyTask(Task):
+class CopyTask(SymbolAlphabet, Task):
     r"""The copy memory task: read ``copy_len`` symbols, wait, then write them out again.
 
     Tokens: 0 blank, 1..n_symbols the alphabet, n_symbols + 1 the delimiter (so vocab_size = n_symbols + 2).
@@ -175,28 +131,16 @@ class CopyTask(Task):
     """
 
     name = "copy"
-    stateful = False
+    derived = ("vocab_size", "baseline_loss")
 
     def __init__(
         self, seq_len: int = 100, n_symbols: int = 8, copy_len: int = 10, batch_size: int = 32, seed: int = 0
     ):
-        self.seq_len = _check_int("seq_len", seq_len, 1)  # the delay T
-        self.n_symbols = _check_int("n_symbols", n_symbols, 1)
-        self.copy_len = _check_int("copy_len", copy_len, 1)
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.seed = _check_int("seed", seed, 0)
-
-    @property
-    def blank(self) -> int:
-        return 0
-
-    @property
-    def delimiter(self) -> int:
-        return self.n_symbols + 1
-
-    @property
-    def vocab_size(self) -> int:
-        return self.n_symbols + 2
+        self.seq_len = check_int("seq_len", seq_len, 1)  # the delay T
+        self.n_symbols = check_int("n_symbols", n_symbols, 1)
+        self.copy_len = check_int("copy_len", copy_len, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seed = check_int("seed", seed, 0)
 
     @property
     def total_len(self) -> int:
@@ -208,11 +152,8 @@ class CopyTask(Task):
         """Cross-entropy of the memoryless strategy: blanks, then a uniform guess over the symbols."""
         return self.copy_len * math.log(self.n_symbols) / self.total_len
 
-    def model_overrides(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size}
-
     def get_batch(self, split: str, index: int) -> Batch:
-        g = generator_for(self.seed, split, _check_index(index))
+        g = generator_for(self.seed, split, check_index(index))
         b, k, t = self.batch_size, self.copy_len, self.total_len
         symbols = torch.randint(1, self.n_symbols + 1, (b, k), generator=g)  # (b, k)
         x = torch.zeros(b, t, dtype=torch.long)  # (b, t) blanks
@@ -223,28 +164,12 @@ class CopyTask(Task):
         return {"x": x, "y": y}
 
     def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
-        device = _model_device(model)
+        device = model_device(model)
         x, y = batch["x"].to(device), batch["y"].to(device)
         b, t = x.shape
         v, k = self.vocab_size, self.copy_len
-        logits = _check_output("CopyTask", model(x), (b, t, v), f"logits (b, t, vocab_size={v})")
+        logits = check_output("CopyTask", model(x), (b, t, v), f"logits (b, t, vocab_size={v})")
         loss = F.cross_entropy(logits.reshape(b * t, v).float(), y.reshape(b * t))
         with torch.no_grad():
             correct = logits[:, t - k :].argmax(dim=-1) == y[:, t - k :]  # (b, k)
         return loss, {"loss": loss.item(), "accuracy": correct.float().mean().item()}, None
-
-    @torch.no_grad()
-    def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
-        return _evaluate(self, model, max_batches)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "seq_len": self.seq_len,
-            "n_symbols": self.n_symbols,
-            "copy_len": self.copy_len,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "vocab_size": self.vocab_size,
-            "baseline_loss": self.baseline_loss,
-        }

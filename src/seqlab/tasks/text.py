@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import Batch, Task, generator_for
+from seqlab.tasks.base import Batch, Task, check_choice, check_int, generator_for
 
 
 class CharTokenizer:
@@ -65,22 +65,27 @@ class CharTokenizer:
         return cls(data["chars"])
 
 
+Sampling = Literal["stream", "random"]
+"""'stream': batch_size contiguous streams read in order (truncated BPTT); 'random': windows anywhere."""
+
+
 class CharLMTask(Task):
     """Next-character prediction. ``source`` is ``"shakespeare"`` (built in) or a path to a text file."""
+
+    derived = ("train_chars", "val_chars", "vocab_size")
 
     def __init__(
         self,
         source: str = "shakespeare",
         seq_len: int = 128,
         batch_size: int = 32,
-        sampling: Literal["stream", "random"] = "stream",
+        sampling: Sampling = "stream",
         val_fraction: float = 0.1,
         seed: int = 0,
     ):
-        if seq_len < 1 or batch_size < 1:
-            raise ValueError(f"seq_len and batch_size must be positive, got {seq_len}, {batch_size}")
-        if sampling not in ("stream", "random"):
-            raise ValueError(f"sampling must be 'stream' or 'random', got {sampling!r}")
+        check_int("seq_len", seq_len, 1)
+        check_int("batch_size", batch_size, 1)
+        check_choice("sampling", sampling, Sampling)
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         from seqlab.tasks import corpus
@@ -109,8 +114,20 @@ class CharLMTask(Task):
                 f"lower batch_size or seq_len, or use sampling='random'"
             )
 
+    @property
+    def train_chars(self) -> int:
+        return len(self.train_data)
+
+    @property
+    def val_chars(self) -> int:
+        return len(self.val_data)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
     def model_overrides(self) -> dict[str, Any]:
-        return {"vocab_size": self.tokenizer.vocab_size}
+        return {"vocab_size": self.vocab_size}
 
     def _random_windows(self, data: Tensor, g: torch.Generator) -> tuple[Tensor, Tensor]:
         starts = torch.randint(0, len(data) - self.seq_len - 1, (self.batch_size,), generator=g)
@@ -142,17 +159,3 @@ class CharLMTask(Task):
             logits = model(b["x"].to(device))
             total += F.cross_entropy(logits.flatten(0, 1).float(), b["y"].to(device).flatten()).item()
         return {"val_loss": total / max_batches}
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "seq_len": self.seq_len,
-            "batch_size": self.batch_size,
-            "sampling": self.sampling,
-            "val_fraction": self.val_fraction,
-            "seed": self.seed,
-            "train_chars": len(self.train_data),
-            "val_chars": len(self.val_data),
-            "vocab_size": self.tokenizer.vocab_size,
-        }

@@ -22,6 +22,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from seqlab.tasks.base import MissingDependencyError
+
 __all__ = ["BPETokenizer", "SubwordTokenizer", "WordPieceTokenizer", "tokenizer_from_json"]
 
 
@@ -29,7 +31,7 @@ def _lib():
     try:
         import tokenizers
     except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError(
+        raise MissingDependencyError(
             "subword tokenizers need the Hugging Face 'tokenizers' package: pip install 'seqlab[hf]'"
         ) from None
     return tokenizers
