@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 import json
 import math
@@ -66,7 +67,8 @@ def test_training_reduces_loss_and_writes_checkpoints(text_file, tmp_path):
     for (k, v), (k2, v2) in zip(tr.model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(v, v2)
     cfg = ckpt.load_config(tmp_path / "r")
-    assert cfg["family"] == "rnn_lm" and cfg["step"] == 40 and cfg["model"]["cell"] == "lstm"
+    assert cfg["family"] == tr.model.family and cfg["step"] == 40
+    assert cfg["model"] == json.loads(json.dumps(dataclasses.asdict(tr.model.config)))
 
 
 def test_interrupted_save_leaves_previous_checkpoint_loadable(text_file, tmp_path, monkeypatch):
@@ -159,6 +161,12 @@ def test_train_config_validation():
         TrainConfig(steps=0)
     with pytest.raises(ValueError, match="grad_clip"):
         TrainConfig(grad_clip=-1.0)
+    with pytest.raises(ValueError, match=r"train\.warmup_steps must be an integer >= 0, got -1"):
+        TrainConfig(warmup_steps=-1)
+    with pytest.raises(ValueError, match=r"train\.max_minutes must be a positive"):
+        TrainConfig(max_minutes=0)
+    # zero is meaningful for these: a cosine down to 0, every checkpoint kept, no periodic evaluation
+    TrainConfig(min_lr=0.0, keep_checkpoints=0, eval_every=0, save_every=0, warmup_steps=0, grad_clip=None)
 
 
 def test_detach_state_keeps_named_tuples():

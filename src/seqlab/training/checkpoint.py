@@ -235,3 +235,14 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any] | None:
 def load_tokenizer_json(ckpt: str | Path) -> str | None:
     f = resolve_checkpoint(ckpt) / "tokenizer.json"
     return f.read_text(encoding="utf-8") if f.is_file() else None
+
+
+def load_tokenizer(ckpt: str | Path, needed_for: str):
+    """The tokenizer (char, BPE or WordPiece) saved with a checkpoint of a model trained on text; a
+    ValueError saying what it is ``needed_for`` when the checkpoint has none."""
+    from seqlab.tasks.tokenizers import tokenizer_from_json
+
+    text = load_tokenizer_json(ckpt)
+    if text is None:
+        raise ValueError(f"{resolve_checkpoint(ckpt)} has no tokenizer.json: {needed_for}")
+    return tokenizer_from_json(text)

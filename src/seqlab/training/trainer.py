@@ -27,49 +27,63 @@ from torch import Tensor, nn
 
 from seqlab.training import checkpoint as ckpt
 from seqlab.training.optim import lr_at, make_optimizer
+from seqlab.validation import check_positive_floats, check_positive_ints
 
 log = logging.getLogger("seqlab.train")
 
 
 @dataclass
 class TrainConfig:
+    """The settings of a training run (the ``train`` section of a run file)."""
+
     steps: int = 1000
     """Optimizer steps (each one is ``grad_accum`` batches)."""
     lr: float = 2e-3
+    """Peak learning rate, reached after the warmup, then a cosine down to ``min_lr``."""
     min_lr: float | None = None
     """Learning rate at the end of the cosine; None means lr / 10."""
     warmup_steps: int = 100
+    """Steps of linear warmup from 0 to ``lr``."""
     weight_decay: float = 0.1
+    """AdamW's decoupled decay, on matrices only (seqlab.training.optim.param_groups)."""
     beta1: float = 0.9
     beta2: float = 0.99
+    """AdamW's decay rates of the first and second moment estimates (β1, β2)."""
     grad_clip: float | None = 1.0
     """Clip the global gradient norm to this value (Pascanu et al. 2013); None disables clipping."""
     grad_accum: int = 1
+    """Batches whose gradients are summed (and averaged) into one optimizer step."""
     eval_every: int = 250
+    """Evaluate every this many steps (and always at the end); 0 evaluates only at the end."""
     eval_batches: int = 20
     log_every: int = 10
+    """Write a train record (mean loss, tokens/s) every this many steps."""
     save_every: int = 500
     """Checkpoint every this many steps (and always at the end); 0 saves only at the end."""
     keep_checkpoints: int = 2
+    """The newest checkpoints kept on disk; 0 keeps every one."""
     max_minutes: float | None = None
     """Wall-time budget: when exceeded, evaluate, save and stop early."""
     seed: int = 0
+    """Seeds torch's RNG before the model is built (seqlab.run): the initial weights and dropout follow."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
     threads: int | None = None
     """torch.set_num_threads for this run; None leaves PyTorch's default."""
     progress: bool = True
+    """A progress bar on the terminal."""
 
     def __post_init__(self):
-        for name in ("steps", "grad_accum", "eval_batches", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"train.{name} must be a positive integer, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"train.lr must be positive, got {self.lr}")
-        if self.warmup_steps < 0 or self.save_every < 0 or self.eval_every < 0:
-            raise ValueError("train.warmup_steps, train.save_every and train.eval_every must be >= 0")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"train.grad_clip must be positive or None, got {self.grad_clip}")
+        check_positive_ints(self, ("steps", "grad_accum", "eval_batches", "log_every"), "train.")
+        check_positive_floats(self, ("lr",), "train.")
+        check_positive_floats(self, ("grad_clip", "max_minutes"), "train.", allow_none=True)
+        for name in ("warmup_steps", "save_every", "eval_every", "keep_checkpoints", "min_lr"):
+            v = getattr(self, name)
+            kind = float if name == "min_lr" else int
+            if v is not None and (isinstance(v, bool) or not isinstance(v, kind | int) or v < 0):
+                raise ValueError(
+                    f"train.{name} must be {'a number' if kind is float else 'an integer'} >= 0, got {v!r}"
+                )
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
@@ -222,73 +236,100 @@ class Trainer:
     def fit(self, resume: bool = False, until: int | None = None) -> dict[str, Any]:
         """Train to ``config.steps`` (or stop early at step ``until``, saving there, as a pause point)."""
         c = self.config
-        if c.threads:
-            torch.set_num_threads(c.threads)
+        self._start(resume)
+        bar = self._progress_bar()
+        window = _Window()
+        last: dict[str, Any] = {"train_loss": math.nan}
+        stop = None
+        while self.step < c.steps and stop is None:
+            t0 = time.perf_counter()
+            window.add(*self.train_step())
+            self.elapsed += time.perf_counter() - t0
+            stop = self._stop_reason(until)
+            done = self.step >= c.steps or stop is not None
+            if self.step % c.log_every == 0 or done:
+                last["train_loss"] = self._log_train(window, bar)
+            if (c.eval_every and self.step % c.eval_every == 0) or done:
+                last.update(self._log_eval(window, bar, last["train_loss"]))
+            if self.out_dir is not None and ((c.save_every and self.step % c.save_every == 0) or done):
+                self.save()
+            if bar is not None:
+                bar.update(1)
+        if stop == "budget":
+            log.warning("stopping at step %d: train.max_minutes=%s reached", self.step, c.max_minutes)
+        if bar is not None:
+            bar.close()
+        return {"step": self.step, "elapsed_s": self.elapsed, "stopped_early": stop == "budget", **last}
+
+    def _start(self, resume: bool) -> None:
+        """Threads, the run directory, the checkpoint to resume from, training mode."""
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume:
             self.resume()
         self.model.train()
-        bar = None
-        if c.progress:
-            from tqdm.auto import tqdm
 
-            bar = tqdm(total=c.steps, initial=self.step, desc="train", dynamic_ncols=True, leave=True)
-        last = {"train_loss": math.nan}
-        window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
-        n_window = 0
-        stopped_early = False
-        while self.step < c.steps:
-            t0 = time.perf_counter()
-            loss, tokens = self.train_step()
-            self.elapsed += time.perf_counter() - t0
-            window_loss, window_tokens, n_window = window_loss + loss, window_tokens + tokens, n_window + 1
-            over_budget = c.max_minutes is not None and self.elapsed > 60 * c.max_minutes
-            paused = until is not None and self.step >= until
-            done = self.step >= c.steps or over_budget or paused
-            if self.step % c.log_every == 0 or done:
-                now = time.perf_counter()
-                rec = {
-                    "step": self.step,
-                    "split": "train",
-                    "loss": window_loss / n_window,
-                    "lr": self.optimizer.param_groups[0]["lr"],
-                    "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
-                    "elapsed_s": round(self.elapsed, 3),
-                }
-                self._record(rec)
-                last["train_loss"] = rec["loss"]
-                window_loss, window_tokens, window_start, n_window = 0.0, 0, now, 0
-                if bar is not None:
-                    bar.set_postfix(loss=f"{rec['loss']:.3f}", refresh=False)
-            if (c.eval_every and self.step % c.eval_every == 0) or done:
-                t_eval = time.perf_counter()
-                metrics = self.evaluate()
-                self._record(
-                    {"step": self.step, "split": "val", **metrics, "elapsed_s": round(self.elapsed, 3)}
-                )
-                last.update(metrics)
-                window_start += time.perf_counter() - t_eval  # evaluation does not count against throughput
-                if bar is not None:
-                    bar.set_postfix(
-                        loss=f"{last['train_loss']:.3f}",
-                        **{k: f"{v:.3f}" for k, v in metrics.items()},
-                        refresh=False,
-                    )
-                log.info("step %d: %s", self.step, metrics)
-            if self.out_dir is not None and ((c.save_every and self.step % c.save_every == 0) or done):
-                self.save()
-            if bar is not None:
-                bar.update(1)
-            if paused:
-                break
-            if over_budget:
-                log.warning("stopping at step %d: train.max_minutes=%s reached", self.step, c.max_minutes)
-                stopped_early = True
-                break
+    def _progress_bar(self):
+        if not self.config.progress:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.config.steps, initial=self.step, desc="train", dynamic_ncols=True, leave=True)
+
+    def _stop_reason(self, until: int | None) -> str | None:
+        """'paused' at step ``until``, 'budget' past train.max_minutes, else None (go on)."""
+        c = self.config
+        if until is not None and self.step >= until:
+            return "paused"
+        return "budget" if c.max_minutes is not None and self.elapsed > 60 * c.max_minutes else None
+
+    def _log_train(self, window: _Window, bar) -> float:
+        """Record the mean training loss and throughput since the last record; returns the loss."""
+        now = time.perf_counter()
+        rec = {
+            "step": self.step,
+            "split": "train",
+            "loss": window.loss / window.n,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "tokens_per_s": window.tokens / max(now - window.start, 1e-9),
+            "elapsed_s": round(self.elapsed, 3),
+        }
+        self._record(rec)
+        window.reset(now)
         if bar is not None:
-            bar.close()
-        return {"step": self.step, "elapsed_s": self.elapsed, "stopped_early": stopped_early, **last}
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", refresh=False)
+        return rec["loss"]
+
+    def _log_eval(self, window: _Window, bar, train_loss: float) -> dict[str, float]:
+        """Evaluate, record the metrics and return them; evaluation time does not count against throughput."""
+        t_eval = time.perf_counter()
+        metrics = self.evaluate()
+        self._record({"step": self.step, "split": "val", **metrics, "elapsed_s": round(self.elapsed, 3)})
+        window.start += time.perf_counter() - t_eval
+        if bar is not None:
+            bar.set_postfix(
+                loss=f"{train_loss:.3f}", **{k: f"{v:.3f}" for k, v in metrics.items()}, refresh=False
+            )
+        log.info("step %d: %s", self.step, metrics)
+        return metrics
+
+
+@dataclass
+class _Window:
+    """Training loss and tokens summed since the last train record, and when that window started."""
+
+    loss: float = 0.0
+    tokens: int = 0
+    n: int = 0
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.loss, self.tokens, self.n = self.loss + loss, self.tokens + tokens, self.n + 1
+
+    def reset(self, now: float) -> None:
+        self.loss, self.tokens, self.n, self.start = 0.0, 0, 0, now
 
 
 def _move(obj: Any, device: torch.device) -> Any:
