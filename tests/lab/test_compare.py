@@ -61,7 +61,7 @@ def test_compare_writes_the_report_and_reuses_finished_runs(tmp_path, capsys):
 
 
 def test_matched_budgets_are_close():
-    base = {"n_layers": 2, "n_heads": 4, "vocab_size": 64}
+    base = {"n_layers": 2, "vocab_size": 64}
     for mixer in ("rnn", "lstm", "attention", "mamba"):
         d, n = match_width(mixer, 200_000, base)
         assert abs(n - 200_000) / 200_000 < 0.1, (mixer, d, n)
@@ -90,7 +90,7 @@ def test_suites_name_registered_tasks(name):
 
 
 def test_throughput_times_every_model_in_alternating_rounds():
-    from seqlab.lab.runner import throughput
+    from seqlab.lab.systems import throughput
 
     calls = []
 
@@ -132,10 +132,10 @@ def test_parallel_jobs_train_every_run_once_and_match_the_serial_results(tmp_pat
 
 
 def test_mamba_keeps_its_own_block_layout_in_the_lab():
-    from seqlab.lab.runner import _model
+    from seqlab.lab.budget import build_lab_model
 
-    mamba, _, _ = _model("mamba", TINY, {"vocab_size": 11}, 0)
-    lstm, _, _ = _model("lstm", TINY, {"vocab_size": 11}, 0)
+    mamba, _, _ = build_lab_model("mamba", TINY, {"vocab_size": 11}, 0)
+    lstm, _, _ = build_lab_model("lstm", TINY, {"vocab_size": 11}, 0)
     assert all(b.mlp is None for b in mamba.blocks) and all(b.mlp is not None for b in lstm.blocks)
 
 

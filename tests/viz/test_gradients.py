@@ -3,7 +3,7 @@ import torch
 from seqlab.cli import main
 from seqlab.models import create
 from seqlab.tasks.synthetic import AddingTask
-from seqlab.viz.gradients import gradient_flow, gradient_norms
+from seqlab.viz.gradients import _hidden, gradient_flow, gradient_norms
 
 
 def test_gradient_norms_match_a_direct_derivative():
@@ -17,7 +17,7 @@ def test_gradient_norms_match_a_direct_derivative():
     state = model.init_state(4)
     for t in range(12):
         _, state = model.step(batch["x"][:, t], state)
-    h = state[-1].detach().requires_grad_(True)
+    h = _hidden(state)[-1].detach().requires_grad_(True)  # (b, H): the top layer's h_T
     loss = torch.nn.functional.mse_loss(model.head(h).squeeze(-1), batch["y"].view(-1))
     (g,) = torch.autograd.grad(loss, h)
     assert abs(g.norm(dim=-1).mean().item() - norms[-1]) < 1e-6

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -38,20 +39,31 @@ def compare(
         "table": write_table(lab.out, suite, lab.mixers, records, jobs),
     }
     plots = write_plots(lab.out, suite, lab.mixers, records)
-    cells = [m for m in lab.mixers if m in ("rnn", "lstm", "gru")]
-    if gradients and cells:
-        from seqlab.viz.gradients import gradient_flow, plot_gradient_flow
-
-        groups = [gradient_flow(tuple(cells), suite.gradient_length, 64, 0, seed)]
-        if suite.gradient_steps:
-            groups.append(gradient_flow(tuple(cells), suite.gradient_length, 64, suite.gradient_steps, seed))
-        plots.append(lab.out / "gradient_flow.png")
-        plot_gradient_flow(
-            groups, plots[-1], title=f"gradient flow, adding problem T={suite.gradient_length}"
-        )
+    if gradients:
+        plots += _gradient_plot(lab.out, suite, lab.mixers, seed)
     paths["plots"] = plots
     paths["minutes"] = (time.perf_counter() - t0) / 60
     return paths
 
 
-__all__ = ["SUITES", "compare"]
+def _gradient_plot(out: Path, suite: Suite, mixers: list[str], seed: int) -> list[Path]:
+    """gradient_flow.png for the compared mixers whose hidden state the gradient plot can read."""
+    from seqlab.viz import GRADIENT_CELLS
+    from seqlab.viz.gradients import gradient_flow_groups, plot_gradient_flow
+
+    cells = tuple(m for m in mixers if m in GRADIENT_CELLS)
+    if not cells:
+        return []
+    groups = gradient_flow_groups(cells, suite.gradient_length, 64, suite.gradient_steps, seed)
+    path = out / "gradient_flow.png"
+    plot_gradient_flow(groups, path, title=f"gradient flow, adding problem T={suite.gradient_length}")
+    return [path]
+
+
+def default_jobs() -> int:
+    """Training runs at once by default: the cores this process may use (Linux), else all of them; at most 4."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, usable))
+
+
+__all__ = ["SUITES", "compare", "default_jobs"]

@@ -1,35 +1,41 @@
 """Matched parameter budgets: the width of each mixer's model chosen so every family gets the same budget.
 
 Every family is built on the same backbone (``seqlab.models.lm``) with the same depth, channel mixer ratio
-and vocabulary; only ``d_model`` moves, and Mamba keeps its own block layout without a separate MLP
-(``LAYOUT``). Counting happens on the meta device, so nothing is allocated.
+and vocabulary; only ``d_model`` moves. What differs per mixer comes from its registration
+(``seqlab.layers.mixer_spec``), never from a name here: the block layout (``channel_mlp``: Mamba's block
+carries its own gated expansion, in_proj to 2 x expand x d with a silu gate, and replaces both attention and
+the MLP in its paper, in MambaForCausalLM and in seqlab's presets) and the step of d_model
+(``width_multiple``: attention's heads need an even width for RoPE). Each mixer keeps its own default fields.
+Counting happens on the meta device, so nothing is allocated.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.models import build, make_config
 
-LAYOUT: dict[str, dict[str, Any]] = {
-    # Mamba's block carries its own gated expansion (in_proj to 2 x expand x d, silu gate): in the paper's
-    # architecture (and MambaForCausalLM, and seqlab's mamba presets) it replaces both attention and the MLP,
-    # so the stack has no separate channel mixer. Adding one at the same budget shrinks d_model and leaves
-    # Mamba unable to learn induction heads in the lab's step budget (measured: chance after 800 steps,
-    # against 92% at 4x the training length without the MLP).
-    "mamba": {"d_ff": 0},
-}
-"""Per-mixer departures from the shared backbone, where a family's own architecture differs from it."""
+if TYPE_CHECKING:
+    from seqlab.lab.suite import Suite
+
+
+def layout(mixer: str) -> dict[str, Any]:
+    """The mixer's departure from the shared block: ``{"d_ff": 0}`` where its block has no channel MLP."""
+    return {} if mixer_spec(mixer).channel_mlp else {"d_ff": 0}
 
 
 def lm_fields(mixer: str, d_model: int, base: dict[str, Any]) -> dict[str, Any]:
-    fields = {**base, **LAYOUT.get(mixer, {}), "mixer": mixer, "d_model": d_model}
-    heads = fields.get("n_heads", 4)
-    if d_model % heads:
-        raise ValueError(f"d_model={d_model} is not a multiple of n_heads={heads}")
-    return fields
+    """The LM config fields of one lab model: ``base`` (depth, the task's sizes), the mixer, its width and
+    its :func:`layout`. No field of the mixer's own config is named: each mixer keeps its defaults."""
+    return {**base, **layout(mixer), "mixer": mixer, "d_model": d_model}
+
+
+def width_multiple(mixer: str) -> int:
+    """The step of d_model for ``mixer`` at its default config (attention: 2 x n_heads)."""
+    return mixer_spec(mixer).width_multiple(make_mixer_config(mixer))
 
 
 def count(mixer: str, d_model: int, base: dict[str, Any]) -> int:
@@ -40,9 +46,9 @@ def count(mixer: str, d_model: int, base: dict[str, Any]) -> int:
 def match_width(
     mixer: str, budget: int, base: dict[str, Any], multiple: int | None = None, lo: int = 8, hi: int = 2048
 ) -> tuple[int, int]:
-    """(d_model, parameters) with the parameter count closest to ``budget``; d_model a multiple of ``multiple``."""
-    if multiple is None:  # attention splits d_model into heads whose width RoPE needs even
-        multiple = 2 * base.get("n_heads", 4) if "attention" in mixer else 4
+    """(d_model, parameters) with the parameter count closest to ``budget``; d_model a multiple of ``multiple``
+    (default: the mixer's registered width step)."""
+    multiple = multiple or width_multiple(mixer)
     best: tuple[int, int] | None = None
     a, b = lo // multiple, hi // multiple
     while a <= b:  # parameter count grows with d_model: binary search, then look at both neighbours
@@ -60,3 +66,18 @@ def match_width(
     if best is None:
         raise ValueError(f"no width in [{lo}, {hi}] for mixer {mixer!r}")
     return best
+
+
+def lab_model_fields(mixer: str, suite: Suite, overrides: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """(LM config fields, parameters) of ``mixer``'s model in ``suite``: the suite's depth, the task's sizes
+    (``overrides``, e.g. vocab_size) and the width that matches the suite's budget."""
+    base = {"n_layers": suite.n_layers, **overrides}
+    d_model, params = match_width(mixer, suite.budget, base)
+    return lm_fields(mixer, d_model, base), params
+
+
+def build_lab_model(mixer: str, suite: Suite, overrides: dict[str, Any], seed: int):
+    """(model, d_model, parameters): ``mixer``'s model in ``suite`` (:func:`lab_model_fields`), seeded."""
+    fields, params = lab_model_fields(mixer, suite, overrides)
+    torch.manual_seed(seed)
+    return build("lm", make_config("lm", fields)), fields["d_model"], params

@@ -1,29 +1,24 @@
-"""The report of ``seqlab compare``: results.json, the textbook table with measured numbers, and plots."""
+"""The report of ``seqlab compare``: results.json, the textbook table with measured numbers, and plots.
+
+Families and block layouts come from the mixer registry (``seqlab.layers.mixer_spec``), so a newly
+registered mixer appears in its family's column without a change here.
+"""
 
 from __future__ import annotations
 
-import json
 import platform
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from seqlab.lab.suite import FAMILY, Suite
+from seqlab.lab.records import Record, first_value, select, write_results
+from seqlab.lab.suite import Entry, Suite
+from seqlab.layers.mixer import mixer_spec
 from seqlab.viz.figures import pyplot, save_figure
 
-PUBLIC_FIELDS = ("mixer", "task", "setting", "metric", "value", "params", "train_tokens_per_s", "seconds")
-
-
-def write_results(out: Path, records: list[dict[str, Any]]) -> Path:
-    from seqlab.training.checkpoint import write_text_atomic
-
-    rows = [{k: r.get(k) for k in PUBLIC_FIELDS} for r in records]
-    path = out / "results.json"
-    write_text_atomic(path, json.dumps(rows, indent=1))
-    return path
+__all__ = ["cpu_name", "hardware_slug", "write_plots", "write_results", "write_table"]
 
 
 def _fmt(value: float | None, metric: str) -> str:
@@ -43,13 +38,10 @@ def _fmt(value: float | None, metric: str) -> str:
     return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def _by(records, **match):
-    return [r for r in records if all(r.get(k) == v for k, v in match.items())]
-
-
-def flat_ratio(records, mixer: str) -> float | None:
-    rows = sorted(_by(records, mixer=mixer, task="decode", metric="latency_ms"), key=lambda r: r["x_value"])
-    return rows[-1]["value"] / rows[0]["value"] if len(rows) >= 2 and rows[0]["value"] > 0 else None
+def flat_ratio(records: list[Record], mixer: str) -> float | None:
+    """Decode latency at the longest context over that at the shortest; None without two contexts."""
+    rows = sorted(select(records, mixer=mixer, task="decode", metric="latency_ms"), key=lambda r: r.x_value)
+    return rows[-1].value / rows[0].value if len(rows) >= 2 and rows[0].value > 0 else None
 
 
 CLAIMS = {
@@ -78,25 +70,29 @@ def hardware_slug(name: str, words: int | None = None) -> str:
     return "-".join(parts[:words])
 
 
-def _cell(records, mixer: str, fmt: str, **match) -> str | None:
+def _cell(records: list[Record], mixer: str, fmt: str, **match) -> str | None:
     """The formatted value of the mixer's record matching ``match``; None when there is none."""
-    hit = _by(records, mixer=mixer, **match)
-    return _fmt(hit[0]["value"], fmt) if hit else None
+    hit = select(records, mixer=mixer, **match)
+    return _fmt(hit[0].value, fmt) if hit else None
 
 
-def _entry_label(entry) -> str:
+def _entry_label(entry: Entry) -> str:
     return f"{entry.task} {entry.setting}: {entry.metric} {'↑' if entry.higher_is_better else '↓'}"
 
 
-def _family_table(suite: Suite, mixers: list[str], records: list[dict[str, Any]]) -> list[str]:
+def _family(mixer: str) -> str:
+    return mixer_spec(mixer).family
+
+
+def _family_table(suite: Suite, mixers: list[str], records: list[Record]) -> list[str]:
     """The textbook table: one column per family, the claim, then each member's measured number per row."""
-    families = [f for f in CLAIMS if any(FAMILY.get(m) == f for m in mixers)]
+    families = [f for f in CLAIMS if any(_family(m) == f for m in mixers)]
     lines = ["| | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
 
     def row(label: str, value) -> None:  # value(mixer) -> its cell text, or None
         cells = []
         for f in families:
-            parts = [f"{m} {v}" for m in mixers if FAMILY.get(m) == f and (v := value(m)) is not None]
+            parts = [f"{m} {v}" for m in mixers if _family(m) == f and (v := value(m)) is not None]
             cells.append("<br>".join(parts) or "–")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
@@ -129,22 +125,75 @@ def _family_table(suite: Suite, mixers: list[str], records: list[dict[str, Any]]
     return lines
 
 
-def write_table(
-    out: Path, suite: Suite, mixers: list[str], records: list[dict[str, Any]], jobs: int = 1
-) -> Path:
+def _intro(suite: Suite, mixers: list[str], jobs: int) -> str:
+    own = [m for m in mixers if not mixer_spec(m).channel_mlp]  # blocks that carry their own expansion
+    layout = (
+        f"; {', '.join(own)} without the MLP, as in {'its' if len(own) == 1 else 'their'} paper"
+        if own
+        else ""
+    )
+    schedule = (
+        f"trained {jobs} runs at a time with one torch thread each"
+        if jobs > 1
+        else "trained one run at a time"
+    )
+    return (
+        f"Measured on {cpu_name()}, torch {torch.__version__}; every model is the shared backbone "
+        f"(norm, token mixer, residual, norm, MLP, residual{layout}) with {suite.n_layers} layers at a budget "
+        f"of {suite.budget:,} parameters, {schedule}. Speed and memory were measured afterwards with "
+        f"{torch.get_num_threads()} threads, one model at a time."
+    )
+
+
+def _mixer_table(suite: Suite, mixers: list[str], records: list[Record]) -> list[str]:
+    """One column per mixer: parameters, speed, memory, decoding, then each suite entry's metric."""
+    lines = [
+        "| | " + " | ".join(f"{m} ({_family(m)})" for m in mixers) + " |",
+        "|---|" + "---:|" * len(mixers),
+    ]
+
+    def row(label: str, cells: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    def cells(fmt: str, **match) -> list[str]:
+        return [_cell(records, m, fmt, **match) or "–" for m in mixers]
+
+    params = {m: next((r.params for r in records if r.mixer == m), None) for m in mixers}
+    row("parameters", [f"{params[m]:,}" if params[m] else "–" for m in mixers])
+    for length in suite.throughput_lengths:
+        row(
+            f"training tokens/s, b=8, t={length}",
+            cells("train_tokens_per_s", task="throughput", setting=f"t={length}"),
+        )
+    longest = max(suite.throughput_lengths)
+    row(f"activation memory (saved for backward), b=8, t={longest}", cells("activation_bytes", task="memory"))
+    for ctx in suite.decode_contexts:
+        row(
+            f"decode ms/token at context {ctx}",
+            cells("latency_ms", task="decode", setting=f"context={ctx}", metric="latency_ms"),
+        )
+    c0, c1 = suite.decode_contexts[0], suite.decode_contexts[-1]
+    ratios = [flat_ratio(records, m) for m in mixers]
+    row(
+        f"decode latency {c1} / {c0}",
+        ["–" if r is None else f"{r:.2f}× ({'flat' if r <= 1.2 else 'grows'})" for r in ratios],
+    )
+    for ctx in (c0, c1):
+        row(
+            f"state size at context {ctx}",
+            cells("state_bytes", task="decode", setting=f"context={ctx}", metric="state_bytes"),
+        )
+    for entry in suite.entries:
+        row(_entry_label(entry), cells(entry.metric, task=entry.task, setting=entry.setting))
+    return lines
+
+
+def write_table(out: Path, suite: Suite, mixers: list[str], records: list[Record], jobs: int = 1) -> Path:
+    """``out/table.md``: the textbook table by family, measured, then every mixer's numbers."""
     lines = [
         f"# seqlab compare --suite {suite.name}",
         "",
-        f"Measured on {cpu_name()}, torch {torch.__version__}; every model is the shared backbone "
-        f"(norm, token mixer, residual, norm, MLP, residual; Mamba without the MLP, as in its paper) with "
-        f"{suite.n_layers} layers at a budget of {suite.budget:,} parameters, "
-        + (
-            f"trained {jobs} runs at a time with one torch thread each"
-            if jobs > 1
-            else "trained one run at a time"
-        )
-        + f". Speed and memory were measured afterwards with {torch.get_num_threads()} threads, one model at a "
-        "time.",
+        _intro(suite, mixers, jobs),
         "",
         "## The textbook table, measured",
         "",
@@ -152,46 +201,7 @@ def write_table(
         "",
         "## Every mixer",
         "",
-        "| | " + " | ".join(f"{m} ({FAMILY.get(m, '?')})" for m in mixers) + " |",
-        "|---|" + "---:|" * len(mixers),
-    ]
-
-    def row(label: str, cells: list[str]) -> None:
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-
-    params = {m: next((r["params"] for r in records if r["mixer"] == m), None) for m in mixers}
-    row("parameters", [f"{params[m]:,}" if params[m] else "–" for m in mixers])
-
-    def cells(fmt: str, **match) -> list[str]:
-        return [_cell(records, m, fmt, **match) or "–" for m in mixers]
-
-    for length in suite.throughput_lengths:
-        row(
-            f"training tokens/s, b=8, t={length}",
-            cells("train_tokens_per_s", task="throughput", setting=f"t={length}"),
-        )
-    row(
-        f"activation memory (saved for backward), b=8, t={max(suite.throughput_lengths)}",
-        cells("activation_bytes", task="memory"),
-    )
-    for ctx in suite.decode_contexts:
-        row(
-            f"decode ms/token at context {ctx}",
-            cells("latency_ms", task="decode", setting=f"context={ctx}", metric="latency_ms"),
-        )
-    ratios = [flat_ratio(records, m) for m in mixers]
-    row(
-        f"decode latency {suite.decode_contexts[-1]} / {suite.decode_contexts[0]}",
-        ["–" if r is None else f"{r:.2f}× ({'flat' if r <= 1.2 else 'grows'})" for r in ratios],
-    )
-    for ctx in (suite.decode_contexts[0], suite.decode_contexts[-1]):
-        row(
-            f"state size at context {ctx}",
-            cells("state_bytes", task="decode", setting=f"context={ctx}", metric="state_bytes"),
-        )
-    for entry in suite.entries:
-        row(_entry_label(entry), cells(entry.metric, task=entry.task, setting=entry.setting))
-    lines += [
+        *_mixer_table(suite, mixers, records),
         "",
         "Decode latency is the median time of one `step` after reading the context; 'flat' means "
         "within 1.2× of the shortest context. State size counts every tensor of the carried state. "
@@ -202,17 +212,14 @@ def write_table(
     return path
 
 
-def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[dict[str, Any]]) -> list[Path]:
-    plt = pyplot()
-
-    paths = []
-    # decode latency and state bytes against context
+def _decode_plot(plt, mixers: list[str], records: list[Record], path: Path) -> Path:
+    """Decode latency and state bytes against the context already read, log-log."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for m in mixers:
         for ax, metric in zip(axes, ("latency_ms", "state_bytes"), strict=True):
-            rows = sorted(_by(records, mixer=m, task="decode", metric=metric), key=lambda r: r["x_value"])
+            rows = sorted(select(records, mixer=m, task="decode", metric=metric), key=lambda r: r.x_value)
             if rows:
-                ax.loglog([r["x_value"] for r in rows], [max(r["value"], 1e-9) for r in rows], "o-", label=m)
+                ax.loglog([r.x_value for r in rows], [max(r.value, 1e-9) for r in rows], "o-", label=m)
     axes[0].set_ylabel("ms per generated token")
     axes[1].set_ylabel("bytes of carried state")
     for ax in axes:
@@ -220,54 +227,59 @@ def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[dict[s
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle("decoding: O(1) state vs a growing KV cache")
-    paths.append(save_figure(fig, out / "decode.png"))
+    return save_figure(fig, path)
 
-    # throughput
+
+def _throughput_plot(plt, suite: Suite, mixers: list[str], records: list[Record], path: Path) -> Path:
+    """Training tokens/s per mixer, one bar per sequence length."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / max(1, len(suite.throughput_lengths))
-    for j, length in enumerate(suite.throughput_lengths):
-        vals = [
-            (_by(records, mixer=m, task="throughput", setting=f"t={length}") or [{"value": 0}])[0]["value"]
-            for m in mixers
-        ]
+    lengths = suite.throughput_lengths
+    width = 0.8 / max(1, len(lengths))
+    for j, length in enumerate(lengths):
+        vals = [first_value(records, 0, mixer=m, task="throughput", setting=f"t={length}") for m in mixers]
         ax.bar([i + j * width for i in range(len(mixers))], vals, width, label=f"t={length}")
-    ax.set_xticks([i + width * (len(suite.throughput_lengths) - 1) / 2 for i in range(len(mixers))], mixers)
+    ax.set_xticks([i + width * (len(lengths) - 1) / 2 for i in range(len(mixers))], mixers)
     ax.set_ylabel("training tokens/s")
     ax.set_title("training throughput (forward + backward + step)")
     ax.legend()
     ax.grid(alpha=0.3, axis="y")
-    paths.append(save_figure(fig, out / "throughput.png"))
+    return save_figure(fig, path)
 
-    # metric against setting, per task with several settings
-    by_task: dict[str, list] = defaultdict(list)
+
+def _length_plot(plt, suite: Suite, mixers: list[str], records: list[Record], path: Path) -> Path | None:
+    """The headline metric against the sequence length, one panel per task with several settings."""
+    by_task: dict[str, list[Entry]] = defaultdict(list)
     for e in suite.entries:
         by_task[e.task].append(e)
     multi = {t: es for t, es in by_task.items() if len(es) > 1 and all(e.x_value for e in es)}
-    if multi:
-        fig, axes = plt.subplots(1, len(multi), figsize=(5 * len(multi), 4), squeeze=False)
-        for ax, (task, es) in zip(axes[0], multi.items(), strict=True):
-            for m in mixers:
-                pts = [(e.x_value, _by(records, mixer=m, task=task, setting=e.setting)) for e in es]
-                pts = [(x, hit[0]["value"]) for x, hit in pts if hit]
-                if pts:
-                    ax.plot(*zip(*pts, strict=True), "o-", label=m)
-            ax.set_xlabel("sequence length")
-            ax.set_ylabel(es[0].metric)
-            ax.set_title(task)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        paths.append(save_figure(fig, out / "accuracy_vs_length.png"))
+    if not multi:
+        return None
+    fig, axes = plt.subplots(1, len(multi), figsize=(5 * len(multi), 4), squeeze=False)
+    for ax, (task, es) in zip(axes[0], multi.items(), strict=True):
+        for m in mixers:
+            pts = [(e.x_value, first_value(records, mixer=m, task=task, setting=e.setting)) for e in es]
+            pts = [(x, v) for x, v in pts if v is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o-", label=m)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel(es[0].metric)
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
 
-    # training curves, one panel per task setting
+
+def _curves_plot(plt, suite: Suite, mixers: list[str], records: list[Record], path: Path) -> Path:
+    """Training loss against step, one panel per task setting."""
     entries = list(suite.entries)
     cols = min(3, len(entries))
     rows_n = (len(entries) + cols - 1) // cols
     fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.5 * rows_n), squeeze=False)
     for ax, e in zip(axes.flat, entries, strict=False):
         for m in mixers:
-            hit = _by(records, mixer=m, task=e.task, setting=e.setting)
-            if hit and hit[0].get("curve"):
-                steps, losses = zip(*hit[0]["curve"], strict=True)
+            hit = select(records, mixer=m, task=e.task, setting=e.setting)
+            if hit and hit[0].curve:
+                steps, losses = zip(*hit[0].curve, strict=True)
                 ax.plot(steps, losses, label=m, lw=1)
         ax.set_title(f"{e.task} {e.setting}", fontsize=10)
         ax.set_xlabel("step")
@@ -277,5 +289,17 @@ def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[dict[s
     for ax in list(axes.flat)[len(entries) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    paths.append(save_figure(fig, out / "training_curves.png", dpi=100))
-    return paths
+    return save_figure(fig, path, dpi=100)
+
+
+def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[Record]) -> list[Path]:
+    """decode.png, throughput.png, accuracy_vs_length.png (where a task has several lengths) and
+    training_curves.png in ``out``; returns the paths written."""
+    plt = pyplot()
+    paths = [
+        _decode_plot(plt, mixers, records, out / "decode.png"),
+        _throughput_plot(plt, suite, mixers, records, out / "throughput.png"),
+        _length_plot(plt, suite, mixers, records, out / "accuracy_vs_length.png"),
+        _curves_plot(plt, suite, mixers, records, out / "training_curves.png"),
+    ]
+    return [p for p in paths if p is not None]

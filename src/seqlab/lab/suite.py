@@ -1,27 +1,18 @@
 """The suites of ``seqlab compare``: which tasks, at which settings, for how many steps.
 
-Each entry trains every mixer on one task setting with the same budget of steps, batch and learning rate,
-and reads one headline metric at the end. ``quick`` (the default, under 10 minutes on 2 CPU cores with
-``--jobs 2``) shows the directions with fewer steps and shorter sequences; ``full`` (under an hour) runs the
-settings where the published orderings appear: the adding problem to T=200, selective copying over regions
-of 64 and 128, recall, induction heads tested at 4x the training length.
+Each entry trains every mixer (by default every registered one, ``seqlab.layers.list_mixers()``) on one task
+setting with the same budget of steps, batch and learning rate, and reads one headline metric at the end.
+``quick`` (the default, under 10 minutes on 2 CPU cores with ``--jobs 2``) shows the directions with fewer
+steps and shorter sequences; ``full`` (under an hour) runs the settings where the published orderings
+appear: the adding problem to T=200, selective copying over regions of 64 and 128, recall, induction heads
+tested at 4x the training length.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
-
-MIXER_ORDER = ("rnn", "lstm", "gru", "attention", "linear-attention", "s4d", "mamba")
-FAMILY = {
-    "rnn": "RNN",
-    "lstm": "RNN",
-    "gru": "RNN",
-    "attention": "Transformer",
-    "linear-attention": "Transformer",
-    "s4d": "SSM",
-    "mamba": "SSM",
-}
 
 
 @dataclass(frozen=True)
@@ -48,68 +39,38 @@ class Suite:
     n_layers: int
     entries: tuple[Entry, ...]
     decode_contexts: tuple[int, ...] = (64, 512, 2048, 8192)
+    """Context lengths at which decode latency and state size are measured."""
     throughput_lengths: tuple[int, ...] = (256, 1024)
+    """Sequence lengths of the training-throughput measurement; activation memory is taken at the longest."""
     gradient_length: int = 100
+    """Length T of the adding problem in the gradient-flow plot of the recurrent cells."""
     gradient_steps: int = 0
+    """Training steps before the plot's second panel; 0: at initialization only."""
 
 
 def _adding(T: int, steps: int, batch: int = 32) -> Entry:
-    return Entry(
-        "adding",
-        f"T={T}",
-        {"seq_len": T, "batch_size": batch},
-        steps,
-        "val_mse",
-        higher_is_better=False,
-        lr=3e-3,
-        x_value=T,
-    )
+    args = {"seq_len": T, "batch_size": batch}
+    return Entry("adding", f"T={T}", args, steps, "val_mse", higher_is_better=False, lr=3e-3, x_value=T)
 
 
 def _selective_copy(T: int, k: int, steps: int, batch: int = 32) -> Entry:
-    return Entry(
-        "selective_copy",
-        f"T={T}, {k} tokens",
-        {"seq_len": T, "n_tokens": k, "batch_size": batch},
-        steps,
-        "val_accuracy",
-        lr=3e-3,
-        x_value=T,
-    )
+    args = {"seq_len": T, "n_tokens": k, "batch_size": batch}
+    return Entry("selective_copy", f"T={T}, {k} tokens", args, steps, "val_accuracy", lr=3e-3, x_value=T)
 
 
 def _recall(pairs: int, steps: int) -> Entry:
-    return Entry(
-        "associative_recall",
-        f"pairs={pairs}",
-        {"n_pairs": pairs, "n_queries": pairs, "batch_size": 32},
-        steps,
-        "val_accuracy",
-        lr=3e-3,
-        x_value=pairs,
-    )
+    args = {"n_pairs": pairs, "n_queries": pairs, "batch_size": 32}
+    return Entry("associative_recall", f"pairs={pairs}", args, steps, "val_accuracy", lr=3e-3, x_value=pairs)
 
 
 def _induction(T: int, steps: int) -> Entry:
-    return Entry(
-        "induction",
-        f"train {T}, test {4 * T}",
-        {"seq_len": T, "test_seq_len": 4 * T, "batch_size": 32},
-        steps,
-        "val_accuracy",
-        x_value=T,
-    )
+    args = {"seq_len": T, "test_seq_len": 4 * T, "batch_size": 32}
+    return Entry("induction", f"train {T}, test {4 * T}", args, steps, "val_accuracy", x_value=T)
 
 
 def _shakespeare(steps: int) -> Entry:
-    return Entry(
-        "shakespeare",
-        "chars",
-        {"seq_len": 128, "batch_size": 16, "sampling": "random"},
-        steps,
-        "val_loss",
-        higher_is_better=False,
-    )
+    args = {"seq_len": 128, "batch_size": 16, "sampling": "random"}
+    return Entry("shakespeare", "chars", args, steps, "val_loss", higher_is_better=False)
 
 
 def _mnist1d(steps: int) -> Entry:
@@ -136,10 +97,9 @@ QUICK = Suite(
     gradient_length=60,
 )
 
-FULL = Suite(
+FULL = dataclasses.replace(
+    QUICK,  # the same models: the budget and depth of the quick suite
     name="full",
-    budget=60_000,
-    n_layers=2,
     entries=(
         _adding(50, 500),
         _adding(100, 1000),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from seqlab.viz import GRADIENT_CELLS
 from seqlab.viz.figures import pyplot, save_figure
 
 
@@ -28,13 +29,26 @@ class GradientFlow:
     """Mean over the batch of ‖∂L/∂h_t‖₂, for t = 1..T (last layer's hidden state)."""
     final_mse: float
 
+    def summary(self) -> str:
+        """One line: how much of the gradient at the last position reaches the first, and the val MSE."""
+        ratio = self.norms[0] / self.norms[-1] if self.norms[-1] else float("nan")
+        return (
+            f"{self.cell:<5} trained {self.trained_steps:>5} steps: |dL/dh_1| / |dL/dh_T| = {ratio:.2e}, "
+            f"val MSE {self.final_mse:.4f}"
+        )
+
 
 def _hidden(state) -> Tensor:
-    return state[0] if isinstance(state, tuple) else state  # (L, b, H): the LSTM's h, not its cell c
+    """The hidden state tensor of the top layer's recurrence, as it sits in the model's state (so that its
+    gradient is the full dL/dh_t): (l, b, H) with the top layer last. The LM's state is a list of per-layer
+    states, each h or (h, c) of shape (1, b, H); a stacked recurrent layer's is h or (h, c) of (L, b, H)."""
+    if isinstance(state, list):
+        state = state[-1]
+    return state[0] if isinstance(state, tuple) else state  # the LSTM's h, not its cell c
 
 
 def gradient_norms(model, task, batch_index: int = 0) -> tuple[list[float], float]:
-    """‖∂L/∂h_t‖ for one validation batch of ``task`` through an ``RNNLM`` with feature inputs."""
+    """‖∂L/∂h_t‖ for one validation batch of ``task`` through a stacked recurrent LM with feature inputs."""
     batch = task.get_batch("val", batch_index)
     x, y = batch["x"], batch["y"]
     was_training = model.training
@@ -43,7 +57,7 @@ def gradient_norms(model, task, batch_index: int = 0) -> tuple[list[float], floa
     state = model.init_state(x.size(0))
     for t in range(x.size(1)):
         _, state = model.step(x[:, t], state)
-        h = _hidden(state)  # (L, b, H)
+        h = _hidden(state)  # (l, b, H)
         h.retain_grad()
         hs.append(h)
     pred = model.head(hs[-1][-1]).squeeze(-1)  # read the answer from h_T itself, so h_T is on the loss path
@@ -56,7 +70,7 @@ def gradient_norms(model, task, batch_index: int = 0) -> tuple[list[float], floa
 
 
 def gradient_flow(
-    cells=("rnn", "lstm", "gru"),
+    cells: tuple[str, ...] = GRADIENT_CELLS,
     seq_len: int = 200,
     d_model: int = 64,
     train_steps: int = 0,
@@ -87,6 +101,21 @@ def gradient_flow(
         norms, mse = gradient_norms(model, task)
         results.append(GradientFlow(cell, train_steps, norms, mse))
     return results
+
+
+def gradient_flow_groups(
+    cells: tuple[str, ...],
+    seq_len: int,
+    d_model: int,
+    train_steps: int,
+    seed: int = 0,
+    progress: bool = False,
+) -> list[list[GradientFlow]]:
+    """The flows at initialization and, when ``train_steps`` > 0, after that much training: one plot panel each."""
+    groups = [gradient_flow(cells, seq_len, d_model, 0, seed)]
+    if train_steps > 0:
+        groups.append(gradient_flow(cells, seq_len, d_model, train_steps, seed, progress=progress))
+    return groups
 
 
 def plot_gradient_flow(groups: list[list[GradientFlow]], path, title: str | None = None) -> None:
