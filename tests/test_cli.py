@@ -76,14 +76,14 @@ def test_run_file_and_overrides(text_file, tmp_path, capsys):
     assert main(["train", str(run_file), "--train.steps=4", "--out", str(tmp_path / "r")]) == 0
     cfg = json.loads(next((tmp_path / "r" / "checkpoints").iterdir()).joinpath("config.json").read_text())
     assert cfg["train"]["steps"] == 4 and cfg["train"]["lr"] == 0.003
-    assert cfg["model"]["cell"] == "lstm"
+    assert cfg["model"].get("mixer", cfg["model"].get("cell")) == "lstm"
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--model.name=no-such"], "unknown model"),
-        (["--model.name=test-lstm-lm", "--model.n_layer=3"], "unknown RNNLMConfig field"),
+        (["--model.name=test-lstm-lm", "--model.n_layer=3"], "['n_layer']"),
         (["--model.name=test-lstm-lm", "--train.stepz=3"], "unknown train field"),
         (["--model.name=test-lstm-lm", "--task.name=text"], "task.source"),
         (["--model.name=test-lstm-lm", "--task.name=nope"], "unknown task"),
@@ -126,3 +126,57 @@ def test_override_parsing():
         parse_overrides(["--steps=3"])
     with pytest.raises(ValueError, match="must name a field"):
         parse_overrides(["--optim.lr=3"])
+
+
+def test_list_names_every_registered_mixer_with_its_family_and_fields(capsys):
+    from seqlab.layers import list_mixers, mixer_spec
+
+    assert main(["list", "--mixers"]) == 0
+    out = capsys.readouterr().out
+    assert "lstm-lm-small" not in out  # the mixers only
+    for name in list_mixers():
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"{name} "))
+        assert mixer_spec(name).family in line and mixer_spec(name).summary in line
+    assert "n_heads=4" in out and "'zoh'" in out  # fields with defaults; a Literal field's choices
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "lstm-lm-small" in out and "linear-attention" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["compare", "--jobs", "0"], "--jobs: must be a positive integer, got '0'"),
+        (["generate", "--checkpoint", "x", "--top-p", "1.5"], "--top-p: must be a probability in (0, 1]"),
+        (["viz", "gradients", "--length", "1"], "--length: must be an integer >= 2, got '1'"),
+        (["viz", "gradients", "--cells", "lstm,mamba"], "--cells: takes rnn, lstm, gru"),
+        (["list", "--train.steps=3"], "unrecognized arguments: --train.steps=3"),
+    ],
+)
+def test_arguments_are_checked_as_they_are_parsed(capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_user_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
+    args = ["compare", "--out", str(tmp_path), "--suite", "huge"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown suite") and "Traceback" not in err and err.count("\n") == 1
+    with pytest.raises(ValueError, match="unknown suite"):
+        main(["--debug", *args])
+
+
+def test_a_bug_shows_its_traceback(monkeypatch, tmp_path, capsys):
+    import seqlab.lab
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("shapes do not match")
+
+    monkeypatch.setattr(seqlab.lab, "compare", broken)
+    assert main(["compare", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: shapes do not match" in err and "--debug" in err
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        main(["--debug", "compare", "--out", str(tmp_path)])

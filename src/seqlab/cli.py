@@ -1,13 +1,33 @@
-"""The ``seqlab`` command line: train, generate, list. The only module that parses argv."""
+"""The ``seqlab`` command line: train, generate, compare, viz, params, list. The only module that parses argv.
+
+Each subcommand is a ``_cmd_*`` function registered on its parser with ``set_defaults(func=...)``. Errors:
+a user's mistake (a ValueError from validation, a missing file or optional package, a diverging loss) is one
+line ``error: ...`` and exit status 2; any other exception is a bug in seqlab (or a library it calls) and
+shows its traceback with exit status 1. ``seqlab --debug ...`` shows the traceback of every error.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import os
 import sys
+import traceback
 from pathlib import Path
+
+from seqlab.run import (
+    config_fields,
+    indices,
+    int_at_least,
+    names,
+    non_negative_float,
+    non_negative_int,
+    one_of,
+    positive_float,
+    positive_int,
+    probability,
+    split_overrides,
+)
 
 TRAIN_HELP = """\
 Train a model on a task. Settings come from an optional YAML run file, then dotted overrides:
@@ -22,16 +42,14 @@ adding, copy, then its arguments), train (steps, lr, warmup_steps, weight_decay,
 eval_every, save_every, max_minutes, seed, device, ...).
 """
 
+# ---- the commands -----------------------------------------------------------------------------------------
 
-def _cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from seqlab.run import DEFAULT_RUN, build_run, default_out, load_run_file, merge_run, parse_overrides
-    from seqlab.training import Trainer
-    from seqlab.training.checkpoint import resolve_checkpoint
 
-    file_run = load_run_file(args.run_file) if args.run_file else {}
-    run = merge_run(DEFAULT_RUN, file_run, parse_overrides(extra))
-    out = Path(args.out or run.get("out") or default_out(run))
-    run["out"] = str(out)
+def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
+    """The merged run dict and its directory; refuses to overwrite a run or to resume a missing one."""
+    from seqlab.run import resolve_run
+
+    run, out = resolve_run(args.run_file, args.overrides, args.out)
     has_ckpt = (out / "latest").is_file()
     if args.resume and not has_ckpt:
         raise SystemExit(f"error: --resume given but {out} holds no checkpoint to resume from")
@@ -40,6 +58,16 @@ def _cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             f"error: {out} already holds a run; pass --resume to continue it, or choose another "
             f"--out (nothing is overwritten)"
         )
+    return run, out
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from seqlab.models import count_parameters
+    from seqlab.run import build_run
+    from seqlab.training import Trainer
+    from seqlab.training.checkpoint import resolve_checkpoint
+
+    run, out = _load_train_run(args)
     model, task, train = build_run(run)
     if args.resume:  # the run's own settings win, so that the continuation is exact
         saved = json.loads((resolve_checkpoint(out) / "config.json").read_text(encoding="utf-8"))["run"]
@@ -47,39 +75,29 @@ def _cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             logging.getLogger("seqlab").warning("resuming with the settings saved in %s", out)
             run = saved
             model, task, train = build_run(run)
-    from seqlab.models import count_parameters
-
     print(
         f"model {run['model']['name']} ({count_parameters(model):,} parameters), task {task.name}, "
         f"{train.steps} steps -> {out}",
         flush=True,
     )
     summary = Trainer(model, task, train, out, run).fit(resume=args.resume)
-    print(
-        json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()}), flush=True
-    )
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}), flush=True)
     return 0
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from seqlab.tasks.tokenizers import tokenizer_from_json
-    from seqlab.training.checkpoint import load_model, load_tokenizer_json, resolve_checkpoint
+    from seqlab.training.checkpoint import load_model, load_tokenizer, resolve_checkpoint
 
     where = resolve_checkpoint(args.checkpoint)
-    tok_json = load_tokenizer_json(where)
-    if tok_json is None:
-        raise SystemExit(
-            f"error: {where} has no tokenizer.json: it was not trained on text, nothing to sample"
-        )
-    tok = tokenizer_from_json(tok_json)  # char, bpe or wordpiece
+    tok = load_tokenizer(where, "it was not trained on text, nothing to sample")
     device = torch.device(
         args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     )
     model = load_model(where, device=device)
     if not hasattr(model, "generate"):
-        raise SystemExit(f"error: the model in {where} is not a generative language model")
+        raise ValueError(f"the model in {where} is not a generative language model")
     try:
         prompt = tok.encode(args.prompt)
     except ValueError as e:
@@ -87,15 +105,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if prompt.numel() == 0:
         raise SystemExit("error: the prompt is empty; give at least one character, e.g. --prompt 'ROMEO:'")
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    ids = model.generate(
-        prompt.to(device),
-        args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        generator=gen,
-    )
-    print(tok.decode(ids))
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    print(tok.decode(model.generate(prompt.to(device), args.max_new_tokens, **sampling, generator=gen)))
     return 0
 
 
@@ -103,57 +114,53 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from seqlab.models import PRESETS, count_parameters, list_models
     from seqlab.tasks import list_tasks
 
-    print(f"{'model':<26} {'family':<12} {'parameters':>16}   (vocab_size 256 unless the task sets it)")
-    for name in list_models(args.pattern):
-        print(f"{name:<26} {PRESETS[name][0]:<12} {count_parameters(name):>16,}")
-    print("\ntasks: " + ", ".join(list_tasks()))
+    if not args.mixers:
+        print(f"{'model':<26} {'family':<12} {'parameters':>16}   (vocab_size 256 unless the task sets it)")
+        for name in list_models(args.pattern):
+            print(f"{name:<26} {PRESETS[name][0]:<12} {count_parameters(name):>16,}")
+        print("\ntasks: " + ", ".join(list_tasks()) + "\n")
+    print("\n".join(mixer_lines()))
     return 0
+
+
+def mixer_lines() -> list[str]:
+    """The registered token mixers: name, family and summary, then each config field with its default."""
+    from seqlab.layers.mixer import list_mixers, mixer_spec
+
+    lines = [f"{'mixer':<18} {'family':<12} (a model's token mixer; `seqlab compare --mixers` takes these)"]
+    for name in list_mixers():
+        spec = mixer_spec(name)
+        lines.append(f"{name:<18} {spec.family:<12} {spec.summary}")
+        lines.append(f"{'':<31} fields: {', '.join(config_fields(spec.config)) or 'none'}")
+    return lines
 
 
 def _cmd_viz_gradients(args: argparse.Namespace) -> int:
     import torch
 
-    from seqlab.viz.gradients import gradient_flow, plot_gradient_flow
+    from seqlab.viz.gradients import gradient_flow_groups, plot_gradient_flow
 
-    if args.length < 2:
-        raise ValueError(f"--length must be at least 2, got {args.length}")
-    cells = tuple(args.cells.split(","))
-    unknown = sorted(set(cells) - {"rnn", "lstm", "gru"})
-    if unknown:
-        raise ValueError(f"--cells takes rnn, lstm, gru; got {unknown}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    groups = [gradient_flow(cells, args.length, args.d_model, 0, args.seed)]
-    if args.train_steps > 0:
-        groups.append(
-            gradient_flow(cells, args.length, args.d_model, args.train_steps, args.seed, progress=True)
-        )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plot_gradient_flow(groups, out, title=f"gradient flow on the adding problem, T={args.length}")
-    for group in groups:
-        for r in group:
-            ratio = r.norms[0] / r.norms[-1] if r.norms[-1] else float("nan")
-            print(
-                f"{r.cell:<5} trained {r.trained_steps:>5} steps: |dL/dh_1| / |dL/dh_T| = {ratio:.2e}, "
-                f"val MSE {r.final_mse:.4f}"
-            )
-    print(f"wrote {out}")
+    groups = gradient_flow_groups(
+        tuple(args.cells), args.length, args.d_model, args.train_steps, args.seed, progress=True
+    )
+    plot_gradient_flow(groups, args.out, title=f"gradient flow on the adding problem, T={args.length}")
+    print("\n".join(r.summary() for group in groups for r in group))
+    print(f"wrote {args.out}")
     return 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     import torch
 
-    from seqlab.lab import compare
+    from seqlab.lab import compare, default_jobs
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
-    if args.jobs is None:  # the cores this process may use (Linux), else all of them; at most 4
-        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        args.jobs = max(1, min(4, usable))
-    paths = compare(args.out, args.suite, split(args.mixers), split(args.tasks), args.seed, jobs=args.jobs)
+    paths = compare(
+        args.out, args.suite, args.mixers, args.tasks, args.seed, jobs=args.jobs or default_jobs()
+    )
     print(Path(paths["table"]).read_text(encoding="utf-8"))
     print(
         f"wrote {paths['results']}, {paths['table']} and {len(paths['plots'])} plots in "
@@ -162,11 +169,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_params(args: argparse.Namespace, extra: list[str]) -> int:
+def _cmd_params(args: argparse.Namespace) -> int:
     from seqlab.models.flops import report
     from seqlab.run import parse_overrides
 
-    parsed = parse_overrides(extra)
+    parsed = parse_overrides(args.overrides)
     if set(parsed) - {"model"}:
         raise ValueError("seqlab params takes --model.FIELD=VALUE overrides only")
     r = report(args.name, context=args.context, **parsed.get("model", {}))
@@ -193,30 +200,20 @@ def _cmd_viz_positions(args: argparse.Namespace) -> int:
 
 
 def _cmd_viz_attention(args: argparse.Namespace) -> int:
-    from seqlab.tasks.tokenizers import tokenizer_from_json
-    from seqlab.training.checkpoint import load_model, load_tokenizer_json, resolve_checkpoint
+    from seqlab.training.checkpoint import load_model, load_tokenizer, resolve_checkpoint
     from seqlab.viz.attention import write_attention_maps
 
     where = resolve_checkpoint(args.checkpoint)
-    tok_json = load_tokenizer_json(where)
-    if tok_json is None:
-        raise ValueError(f"{where} has no tokenizer.json: attention maps need a model trained on text")
-    ints = lambda s: [int(x) for x in s.split(",") if x.strip()] if s else None  # noqa: E731
-    model = load_model(where)
-    paths = write_attention_maps(
-        model, tokenizer_from_json(tok_json), args.text, args.out, ints(args.layers), ints(args.heads)
-    )
+    tok = load_tokenizer(where, "attention maps need a model trained on text")
+    paths = write_attention_maps(load_model(where), tok, args.text, args.out, args.layers, args.heads)
     print(f"wrote {len(paths)} attention maps to {args.out}")
     return 0
 
 
-def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="seqlab", description="Sequence models from RNNs to Transformers and SSMs."
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = p.add_subparsers(dest="command", required=True)
+# ---- the parser -------------------------------------------------------------------------------------------
 
+
+def _add_train(sub) -> None:
     t = sub.add_parser(
         "train",
         help="train a model on a task",
@@ -228,17 +225,23 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
     )
+    t.set_defaults(func=_cmd_train, takes_overrides=True, trains=True)
 
+
+def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="sample text from a trained language model")
     g.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
     g.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    g.add_argument("--max-new-tokens", type=int, default=500)
-    g.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--max-new-tokens", type=non_negative_int, default=500)
+    g.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy")
+    g.add_argument("--top-k", type=positive_int, default=None)
+    g.add_argument("--top-p", type=probability, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto")
+    g.set_defaults(func=_cmd_generate)
 
+
+def _add_compare(sub) -> None:
     c = sub.add_parser("compare", help="the lab: RNN vs Transformer vs SSM, measured on this machine")
     c.add_argument(
         "--suite",
@@ -246,17 +249,26 @@ def make_parser() -> argparse.ArgumentParser:
         help="quick (about 7 min on 2 cores with --jobs 2) or full (about 40 min with --jobs 2)",
     )
     c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
-    c.add_argument("--mixers", help="comma-separated subset, e.g. lstm,attention,mamba")
-    c.add_argument("--tasks", help="comma-separated subset of the suite's tasks")
+    c.add_argument(
+        "--mixers", type=names, help="comma-separated subset of `seqlab list --mixers` (default: all)"
+    )
+    c.add_argument("--tasks", type=names, help="comma-separated subset of the suite's tasks")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
+    c.add_argument(
+        "--threads", type=positive_int, default=None, help="torch threads (default: PyTorch's choice)"
+    )
     c.add_argument(
         "--jobs",
-        type=int,
+        type=positive_int,
         default=None,
         help="training runs at once, each in its own process with one thread (default: the usable CPU cores, "
         "at most 4; on 2 cores, 2 jobs take about half the wall time of 1); speed is still measured alone",
     )
+    c.set_defaults(func=_cmd_compare, trains=True)
+
+
+def _add_viz(sub) -> None:
+    from seqlab.viz import GRADIENT_CELLS as CELLS
 
     viz = sub.add_parser("viz", help="pictures: gradient flow, positional encodings, attention maps")
     vsub = viz.add_subparsers(dest="viz_command", required=True)
@@ -264,57 +276,103 @@ def make_parser() -> argparse.ArgumentParser:
         "gradients", help="plot |dL/dh_t| against t for RNN, LSTM and GRU (vanishing gradients)"
     )
     vg.add_argument("--out", default="gradient-flow.png", help="PNG file to write")
-    vg.add_argument("--length", type=int, default=100, help="sequence length T of the adding problem")
-    vg.add_argument("--train-steps", type=int, default=0, help="also plot after this many training steps")
-    vg.add_argument("--cells", default="rnn,lstm,gru")
-    vg.add_argument("--d-model", type=int, default=64)
+    vg.add_argument(
+        "--length", type=int_at_least(2), default=100, help="sequence length T of the adding problem"
+    )
+    vg.add_argument("--train-steps", type=non_negative_int, default=0, help="also plot after this many steps")
+    vg.add_argument(
+        "--cells", type=one_of(CELLS), default=list(CELLS), help=f"comma-separated: {','.join(CELLS)}"
+    )
+    vg.add_argument("--d-model", type=positive_int, default=64)
     vg.add_argument("--seed", type=int, default=0)
-    vg.add_argument("--threads", type=int, default=None)
+    vg.add_argument("--threads", type=positive_int, default=None)
+    vg.set_defaults(func=_cmd_viz_gradients)
 
     va = vsub.add_parser("attention", help="heatmaps of a GPT checkpoint's attention weights on a text")
     va.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
     va.add_argument("--text", required=True, help="text to run through the model")
-    va.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
-    va.add_argument("--heads", default=None, help="comma-separated head indices (default: all)")
+    va.add_argument(
+        "--layers", type=indices, default=None, help="comma-separated layer indices (default: all)"
+    )
+    va.add_argument("--heads", type=indices, default=None, help="comma-separated head indices (default: all)")
     va.add_argument("--out", default="attention-maps", help="directory for layer{L}-head{H}.png")
+    va.set_defaults(func=_cmd_viz_attention)
 
     vp = vsub.add_parser(
         "positions", help="the sinusoidal table and its similarities, RoPE's relative scores, 2-D patch codes"
     )
     vp.add_argument("--out", default="positions.png", help="PNG file to write")
-    vp.add_argument("--positions", type=int, default=128, help="positions to draw")
-    vp.add_argument("--d-model", type=int, default=64, help="channels (a multiple of 4)")
-    vp.add_argument("--base", type=float, default=10000.0, help="the wavelength base (10000 in the papers)")
-    vp.add_argument("--grid", type=int, default=14, help="patch grid side for the 2-D codes (ViT-B/16: 14)")
+    vp.add_argument("--positions", type=positive_int, default=128, help="positions to draw")
+    vp.add_argument("--d-model", type=positive_int, default=64, help="channels (a multiple of 4)")
+    vp.add_argument(
+        "--base", type=positive_float, default=10000.0, help="the wavelength base (10000 in the papers)"
+    )
+    vp.add_argument(
+        "--grid", type=positive_int, default=14, help="patch grid side for the 2-D codes (ViT-B/16: 14)"
+    )
+    vp.set_defaults(func=_cmd_viz_positions)
 
+
+def _add_params(sub) -> None:
     pa = sub.add_parser(
         "params", help="parameter count by component and FLOPs per token of a preset, e.g. seqlab params gpt2"
     )
     pa.add_argument("name", help="a preset from `seqlab list`; override fields with --model.FIELD=VALUE")
     pa.add_argument(
-        "--context", type=int, default=None, help="context length for the FLOPs (default: max_seq_len)"
+        "--context", type=positive_int, help="context length for the FLOPs (default: max_seq_len)"
     )
     pa.add_argument("--shapes", action="store_true", help="list every parameter's shape")
+    pa.set_defaults(func=_cmd_params, takes_overrides=True)
 
-    ls = sub.add_parser("list", help="list model presets and tasks")
-    ls.add_argument("pattern", nargs="?", help="shell-style filter, e.g. 'lstm*'")
+
+def _add_list(sub) -> None:
+    ls = sub.add_parser("list", help="list model presets, tasks and token mixers")
+    ls.add_argument("pattern", nargs="?", help="shell-style filter of the presets, e.g. 'lstm*'")
+    ls.add_argument("--mixers", action="store_true", help="only the token mixers, with their config fields")
+    ls.set_defaults(func=_cmd_list)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="seqlab", description="Sequence models from RNNs to Transformers and SSMs."
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.add_argument(
+        "--debug", action="store_true", help="show the traceback of every error, user mistakes too"
+    )
+    p.set_defaults(takes_overrides=False, trains=False)
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_generate, _add_compare, _add_viz, _add_params, _add_list):
+        add(sub)
     return p
 
 
-def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Separate dotted overrides (``--train.lr=3e-3`` or ``--train.lr 3e-3``) from ordinary arguments."""
-    rest, overrides, i = [], [], 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
-            overrides.append(arg)
-            if "=" not in arg and i + 1 < len(argv):
-                overrides.append(argv[i + 1])
-                i += 1
-        else:
-            rest.append(arg)
-        i += 1
-    return rest, overrides
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions whose message is the whole story for the user: validation, files, installs, divergence."""
+    from seqlab.tasks.base import MissingDependencyError
+
+    return (ValueError, OSError, MissingDependencyError, FloatingPointError)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the command; a user's mistake becomes one ``error:`` line and status 2, a bug its traceback."""
+    try:
+        return args.func(args)
+    except user_errors() as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if args.debug:
+            raise
+        traceback.print_exc()
+        print(
+            f"error: unexpected {type(e).__name__} (a bug in seqlab or a library it calls; the traceback is "
+            f"above, and `seqlab --debug ...` raises it for a debugger)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,31 +382,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
     )
-    if args.command not in ("train", "params") and overrides:
+    if overrides and not args.takes_overrides:
         parser.error(f"unrecognized arguments: {' '.join(overrides)}")
-    if args.command in ("train", "compare"):  # a training process: keep freed memory for the next step
+    args.overrides = overrides
+    if args.trains:  # a training process: keep freed memory for the next step
         from seqlab.training.allocator import keep_freed_memory
 
         keep_freed_memory()
-    try:
-        if args.command == "train":
-            return _cmd_train(args, overrides)
-        if args.command == "generate":
-            return _cmd_generate(args)
-        if args.command == "compare":
-            return _cmd_compare(args)
-        if args.command == "params":
-            return _cmd_params(args, overrides)
-        if args.command == "viz" and args.viz_command == "attention":
-            return _cmd_viz_attention(args)
-        if args.command == "viz" and args.viz_command == "positions":
-            return _cmd_viz_positions(args)
-        if args.command == "viz":
-            return _cmd_viz_gradients(args)
-        return _cmd_list(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return _dispatch(args)
 
 
 if __name__ == "__main__":

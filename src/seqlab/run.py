@@ -11,13 +11,14 @@ config dataclass or the task's signature, so a typo is an error, not a silently 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 SECTIONS = ("model", "task", "train")
@@ -139,6 +140,8 @@ def build_run(run: dict[str, Any]):
     family = PRESETS[name][0]
     config_cls = type(make_config(family, PRESETS[name][1]))
     overrides = {**coerce_fields(config_cls, model_fields), **task.model_overrides()}
+    import torch
+
     torch.manual_seed(train.seed)  # the initial weights depend on the seed only
     model = create(name, **overrides)
     return model, task, train
@@ -146,3 +149,105 @@ def build_run(run: dict[str, Any]):
 
 def default_out(run: dict[str, Any]) -> Path:
     return Path("runs") / f"{run['model'].get('name', 'model')}-{run['task'].get('name', 'task')}"
+
+
+def resolve_run(run_file: str | None, overrides: list[str], out: str | None) -> tuple[dict[str, Any], Path]:
+    """(run, its directory): the defaults, then the run file, then dotted overrides; the directory is
+    ``out``, else the run's own 'out', else runs/MODEL-TASK (written into the run)."""
+    file_run = load_run_file(run_file) if run_file else {}
+    run = merge_run(DEFAULT_RUN, file_run, parse_overrides(overrides))
+    path = Path(out or run.get("out") or default_out(run))
+    run["out"] = str(path)
+    return run, path
+
+
+# ---- values from the command line: one validator per kind of value, one message each ----------------------
+
+
+def _number(kind: Callable[[str], float], text: str, ok: Callable[[float], bool], what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    return lambda text: _number(int, text, lambda v: v >= minimum, f"an integer >= {minimum}")
+
+
+def positive_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return int_at_least(0)(text)
+
+
+def non_negative_float(text: str) -> float:
+    return _number(float, text, lambda v: v >= 0, "a number >= 0")
+
+
+def positive_float(text: str) -> float:
+    return _number(float, text, lambda v: v > 0, "a positive number")
+
+
+def probability(text: str) -> float:
+    """A probability mass in (0, 1], as nucleus sampling's top_p."""
+    return _number(float, text, lambda v: 0 < v <= 1, "a probability in (0, 1]")
+
+
+def names(text: str) -> list[str]:
+    """'lstm, gru' -> ['lstm', 'gru']: a comma-separated list, blanks dropped."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def indices(text: str) -> list[int]:
+    """'0,3' -> [0, 3]: comma-separated integers >= 0."""
+    return [non_negative_int(x) for x in names(text)]
+
+
+def one_of(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """A comma-separated list whose items are all among ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        items = names(text)
+        unknown = [x for x in items if x not in choices]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(f"takes {', '.join(choices)}; got {text!r}")
+        return items
+
+    return parse
+
+
+def config_fields(cls: type) -> list[str]:
+    """'name=default' for each field of a config dataclass, with the choices of a Literal field."""
+    from seqlab.tasks.base import literal_choices
+
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        choices = literal_choices(hints[f.name])
+        out.append(
+            f"{f.name}={default!r}" + (f" (one of {', '.join(map(repr, choices))})" if choices else "")
+        )
+    return out
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate dotted overrides (``--train.lr=3e-3`` or ``--train.lr 3e-3``) from ordinary arguments."""
+    rest, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
+            overrides.append(arg)
+            if "=" not in arg and i + 1 < len(argv):
+                overrides.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, overrides
