@@ -369,6 +369,7 @@ def _build_attention(d_model: int, c: AttentionMixerConfig, *, dropout: float, d
 register_mixer(
     MixerSpec(
         name="attention",
+        year=2017,
         config=AttentionMixerConfig,
         build=_build_attention,
         family="Transformer",

@@ -237,6 +237,7 @@ class LinearAttentionMixerConfig:
 register_mixer(
     MixerSpec(
         name="linear-attention",
+        year=2020,
         config=LinearAttentionMixerConfig,
         build=lambda d, c, *, dropout, device=None, dtype=None: LinearAttention(
             d, c.n_heads, head_dim=c.head_dim, causal=True, device=device, dtype=dtype

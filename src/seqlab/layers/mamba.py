@@ -210,6 +210,7 @@ class MambaMixerConfig:
 register_mixer(
     MixerSpec(
         name="mamba",
+        year=2023,
         config=MambaMixerConfig,
         build=lambda d, c, *, dropout, device=None, dtype=None: Mamba(
             d, c.d_state, c.d_conv, c.expand, dt_rank=c.dt_rank, device=device, dtype=dtype

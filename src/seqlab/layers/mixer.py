@@ -75,6 +75,8 @@ class MixerSpec:
     family: Family
     summary: str
     """One line for ``seqlab list --mixers``: what it is and its paper."""
+    year: int | None = None
+    """Year of its paper: tables list mixers by family, then in the literature's order (None: last)."""
     channel_mlp: bool = True
     """Block layout in the LM backbone: followed by a channel MLP (True), or carrying its own (Mamba)."""
     step_cost: float = 1.0
@@ -103,10 +105,15 @@ def _ensure_builtins() -> None:
 
 
 def list_mixers(family: str | None = None) -> list[str]:
-    """Registered mixer names, by family (RNN, Transformer, SSM), then in registration order."""
+    """Registered mixer names, by family (RNN, Transformer, SSM), then by the year of their paper."""
     _ensure_builtins()
     names = [n for n, s in _REGISTRY.items() if family is None or s.family == family]
-    return sorted(names, key=lambda n: FAMILIES.index(_REGISTRY[n].family))  # stable: keeps registration
+
+    def key(name: str) -> tuple[int, float]:
+        spec = _REGISTRY[name]
+        return FAMILIES.index(spec.family), float("inf") if spec.year is None else spec.year
+
+    return sorted(names, key=key)  # stable: ties keep the registration order
 
 
 def mixer_spec(name: str) -> MixerSpec:

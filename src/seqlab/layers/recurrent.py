@@ -184,6 +184,7 @@ def _build_lstm(d_model: int, c: LSTMMixerConfig, *, dropout: float, device=None
 register_mixer(
     MixerSpec(
         name="rnn",
+        year=1990,
         config=RNNMixerConfig,
         build=lambda d, c, *, dropout, device=None, dtype=None: RNN(
             d, d, nonlinearity=c.nonlinearity, device=device, dtype=dtype
@@ -196,6 +197,7 @@ register_mixer(
 register_mixer(
     MixerSpec(
         name="lstm",
+        year=1997,
         config=LSTMMixerConfig,
         build=_build_lstm,
         family="RNN",
@@ -206,6 +208,7 @@ register_mixer(
 register_mixer(
     MixerSpec(
         name="gru",
+        year=2014,
         config=GRUMixerConfig,
         build=lambda d, c, *, dropout, device=None, dtype=None: GRU(d, d, device=device, dtype=dtype),
         family="RNN",

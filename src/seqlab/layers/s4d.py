@@ -244,6 +244,7 @@ class S4DMixerConfig:
 register_mixer(
     MixerSpec(
         name="s4d",
+        year=2022,
         config=S4DMixerConfig,
         build=lambda d, c, *, dropout, device=None, dtype=None: S4D(
             d, c.d_state, c.discretization, c.init, dropout=dropout, device=device, dtype=dtype
