@@ -8,6 +8,7 @@ from seqlab.layers.attention import (
     scaled_dot_product_attention_ref,
 )
 from seqlab.layers.linear_attention import LinearAttention
+from seqlab.layers.mingru import MinGRU
 from seqlab.layers.mixer import (
     MixerSpec,
     TokenMixer,
@@ -45,6 +46,7 @@ __all__ = [
     "LinearAttention",
     "LuongAttention",
     "Mamba",
+    "MinGRU",
     "MixerSpec",
     "MultiheadAttention",
     "RMSNorm",
