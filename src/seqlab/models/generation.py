@@ -19,11 +19,13 @@ def check_token_ids(ids: Tensor, vocab_size: int) -> None:
     """Token ids must be integers in [0, vocab_size): a clear error here instead of an IndexError in embedding."""
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"expected token ids (an integer tensor), got {ids.dtype}; set d_input for features")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(
-            f"token ids must be in [0, {vocab_size}) for a vocabulary of {vocab_size}; "
-            f"got values from {int(ids.min())} to {int(ids.max())}"
-        )
+    if ids.numel():
+        lo, hi = (int(v) for v in torch.aminmax(ids))  # one pass over the ids
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(
+                f"token ids must be in [0, {vocab_size}) for a vocabulary of {vocab_size}; "
+                f"got values from {lo} to {hi}"
+            )
 
 
 def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
