@@ -65,12 +65,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from seqlab.models import count_parameters
     from seqlab.run import build_run
     from seqlab.training import Trainer
-    from seqlab.training.checkpoint import resolve_checkpoint
+    from seqlab.training.checkpoint import load_config, resumable_checkpoint
 
     run, out = _load_train_run(args)
     model, task, train = build_run(run)
-    if args.resume:  # the run's own settings win, so that the continuation is exact
-        saved = json.loads((resolve_checkpoint(out) / "config.json").read_text(encoding="utf-8"))["run"]
+    where = resumable_checkpoint(out) if args.resume else None  # the newest complete, verified one
+    if where is not None:  # the run's own settings win, so that the continuation is exact; steps may grow
+        saved = load_config(where)["run"]
+        saved["train"].update({k: v for k, v in run["train"].items() if k == "steps"})
         if saved != run:
             logging.getLogger("seqlab").warning("resuming with the settings saved in %s", out)
             run = saved
@@ -80,7 +82,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         f"{train.steps} steps -> {out}",
         flush=True,
     )
-    summary = Trainer(model, task, train, out, run).fit(resume=args.resume)
+    summary = Trainer(model, task, train, out, run).fit(resume=where or False)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}), flush=True)
     return 0
 

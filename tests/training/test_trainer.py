@@ -62,7 +62,7 @@ def test_training_reduces_loss_and_writes_checkpoints(text_file, tmp_path):
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
     assert math.isfinite(summary["val_loss"])
     kept = sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir())
-    assert kept == ["step-00000035", "step-00000040"]  # keep_checkpoints=2 prunes older ones
+    assert kept == ["manifest.json", "step-00000035", "step-00000040"]  # keep_checkpoints=2 prunes older ones
     loaded = ckpt.load_model(tmp_path / "r")
     for (k, v), (k2, v2) in zip(tr.model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert k == k2 and torch.equal(v, v2)

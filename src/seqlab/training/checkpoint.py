@@ -4,7 +4,8 @@ A run directory looks like::
 
     RUN/
       metrics.jsonl                 one JSON record per log/eval event
-      latest                        name of the newest complete checkpoint, replaced atomically
+      latest                        "checkpoints/step-NNNNNNNN", the newest complete checkpoint
+      checkpoints/manifest.json     the checkpoints seqlab wrote here, with a sha256 per file
       checkpoints/step-00001000/
         model.safetensors           the model's state_dict
         config.json                 {"family", "model", "task", "train", "run", "step"}
@@ -12,16 +13,25 @@ A run directory looks like::
         trainer_state.safetensors   optimizer tensors, RNG states, carried recurrent state
         trainer_state.json          step, optimizer hyper-parameters, structure of the above
 
-A checkpoint is written into a temporary directory, flushed to disk, and renamed into place; only then does
-``latest`` move to it (``os.replace``, atomic on POSIX). A run killed at any moment leaves the previous
-checkpoint complete and ``latest`` pointing at a complete one. Loading reads safetensors and JSON only, so a
-checkpoint cannot execute code.
+Guarantees (seqlab.training.manifest has the manifest's own):
+
+- A checkpoint is written into a temporary directory and flushed to disk; the manifest then records its
+  files' checksums, it is renamed into place, and only then does ``latest`` move to it (each step atomic on
+  POSIX). A run killed at any moment leaves ``latest`` naming a complete checkpoint whose checksums verify.
+- Pruning (``keep``) removes only checkpoints the manifest names: nothing a user put in the run directory,
+  not even a ``checkpoints/step-*`` folder of their own, is ever deleted.
+- ``latest`` can only name a checkpoint inside its run directory, ``checkpoints/step-NNNNNNNN``.
+- Every loader verifies the files it reads against the manifest; a changed file is a
+  :class:`~seqlab.training.manifest.CorruptCheckpointError` (a ValueError) naming it, never weights loaded silently.
+- Loading reads safetensors and JSON only, so a checkpoint cannot execute code.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,54 +41,25 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from seqlab.training.manifest import (
+    MANIFEST,
+    CorruptCheckpointError,
+    digest_dir,
+    fsync_dir,
+    read_manifest,
+    umask,
+    verify,
+    write_manifest,
+    write_text_atomic,
+)
+
+log = logging.getLogger("seqlab.train")
+
 STEP_PREFIX = "step-"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (/proc/self/status)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)  # elsewhere: set and restore at once
-    os.umask(mask)
-    return mask
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see either the old or the new file, never half of one.
-
-    The file gets the permissions a plain ``open(path, "w")`` would give it (0666 less the umask), not the
-    0600 of the temporary file it is written through.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+STEP_DIR = re.compile(r"step-\d{8,}")
+LATEST = re.compile(r"checkpoints/" + STEP_DIR.pattern)
+MODEL_FILES = ("model.safetensors", "config.json")
+TRAINER_FILES = ("trainer_state.safetensors", "trainer_state.json")
 
 
 # ---- flattening nested state into (tensors, JSON) -------------------------------------------------------------
@@ -124,66 +105,135 @@ def save_checkpoint(
     tokenizer_json: str | None = None,
     keep: int = 2,
 ) -> Path:
-    """Write ``RUN/checkpoints/step-NNNNNNNN`` atomically, point ``latest`` at it, keep the newest ``keep``."""
+    """Write ``RUN/checkpoints/step-NNNNNNNN`` atomically, record it in the manifest, point ``latest`` at it,
+    then keep the newest ``keep`` checkpoints the manifest names (:func:`prune`).
+
+    A directory of that name that the manifest does not name is not seqlab's: a FileExistsError, and it is
+    left as it is.
+    """
     run_dir = Path(run_dir)
     ckpt_root = run_dir / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"{STEP_PREFIX}{step:08d}"
+    final = ckpt_root / name
+    entries = read_manifest(ckpt_root)
+    if (final.exists() or final.is_symlink()) and name not in entries:
+        raise FileExistsError(
+            f"{final} exists but {ckpt_root / MANIFEST} does not name it (seqlab did not write it): "
+            f"move it away to save step {step} here"
+        )
     tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=f".tmp-{name}-"))
     try:
-        tmp.chmod(0o777 & ~_umask())  # a checkpoint directory like any other (mkdtemp makes it 0700)
-        # tied parameters are stored once, under their first name; load_state_dict(strict=False) re-ties them
-        state = {}
-        seen: dict[int, str] = {}
-        for k, v in model.state_dict().items():
-            if v.data_ptr() in seen and v.numel() > 0:
-                continue
-            seen[v.data_ptr()] = k
-            state[k] = v.detach().contiguous().cpu()
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_text(json.dumps({**config, "step": step}, indent=2), encoding="utf-8")
-        if tokenizer_json is not None:
-            (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-        if trainer_state is not None:
-            tensors: dict[str, Tensor] = {}
-            meta = flatten(trainer_state, "s", tensors)
-            save_file(tensors, str(tmp / "trainer_state.safetensors"))
-            (tmp / "trainer_state.json").write_text(json.dumps(meta), encoding="utf-8")
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(tmp)
-        final = ckpt_root / name
-        if final.exists():  # re-saving the same step (e.g. after a resume): move the old one aside first
-            old = ckpt_root / f".old-{name}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(ckpt_root)
+        _write_files(tmp, step, model, config, trainer_state, tokenizer_json)
+        entries[name] = {"step": step, "files": digest_dir(tmp)}
+        _move_into_place(tmp, final, entries)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     write_text_atomic(run_dir / "latest", f"checkpoints/{name}\n")
-    complete = sorted(p for p in ckpt_root.iterdir() if p.name.startswith(STEP_PREFIX))
-    for old in complete[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    prune(ckpt_root, entries, name, keep)
     return final
+
+
+def _write_files(tmp: Path, step: int, model, config, trainer_state, tokenizer_json) -> None:
+    """A checkpoint's files, written into ``tmp`` and flushed to disk."""
+    tmp.chmod(0o777 & ~umask())  # a checkpoint directory like any other (mkdtemp makes it 0700)
+    # tied parameters are stored once, under their first name; load_state_dict(strict=False) re-ties them
+    state = {}
+    seen: dict[int, str] = {}
+    for k, v in model.state_dict().items():
+        if v.data_ptr() in seen and v.numel() > 0:
+            continue
+        seen[v.data_ptr()] = k
+        state[k] = v.detach().contiguous().cpu()
+    save_file(state, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps({**config, "step": step}, indent=2), encoding="utf-8")
+    if tokenizer_json is not None:
+        (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    if trainer_state is not None:
+        tensors: dict[str, Tensor] = {}
+        meta = flatten(trainer_state, "s", tensors)
+        save_file(tensors, str(tmp / "trainer_state.safetensors"))
+        (tmp / "trainer_state.json").write_text(json.dumps(meta), encoding="utf-8")
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    fsync_dir(tmp)
+
+
+def _move_into_place(tmp: Path, final: Path, entries: dict[str, Any]) -> None:
+    """Record ``entries`` (naming ``final`` with ``tmp``'s checksums), then rename ``tmp`` to ``final``.
+
+    Re-saving a step (a run resumed from an earlier checkpoint) first moves the old directory aside, so the
+    manifest never names files other than the ones its checksums describe: at worst it names a directory
+    that is not there yet, which is never loaded and is forgotten by the next :func:`prune`.
+    """
+    old = final.parent / f".old-{final.name}"
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    try:
+        write_manifest(final.parent, entries)
+        os.replace(tmp, final)
+    except BaseException:
+        if old.exists() and not final.exists():  # an error, not a kill: put the old checkpoint back
+            os.replace(old, final)
+        raise
+    fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def prune(ckpt_root: Path, entries: dict[str, Any], saved: str, keep: int) -> None:
+    """Keep ``saved`` and the ``keep - 1`` newest checkpoints before it that the manifest names; remove the
+    other checkpoints it names (those after ``saved`` belong to a continuation a resume abandoned) and forget
+    the ones already gone. ``keep=0`` removes none. A directory the manifest does not name is never touched.
+
+    Each doomed directory is renamed to ``.old-step-*`` before the manifest forgets it, so a kill leaves
+    only names that :func:`~seqlab.training.manifest.remove_leftovers` clears at the next start.
+    """
+    step = entries[saved]["step"]
+    before = sorted((e["step"], n) for n, e in entries.items() if e["step"] < step)
+    kept = {saved, *(n for _, n in before[max(0, len(before) - keep + 1) :])} if keep > 0 else set(entries)
+    drop = [n for n in entries if n not in kept or not (ckpt_root / n).is_dir()]
+    if not drop:
+        return
+    doomed = []
+    for n in drop:
+        if (ckpt_root / n).is_dir():
+            doomed.append(ckpt_root / f".old-{n}")
+            shutil.rmtree(doomed[-1], ignore_errors=True)
+            os.replace(ckpt_root / n, doomed[-1])
+    write_manifest(ckpt_root, {n: e for n, e in entries.items() if n not in drop})
+    for d in doomed:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- finding and verifying checkpoints ------------------------------------------------------------------------
+
+
+def latest_target(run_dir: Path) -> Path:
+    """The checkpoint directory ``run_dir/latest`` names; a ValueError unless it names one inside the run,
+    ``checkpoints/step-NNNNNNNN`` (an absolute path or ``..`` is never followed)."""
+    latest = Path(run_dir) / "latest"
+    text = latest.read_text(encoding="utf-8", errors="replace").strip()
+    if not LATEST.fullmatch(text):
+        raise ValueError(
+            f"{latest} holds {text[:200]!r}; it can only name a checkpoint inside its run directory, "
+            f"'checkpoints/step-NNNNNNNN'"
+        )
+    return Path(run_dir) / text
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from a run directory (its ``latest``) or a checkpoint directory itself."""
     path = Path(path)
-    if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
+    if all((path / f).is_file() for f in MODEL_FILES):
         return path
-    latest = path / "latest"
-    if latest.is_file():
-        target = path / latest.read_text(encoding="utf-8").strip()
+    if (path / "latest").is_file():
+        target = latest_target(path)
         if (target / "model.safetensors").is_file():
             return target
-        raise FileNotFoundError(f"{latest} points at {target}, which is not a complete checkpoint")
+        raise FileNotFoundError(f"{path / 'latest'} points at {target}, which is not a complete checkpoint")
     if not path.exists():
         raise FileNotFoundError(f"no such checkpoint or run directory: {path}")
     raise FileNotFoundError(
@@ -192,15 +242,79 @@ def resolve_checkpoint(path: str | Path) -> Path:
     )
 
 
+def check_complete(ckpt_dir: Path) -> None:
+    """CorruptCheckpointError unless ``ckpt_dir`` holds a model, its config and trainer state, each matching
+    the manifest's checksums (when the manifest names the checkpoint)."""
+    for name in MODEL_FILES + TRAINER_FILES:
+        if not (ckpt_dir / name).is_file():
+            raise CorruptCheckpointError(f"{ckpt_dir / name} is missing")
+    verify(ckpt_dir)
+
+
+def resumable_checkpoint(path: str | Path) -> Path:
+    """The checkpoint a resume starts from: complete (model, config, trainer state) and verified.
+
+    ``path`` is a checkpoint directory (taken as it is) or a run directory: the checkpoint ``latest`` names,
+    or, when that one is incomplete or fails its checksums, the newest checkpoint the manifest names that
+    passes (a warning names both). A CorruptCheckpointError when none does.
+    """
+    path = Path(path)
+    if not (path / "latest").is_file() or all((path / f).is_file() for f in MODEL_FILES):
+        target = resolve_checkpoint(path)
+        check_complete(target)
+        return target
+    target = latest_target(path)
+    try:
+        check_complete(target)
+        return target
+    except CorruptCheckpointError as e:
+        problem = e
+    for candidate in _newest_first(path / "checkpoints", exclude=target.name):
+        try:
+            check_complete(candidate)
+        except CorruptCheckpointError:
+            continue
+        log.warning(
+            "cannot resume from %s (%s); resuming from %s, the newest complete checkpoint whose checksums "
+            "verify",
+            target,
+            problem,
+            candidate,
+        )
+        return candidate
+    raise CorruptCheckpointError(f"no checkpoint in {path} is complete and verified; {problem}")
+
+
+def _newest_first(ckpt_root: Path, exclude: str) -> list[Path]:
+    """The checkpoints the manifest names, newest first; a run written before manifests: its step dirs."""
+    names = [
+        n for _, n in sorted(((e["step"], n) for n, e in read_manifest(ckpt_root).items()), reverse=True)
+    ]
+    if not names and ckpt_root.is_dir():
+        names = sorted((p.name for p in ckpt_root.iterdir() if STEP_DIR.fullmatch(p.name)), reverse=True)
+    return [ckpt_root / n for n in names if n != exclude]
+
+
+# ---- loading ------------------------------------------------------------------------------------------------
+
+
 def load_config(ckpt: str | Path) -> dict[str, Any]:
-    return json.loads((resolve_checkpoint(ckpt) / "config.json").read_text(encoding="utf-8"))
+    """``config.json`` of a checkpoint (or of a run's latest), verified against the manifest."""
+    where = resolve_checkpoint(ckpt)
+    verify(where, ("config.json",))
+    return json.loads((where / "config.json").read_text(encoding="utf-8"))
 
 
 def load_model(ckpt: str | Path, device=None) -> torch.nn.Module:
-    """Rebuild the model from ``config.json`` and load its safetensors weights."""
+    """Rebuild the model from ``config.json`` and load its safetensors weights.
+
+    Both files are verified against the run's manifest first: a file changed since seqlab wrote it raises
+    CorruptCheckpointError, a ValueError naming it.
+    """
     from seqlab.models import build
 
     ckpt = resolve_checkpoint(ckpt)
+    verify(ckpt, MODEL_FILES)
     cfg = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
     model = build(cfg["family"], cfg["model"], device=device)
     load_weights(model, ckpt / "model.safetensors")
@@ -223,18 +337,26 @@ def _is_tied(model: torch.nn.Module, key: str, stored: dict[str, Tensor]) -> boo
     return any(sd[k].data_ptr() == ptr for k in stored if k in sd and k != key)
 
 
-def load_trainer_state(ckpt: str | Path) -> dict[str, Any] | None:
+def load_trainer_state(ckpt: str | Path, verified: bool = False) -> dict[str, Any] | None:
+    """The trainer state saved with a checkpoint (None when it has none), its files verified against the
+    manifest unless the caller has ``verified`` them already (:func:`resumable_checkpoint`)."""
     ckpt = resolve_checkpoint(ckpt)
     meta_file = ckpt / "trainer_state.json"
     if not meta_file.is_file():
         return None
+    if not verified:
+        verify(ckpt, TRAINER_FILES)
     tensors = load_file(str(ckpt / "trainer_state.safetensors"))
     return unflatten(json.loads(meta_file.read_text(encoding="utf-8")), tensors)
 
 
 def load_tokenizer_json(ckpt: str | Path) -> str | None:
+    """``tokenizer.json`` of a checkpoint, verified against the manifest; None when it has none."""
     f = resolve_checkpoint(ckpt) / "tokenizer.json"
-    return f.read_text(encoding="utf-8") if f.is_file() else None
+    if not f.is_file():
+        return None
+    verify(f.parent, ("tokenizer.json",))
+    return f.read_text(encoding="utf-8")
 
 
 def load_tokenizer(ckpt: str | Path, needed_for: str):

@@ -7,8 +7,21 @@ norm, gradient accumulation, truncated BPTT (the recurrent state is carried from
 periodic evaluation, metrics as JSON lines, a progress bar, atomic checkpoints and an exact resume.
 
 Exact resume: batches are a pure function of their index, the learning rate a pure function of the step,
-and the checkpoint holds the optimizer, the RNG state and any carried recurrent state, so a resumed run
-produces the same loss sequence as an uninterrupted one.
+and the checkpoint holds the optimizer, the RNG state, any carried recurrent state and the loss summed since
+the last train record, so a resumed run produces the same loss sequence and the same ``metrics.jsonl``
+records (timings aside) as an uninterrupted one, whatever ``log_every`` and ``save_every`` are.
+
+The run directory (``out_dir``):
+
+- ``metrics.jsonl`` holds one strict JSON record per line; a value that is not finite (a diverged metric)
+  is written as ``null``, never ``NaN``. A train record at step s holds the mean loss over the steps since
+  the last multiple of ``log_every`` (the final record of a run that stops between two, too).
+- Every start first removes what an interrupted save left behind (seqlab's own temporary names only,
+  ``seqlab.training.manifest.remove_leftovers``).
+- A resume starts from the newest complete, verified checkpoint (``checkpoint.resumable_checkpoint``) and cuts
+  ``metrics.jsonl`` back to its step: lines torn by a kill and records written after the checkpoint go.
+- A fresh start never appends to the ``metrics.jsonl`` of an earlier run: it moves that file aside to
+  ``metrics.jsonl.stale-N`` (the first free N) with a warning. Nothing is deleted.
 """
 
 from __future__ import annotations
@@ -16,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from seqlab.training import checkpoint as ckpt
+from seqlab.training import manifest as run_files
 from seqlab.training.optim import lr_at, make_optimizer
 from seqlab.validation import check_positive_floats, check_positive_ints
 
@@ -127,6 +140,8 @@ class Trainer:
         self.elapsed = 0.0  # seconds of training, summed over resumed segments
         self.carry: Any = None  # recurrent state carried between batches (stateful tasks only)
         self.history: list[dict[str, Any]] = []  # every metrics record of this process
+        self.window = _Window()  # loss since the last train record (saved), tokens and time (this process)
+        self.last: dict[str, Any] = {"train_loss": None}  # the newest train loss and eval metrics
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
 
@@ -151,6 +166,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "rng_cpu": torch.get_rng_state(),
             "carry": self.carry,
+            "log_window": {"loss": self.window.loss, "n": self.window.n},
         }
         if torch.cuda.is_available():
             state["rng_cuda"] = torch.cuda.get_rng_state_all()
@@ -166,36 +182,45 @@ class Trainer:
         )
 
     def resume(self, path: str | Path | None = None) -> None:
-        """Load weights and trainer state from ``path`` (default: this run's latest checkpoint)."""
-        where = ckpt.resolve_checkpoint(path or self.out_dir)
+        """Load weights and trainer state from ``path`` (a checkpoint, or a run directory: its newest complete,
+        verified checkpoint; default: this run's) and cut ``metrics.jsonl`` back to the checkpoint's step."""
+        where = ckpt.resumable_checkpoint(path or self.out_dir)
         ckpt.load_weights(self.model, where / "model.safetensors")
-        state = ckpt.load_trainer_state(where)
-        if state is None:
-            raise FileNotFoundError(f"{where} has no trainer state to resume from")
+        state = ckpt.load_trainer_state(where, verified=True)
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng_cpu"])
         if "rng_cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(list(state["rng_cuda"]))
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
         self.carry = _move(state["carry"], self.device)
-        if self.out_dir is not None:  # forget metrics logged after the checkpoint by the interrupted run
-            mfile = self.out_dir / "metrics.jsonl"
-            if mfile.is_file():
-                keep = [
-                    ln
-                    for ln in mfile.read_text(encoding="utf-8").splitlines()
-                    if ln.strip() and json.loads(ln)["step"] <= self.step
-                ]
-                ckpt.write_text_atomic(mfile, "".join(ln + "\n" for ln in keep))
+        self.window.restore(**state.get("log_window", {}))  # older checkpoints: an empty window
+        if self.step > self.config.steps:
+            raise ValueError(
+                f"train.steps={self.config.steps} is below the step {self.step} of the checkpoint {where}; "
+                f"pass train.steps >= {self.step} to continue this run"
+            )
+        if self.out_dir is not None:
+            self._cut_metrics()
         log.info("resumed from %s at step %d", where, self.step)
+
+    def _cut_metrics(self) -> None:
+        """Cut ``metrics.jsonl`` back to the resumed step; the newest train loss and eval metrics it keeps
+        become ``last`` (what a resumed run that has nothing left to do reports)."""
+        for rec in run_files.cut_metrics(self.out_dir / "metrics.jsonl", self.step):
+            if rec.get("split") == "train":
+                self.last["train_loss"] = rec.get("loss")
+            elif rec.get("split") == "val":
+                self.last.update({k: v for k, v in rec.items() if k not in ("step", "split", "elapsed_s")})
 
     # ---- the loop -------------------------------------------------------------------------------------------
 
     def _record(self, rec: dict[str, Any]) -> None:
+        """Append one record to ``metrics.jsonl`` as strict JSON (non-finite numbers as null)."""
+        rec = run_files.finite_or_none(rec)
         self.history.append(rec)
         if self.out_dir is not None:
             with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(rec) + "\n")
+                f.write(json.dumps(rec, allow_nan=False) + "\n")
 
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
@@ -233,13 +258,17 @@ class Trainer:
         self.step += 1
         return total / c.grad_accum, tokens
 
-    def fit(self, resume: bool = False, until: int | None = None) -> dict[str, Any]:
-        """Train to ``config.steps`` (or stop early at step ``until``, saving there, as a pause point)."""
+    def fit(self, resume: bool | str | Path = False, until: int | None = None) -> dict[str, Any]:
+        """Train to ``config.steps`` (or stop early at step ``until``, saving there, as a pause point).
+
+        ``resume``: True continues from this run's newest complete, verified checkpoint, a path from that
+        checkpoint (or run directory); False starts afresh.
+        """
         c = self.config
         self._start(resume)
         bar = self._progress_bar()
-        window = _Window()
-        last: dict[str, Any] = {"train_loss": math.nan}
+        window, last = self.window, self.last
+        window.start = time.perf_counter()
         stop = None
         while self.step < c.steps and stop is None:
             t0 = time.perf_counter()
@@ -259,16 +288,21 @@ class Trainer:
             log.warning("stopping at step %d: train.max_minutes=%s reached", self.step, c.max_minutes)
         if bar is not None:
             bar.close()
-        return {"step": self.step, "elapsed_s": self.elapsed, "stopped_early": stop == "budget", **last}
+        summary = {"step": self.step, "elapsed_s": self.elapsed, "stopped_early": stop == "budget", **last}
+        return run_files.finite_or_none(summary)
 
-    def _start(self, resume: bool) -> None:
-        """Threads, the run directory, the checkpoint to resume from, training mode."""
+    def _start(self, resume: bool | str | Path) -> None:
+        """Threads, the run directory (cleared of an interrupted save's leftovers; an earlier run's metrics set
+        aside on a fresh start), the checkpoint to resume from, training mode."""
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        if resume:
-            self.resume()
+            run_files.remove_leftovers(self.out_dir)
+            if not resume:  # never append to an earlier run's metrics
+                run_files.set_aside(self.out_dir / "metrics.jsonl")
+        if resume is not False:
+            self.resume(None if resume is True else resume)
         self.model.train()
 
     def _progress_bar(self):
@@ -286,7 +320,8 @@ class Trainer:
         return "budget" if c.max_minutes is not None and self.elapsed > 60 * c.max_minutes else None
 
     def _log_train(self, window: _Window, bar) -> float:
-        """Record the mean training loss and throughput since the last record; returns the loss."""
+        """Record the mean training loss since the last multiple of ``log_every`` and the throughput since
+        the last record; returns the loss."""
         now = time.perf_counter()
         rec = {
             "step": self.step,
@@ -297,7 +332,7 @@ class Trainer:
             "elapsed_s": round(self.elapsed, 3),
         }
         self._record(rec)
-        window.reset(now)
+        window.reset(now, keep_loss=self.step % self.config.log_every != 0)
         if bar is not None:
             bar.set_postfix(loss=f"{rec['loss']:.3f}", refresh=False)
         return rec["loss"]
@@ -318,18 +353,27 @@ class Trainer:
 
 @dataclass
 class _Window:
-    """Training loss and tokens summed since the last train record, and when that window started."""
+    """Training loss summed over the ``n`` steps since the last multiple of ``log_every`` (saved with a
+    checkpoint, so that a resumed run's records equal the uninterrupted run's), and the tokens since this
+    process's last record with when that started (throughput, which a resume does not carry over)."""
 
     loss: float = 0.0
-    tokens: int = 0
     n: int = 0
+    tokens: int = 0
     start: float = dataclasses.field(default_factory=time.perf_counter)
 
     def add(self, loss: float, tokens: int) -> None:
         self.loss, self.tokens, self.n = self.loss + loss, self.tokens + tokens, self.n + 1
 
-    def reset(self, now: float) -> None:
-        self.loss, self.tokens, self.n, self.start = 0.0, 0, 0, now
+    def reset(self, now: float, keep_loss: bool = False) -> None:
+        """Start a new window; ``keep_loss`` (a record between two multiples of log_every) keeps the loss."""
+        if not keep_loss:
+            self.loss, self.n = 0.0, 0
+        self.tokens, self.start = 0, now
+
+    def restore(self, loss: float = 0.0, n: int = 0) -> None:
+        """Take up the loss sums of a window saved with a checkpoint."""
+        self.loss, self.n = float(loss), int(n)
 
 
 def _move(obj: Any, device: torch.device) -> Any:
