@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,hf,lab]'
 	touch $(STAMP)
 
-# the lab's quick suite: every token mixer on every probe, the textbook table measured here (about 7 min);
+# the lab's quick suite: every token mixer on every probe, the textbook table measured here (7-15 min);
 # a second `make demo` reuses the finished runs in runs/compare-quick instead of redoing them
 demo: $(STAMP)
 	$(VENV)/bin/seqlab compare --suite quick --jobs 2 --out runs/compare-quick

@@ -248,7 +248,7 @@ def _add_compare(sub) -> None:
     c.add_argument(
         "--suite",
         default="quick",
-        help="quick (about 7 min on 2 cores with --jobs 2) or full (about 40 min with --jobs 2)",
+        help="quick (7-15 min on 2 cores with --jobs 2) or full (40-60 min with --jobs 2)",
     )
     c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
     c.add_argument(
