@@ -47,6 +47,23 @@ __all__ = [
 ]
 
 
+def packed_in_proj(
+    rows: int, d_model: int, bias: bool, device=None, dtype=None
+) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """torch.nn.MultiheadAttention's packed input projection, uninitialized (:func:`reset_packed_in_proj`):
+    ``in_proj_weight`` (rows, d) stacking [W_q; W_k; W_v] as ``F.linear`` weights, ``in_proj_bias`` (rows,)
+    or None."""
+    weight = nn.Parameter(torch.empty(rows, d_model, device=device, dtype=dtype))
+    return weight, nn.Parameter(torch.empty(rows, device=device, dtype=dtype)) if bias else None
+
+
+def reset_packed_in_proj(weight: Tensor, bias: Tensor | None) -> None:
+    """torch's initialization of the packed projection: Xavier-uniform over the whole (rows, d), zero bias."""
+    nn.init.xavier_uniform_(weight)
+    if bias is not None:
+        nn.init.zeros_(bias)
+
+
 class MultiheadAttention(FastPathMixin, nn.Module):
     r"""Multi-head attention with grouped-query heads, a KV cache, causal and sliding-window masks and RoPE.
 
@@ -130,15 +147,12 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         self.dropout, self.causal, self.window, self.scale = dropout, causal, window, scale
         self.rope, self.fast_path = rope, fast_path
         rows = (n_heads + 2 * n_kv_heads) * head_dim
-        self.in_proj_weight = nn.Parameter(torch.empty(rows, d_model, **kw))
-        self.in_proj_bias = nn.Parameter(torch.empty(rows, **kw)) if bias else None
+        self.in_proj_weight, self.in_proj_bias = packed_in_proj(rows, d_model, bias, **kw)
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias, **kw)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.in_proj_weight)
-        if self.in_proj_bias is not None:
-            nn.init.zeros_(self.in_proj_bias)
+        reset_packed_in_proj(self.in_proj_weight, self.in_proj_bias)
         self.out_proj.reset_parameters()
         if self.out_proj.bias is not None:
             nn.init.zeros_(self.out_proj.bias)

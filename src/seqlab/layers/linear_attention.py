@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.attention import packed_in_proj, reset_packed_in_proj
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
@@ -155,15 +156,12 @@ class LinearAttention(FastPathMixin, nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.causal, self.eps, self.chunk_size, self.fast_path = causal, eps, chunk_size, fast_path
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * n_heads * head_dim, d_model, **kw))
-        self.in_proj_bias = nn.Parameter(torch.empty(3 * n_heads * head_dim, **kw)) if bias else None
+        self.in_proj_weight, self.in_proj_bias = packed_in_proj(3 * n_heads * head_dim, d_model, bias, **kw)
         self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias, **kw)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.xavier_uniform_(self.in_proj_weight)
-        if self.in_proj_bias is not None:
-            nn.init.zeros_(self.in_proj_bias)
+        reset_packed_in_proj(self.in_proj_weight, self.in_proj_bias)
         self.out_proj.reset_parameters()
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> tuple[Tensor, Tensor]:
