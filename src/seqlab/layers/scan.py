@@ -60,10 +60,17 @@ def _check(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_st
         raise ValueError(f"initial_state must be (b, d, n) = {(b, d, n)}, got {tuple(initial_state.shape)}")
 
 
-def _prepare_delta(delta: Tensor, delta_bias: Tensor | None, delta_softplus: bool) -> Tensor:
+def _widened(u, delta, A, B, C, delta_bias, delta_softplus, initial_state) -> tuple[Tensor, ...]:
+    """The checked inputs in float32 at least, delta with its bias and softplus; and h0 (b, d, n)."""
+    _check(u, delta, A, B, C, initial_state)
+    wide = torch.promote_types(u.dtype, torch.float32)
+    u, delta, A, B, C = (x.to(wide) for x in (u, delta, A, B, C))
     if delta_bias is not None:
         delta = delta + delta_bias  # (b, t, d) + (d,)
-    return F.softplus(delta) if delta_softplus else delta
+    delta = F.softplus(delta) if delta_softplus else delta
+    b, _, d = u.shape
+    h0 = u.new_zeros(b, d, A.size(1)) if initial_state is None else initial_state.to(wide)
+    return u, delta, A, B, C, h0
 
 
 def _finish(y: Tensor, u: Tensor, D: Tensor | None, z: Tensor | None) -> Tensor:
@@ -93,13 +100,9 @@ def selective_scan_ref(
     Returns y (b, t, d), and the last state (b, d, n) when ``return_last_state``. Computes in float32 for
     half-precision inputs; y has u's dtype.
     """
-    _check(u, delta, A, B, C, initial_state)
     dtype = u.dtype
-    wide = torch.promote_types(dtype, torch.float32)
-    u, delta, A, B, C = (x.to(wide) for x in (u, delta, A, B, C))
-    delta = _prepare_delta(delta, delta_bias, delta_softplus)
+    u, delta, A, B, C, h = _widened(u, delta, A, B, C, delta_bias, delta_softplus, initial_state)
     b, t, d = u.shape
-    h = u.new_zeros(b, d, A.size(1)) if initial_state is None else initial_state.to(wide)
     ys = []
     for i in range(t):
         dA = torch.exp(delta[:, i, :, None] * A)  # Ā_t = exp(Δ_t A): (b, d, 1) * (d, n) -> (b, d, n)
@@ -220,20 +223,16 @@ def selective_scan(
     (b, chunk_size, n, d) and the boundary states kept for backward (one per chunk). None picks
     :func:`auto_chunk_size`. The backward's derivation: docs/scan.md.
     """
-    _check(u, delta, A, B, C, initial_state)
+    dtype = u.dtype
+    u, delta, A, B, C, h0 = _widened(u, delta, A, B, C, delta_bias, delta_softplus, initial_state)
     if chunk_size is None:
         chunk_size = auto_chunk_size(u.size(0), A.size(1), u.size(2))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
-    dtype = u.dtype
-    wide = torch.promote_types(dtype, torch.float32)
-    u_w, delta, A, B, C = (x.to(wide) for x in (u, delta, A, B, C))
-    delta = _prepare_delta(delta, delta_bias, delta_softplus)
     b, t, d = u.shape
-    h0 = u_w.new_zeros(b, d, A.size(1)) if initial_state is None else initial_state.to(wide)
     if t == 0:
-        y, h = u_w.new_zeros(b, 0, d), h0
+        y, h = u.new_zeros(b, 0, d), h0
     else:
-        y, h = _ChunkedScan.apply(u_w, delta, A, B, C, h0, chunk_size)
-    y = _finish(y, u_w, D, z).to(dtype)
+        y, h = _ChunkedScan.apply(u, delta, A, B, C, h0, chunk_size)
+    y = _finish(y, u, D, z).to(dtype)
     return (y, h) if return_last_state else y
