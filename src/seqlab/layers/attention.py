@@ -382,12 +382,12 @@ def _build_attention(d_model: int, c: AttentionMixerConfig, *, dropout: float, d
 
 register_mixer(
     MixerSpec(
-        name="attention",
-        year=2017,
-        config=AttentionMixerConfig,
-        build=_build_attention,
+        "attention",
+        AttentionMixerConfig,
+        _build_attention,
         family="Transformer",
         summary="causal softmax attention with RoPE, GQA, sliding window and a KV cache (Vaswani et al. 2017)",
+        year=2017,
         step_cost=1.5,
         width_multiple=lambda c: 2 * c.n_heads,  # heads whose width RoPE needs even
     )

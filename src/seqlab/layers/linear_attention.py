@@ -232,16 +232,20 @@ class LinearAttentionMixerConfig:
     """Per-head width; None means d_model // n_heads."""
 
 
+def _build_linear_attention(
+    d_model: int, c: LinearAttentionMixerConfig, *, dropout: float, device=None, dtype=None
+) -> LinearAttention:
+    return LinearAttention(d_model, c.n_heads, head_dim=c.head_dim, causal=True, device=device, dtype=dtype)
+
+
 register_mixer(
     MixerSpec(
-        name="linear-attention",
-        year=2020,
-        config=LinearAttentionMixerConfig,
-        build=lambda d, c, *, dropout, device=None, dtype=None: LinearAttention(
-            d, c.n_heads, head_dim=c.head_dim, causal=True, device=device, dtype=dtype
-        ),
+        "linear-attention",
+        LinearAttentionMixerConfig,
+        _build_linear_attention,
         family="Transformer",
         summary="causal linear attention, elu + 1 features, O(1) state (Katharopoulos et al. 2020)",
+        year=2020,
         step_cost=1.8,
         width_multiple=lambda c: 2 * c.n_heads,
     )

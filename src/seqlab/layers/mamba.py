@@ -207,16 +207,18 @@ class MambaMixerConfig:
     """Rank of the Δ projection; None means ceil(d_model / 16), as in the paper."""
 
 
+def _build_mamba(d_model: int, c: MambaMixerConfig, *, dropout: float, device=None, dtype=None) -> Mamba:
+    return Mamba(d_model, c.d_state, c.d_conv, c.expand, dt_rank=c.dt_rank, device=device, dtype=dtype)
+
+
 register_mixer(
     MixerSpec(
-        name="mamba",
-        year=2023,
-        config=MambaMixerConfig,
-        build=lambda d, c, *, dropout, device=None, dtype=None: Mamba(
-            d, c.d_state, c.d_conv, c.expand, dt_rank=c.dt_rank, device=device, dtype=dtype
-        ),
+        "mamba",
+        MambaMixerConfig,
+        _build_mamba,
         family="SSM",
         summary="selective SSM with input-dependent Δ, B, C and a gated block (Gu & Dao 2023)",
+        year=2023,
         # its block has its own gated expansion in place of the MLP (the paper, MambaForCausalLM); with an
         # MLP at the same budget it was too narrow to learn induction heads in the lab's steps (chance after
         # 800 steps, against 92% at 4x the training length without it)

@@ -281,14 +281,16 @@ class MinGRUMixerConfig:
         check_positive_ints(self, ("expand",))
 
 
+def _build_mingru(d_model: int, c: MinGRUMixerConfig, *, dropout: float, device=None, dtype=None) -> MinGRU:
+    # no dropout inside the layer, like the other recurrent mixers: the backbone has its own
+    return MinGRU(d_model, c.expand, device=device, dtype=dtype)
+
+
 register_mixer(
     MixerSpec(
-        name="mingru",
-        config=MinGRUMixerConfig,
-        # no dropout inside the layer, like the other recurrent mixers: the backbone has its own
-        build=lambda d, c, *, dropout, device=None, dtype=None: MinGRU(
-            d, c.expand, device=device, dtype=dtype
-        ),
+        "mingru",
+        MinGRUMixerConfig,
+        _build_mingru,
         family="RNN",
         summary="minGRU, gates from the input only, parallel log-space scan (Feng et al. 2024)",
         year=2024,

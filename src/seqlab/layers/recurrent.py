@@ -172,6 +172,10 @@ class GRUMixerConfig:
     pass
 
 
+def _build_rnn(d_model: int, c: RNNMixerConfig, *, dropout: float, device=None, dtype=None) -> RNN:
+    return RNN(d_model, d_model, nonlinearity=c.nonlinearity, device=device, dtype=dtype)
+
+
 def _build_lstm(d_model: int, c: LSTMMixerConfig, *, dropout: float, device=None, dtype=None) -> LSTM:
     lstm = LSTM(d_model, d_model, device=device, dtype=dtype)
     if c.forget_bias is not None:
@@ -181,38 +185,40 @@ def _build_lstm(d_model: int, c: LSTMMixerConfig, *, dropout: float, device=None
     return lstm
 
 
+def _build_gru(d_model: int, c: GRUMixerConfig, *, dropout: float, device=None, dtype=None) -> GRU:
+    return GRU(d_model, d_model, device=device, dtype=dtype)
+
+
 register_mixer(
     MixerSpec(
-        name="rnn",
-        year=1990,
-        config=RNNMixerConfig,
-        build=lambda d, c, *, dropout, device=None, dtype=None: RNN(
-            d, d, nonlinearity=c.nonlinearity, device=device, dtype=dtype
-        ),
+        "rnn",
+        RNNMixerConfig,
+        _build_rnn,
         family="RNN",
         summary="Elman RNN, h_t = tanh(W x_t + U h_{t-1} + b) (Elman 1990)",
+        year=1990,
         step_cost=1.3,
     )
 )
 register_mixer(
     MixerSpec(
-        name="lstm",
-        year=1997,
-        config=LSTMMixerConfig,
-        build=_build_lstm,
+        "lstm",
+        LSTMMixerConfig,
+        _build_lstm,
         family="RNN",
         summary="LSTM with its additive cell state (Hochreiter & Schmidhuber 1997)",
+        year=1997,
         step_cost=1.0,
     )
 )
 register_mixer(
     MixerSpec(
-        name="gru",
-        year=2014,
-        config=GRUMixerConfig,
-        build=lambda d, c, *, dropout, device=None, dtype=None: GRU(d, d, device=device, dtype=dtype),
+        "gru",
+        GRUMixerConfig,
+        _build_gru,
         family="RNN",
         summary="GRU, reset and update gates (Cho et al. 2014)",
+        year=2014,
         step_cost=1.9,
     )
 )

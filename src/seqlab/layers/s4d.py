@@ -241,16 +241,18 @@ class S4DMixerConfig:
     init: Literal["lin", "inv"] = "lin"
 
 
+def _build_s4d(d_model: int, c: S4DMixerConfig, *, dropout: float, device=None, dtype=None) -> S4D:
+    return S4D(d_model, c.d_state, c.discretization, c.init, dropout=dropout, device=device, dtype=dtype)
+
+
 register_mixer(
     MixerSpec(
-        name="s4d",
-        year=2022,
-        config=S4DMixerConfig,
-        build=lambda d, c, *, dropout, device=None, dtype=None: S4D(
-            d, c.d_state, c.discretization, c.init, dropout=dropout, device=device, dtype=dtype
-        ),
+        "s4d",
+        S4DMixerConfig,
+        _build_s4d,
         family="SSM",
         summary="diagonal LTI state-space model, convolution and recurrent views (Gu et al. 2022)",
+        year=2022,
         step_cost=1.7,
     )
 )
