@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import os
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -46,10 +47,35 @@ def load_run_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"run file not found: {path}")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path} is not valid YAML: {str(e).splitlines()[0]} ({_where(e)})") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a UTF-8 text file (byte {e.start})") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a run file is a mapping with sections {SECTIONS} and 'out'")
     return data
+
+
+def _where(e: Exception) -> str:
+    mark = getattr(e, "problem_mark", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "see the file"
+
+
+def check_out_dir(path: Path) -> Path:
+    """A run directory that can be created or reused: not a file, not under a file, writable. Checked before
+    any model is built, so a run that cannot save fails at once."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {str(path)!r} is a file; a run writes a directory there")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--out {str(path)!r} lies under {str(parent)!r}, which is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {str(path)!r}: {str(parent)!r} is not writable")
+    return path
 
 
 def merge_run(base: dict[str, Any], *updates: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +165,18 @@ def build_run(run: dict[str, Any]):
         create(name)  # raises the 'unknown model' error with the list of presets
     family = PRESETS[name][0]
     config_cls = type(make_config(family, PRESETS[name][1]))
-    overrides = {**coerce_fields(config_cls, model_fields), **task.model_overrides()}
+    fixed = task.model_overrides()
+    clash = {
+        k: (v, fixed[k])
+        for k, v in coerce_fields(config_cls, model_fields).items()
+        if k in fixed and v != fixed[k]
+    }
+    if clash:
+        said = ", ".join(
+            f"model.{k}={mine!r} (the task needs {theirs!r})" for k, (mine, theirs) in clash.items()
+        )
+        raise ValueError(f"the task {task_name!r} fixes these model fields: {said}; drop them from the run")
+    overrides = {**coerce_fields(config_cls, model_fields), **fixed}
     import torch
 
     torch.manual_seed(train.seed)  # the initial weights depend on the seed only
@@ -156,7 +193,10 @@ def resolve_run(run_file: str | None, overrides: list[str], out: str | None) -> 
     ``out``, else the run's own 'out', else runs/MODEL-TASK (written into the run)."""
     file_run = load_run_file(run_file) if run_file else {}
     run = merge_run(DEFAULT_RUN, file_run, parse_overrides(overrides))
-    path = Path(out or run.get("out") or default_out(run))
+    given = out or run.get("out")
+    if given is not None and not isinstance(given, str):
+        raise ValueError(f"out must be a path (a string), got {given!r}")
+    path = check_out_dir(Path(given or default_out(run)))
     run["out"] = str(path)
     return run, path
 

@@ -308,6 +308,10 @@ def shakespeare_text() -> str:
 # A user's own corpus.
 
 
+MAX_TEXT_BYTES = 2 << 30
+"""The largest corpus ``read_text_file`` reads (2 GiB): it holds the text, its ids and a copy in memory."""
+
+
 def read_text_file(path: str | Path, encoding: str = "utf-8") -> str:
     """Read a text corpus from ``path``.
 
@@ -324,6 +328,16 @@ def read_text_file(path: str | Path, encoding: str = "utf-8") -> str:
         raise FileNotFoundError(f"text file {str(p)!r} does not exist; expected a plain-text corpus (UTF-8)")
     if p.is_dir():
         raise ValueError(f"{str(p)!r} is a directory; expected a plain-text corpus file (UTF-8)")
+    if not p.is_file():
+        raise ValueError(
+            f"{str(p)!r} is not a regular file (a device or a pipe?); expected a plain-text corpus file"
+        )
+    size = p.stat().st_size
+    if size > MAX_TEXT_BYTES:
+        raise ValueError(
+            f"{str(p)!r} is {size / 2**20:,.0f} MiB; a text corpus is read into memory whole, up to "
+            f"{MAX_TEXT_BYTES // 2**20:,} MiB: split the file or tokenize it elsewhere"
+        )
     data = p.read_bytes()
     if encoding.lower().replace("_", "-") in ("utf-8", "utf8"):
         encoding = "utf-8-sig"  # same as utf-8, but drops a byte-order mark

@@ -39,69 +39,10 @@ from torch import Tensor, nn
 
 from seqlab.training import checkpoint as ckpt
 from seqlab.training import manifest as run_files
+from seqlab.training.config import TrainConfig
 from seqlab.training.optim import lr_at, make_optimizer
-from seqlab.validation import check_positive_floats, check_positive_ints
 
 log = logging.getLogger("seqlab.train")
-
-
-@dataclass
-class TrainConfig:
-    """The settings of a training run (the ``train`` section of a run file)."""
-
-    steps: int = 1000
-    """Optimizer steps (each one is ``grad_accum`` batches)."""
-    lr: float = 2e-3
-    """Peak learning rate, reached after the warmup, then a cosine down to ``min_lr``."""
-    min_lr: float | None = None
-    """Learning rate at the end of the cosine; None means lr / 10."""
-    warmup_steps: int = 100
-    """Steps of linear warmup from 0 to ``lr``."""
-    weight_decay: float = 0.1
-    """AdamW's decoupled decay, on matrices only (seqlab.training.optim.param_groups)."""
-    beta1: float = 0.9
-    beta2: float = 0.99
-    """AdamW's decay rates of the first and second moment estimates (β1, β2)."""
-    grad_clip: float | None = 1.0
-    """Clip the global gradient norm to this value (Pascanu et al. 2013); None disables clipping."""
-    grad_accum: int = 1
-    """Batches whose gradients are summed (and averaged) into one optimizer step."""
-    eval_every: int = 250
-    """Evaluate every this many steps (and always at the end); 0 evaluates only at the end."""
-    eval_batches: int = 20
-    log_every: int = 10
-    """Write a train record (mean loss, tokens/s) every this many steps."""
-    save_every: int = 500
-    """Checkpoint every this many steps (and always at the end); 0 saves only at the end."""
-    keep_checkpoints: int = 2
-    """The newest checkpoints kept on disk; 0 keeps every one."""
-    max_minutes: float | None = None
-    """Wall-time budget: when exceeded, evaluate, save and stop early."""
-    seed: int = 0
-    """Seeds torch's RNG before the model is built (seqlab.run): the initial weights and dropout follow."""
-    device: str = "auto"
-    """'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
-    threads: int | None = None
-    """torch.set_num_threads for this run; None leaves PyTorch's default."""
-    progress: bool = True
-    """A progress bar on the terminal."""
-
-    def __post_init__(self):
-        check_positive_ints(self, ("steps", "grad_accum", "eval_batches", "log_every"), "train.")
-        check_positive_floats(self, ("lr",), "train.")
-        check_positive_floats(self, ("grad_clip", "max_minutes"), "train.", allow_none=True)
-        for name in ("warmup_steps", "save_every", "eval_every", "keep_checkpoints", "min_lr"):
-            v = getattr(self, name)
-            kind = float if name == "min_lr" else int
-            if v is not None and (isinstance(v, bool) or not isinstance(v, kind | int) or v < 0):
-                raise ValueError(
-                    f"train.{name} must be {'a number' if kind is float else 'an integer'} >= 0, got {v!r}"
-                )
-
-    def resolved_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
 
 
 def detach_state(state: Any) -> Any:

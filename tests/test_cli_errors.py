@@ -1,0 +1,75 @@
+"""Each user mistake on the command line is one `error:` line with exit status 2, found before any training."""
+
+import pytest
+import torch
+
+from seqlab.cli import main
+
+BASE = ["train", "--model.name=test-lstm-lm", "--task.name=adding", "--task.seq_len=8", "--train.steps=2"]
+
+
+def _error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error: "), err
+    assert not any("Traceback" in line for line in err)
+    return err[-1]
+
+
+@pytest.mark.parametrize(
+    ("arg", "says"),
+    [
+        ("--train.steps=abc", "train.steps must be a positive integer, got 'abc'"),
+        ("--train.steps=2.5", "train.steps must be a positive integer, got 2.5"),
+        ("--train.steps=true", "train.steps must be a positive integer, got True"),
+        ("--train.lr=inf", "train.lr must be a positive finite number"),
+        ("--train.grad_clip=nan", "train.grad_clip must be a positive finite number"),
+        ("--train.min_lr=-1", "train.min_lr must be a number >= 0"),
+        ("--train.weight_decay=-5", "train.weight_decay must be a number >= 0"),
+        ("--train.keep_checkpoints=-1", "train.keep_checkpoints must be an integer >= 0"),
+        ("--train.progress=maybe", "train.progress must be true or false"),
+        ("--train.max_minutes=-1", "train.max_minutes must be a positive finite number"),
+        ("--train.beta2=1.5", "train.beta2 must be in [0, 1)"),
+        ("--train.device=tpu", "train.device must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+        (
+            "--model.d_input=10",
+            "the task 'adding' fixes these model fields: model.d_input=10 (the task needs 2)",
+        ),
+    ],
+)
+def test_bad_values_are_one_error_line(capsys, tmp_path, arg, says):
+    assert says in _error(capsys, [*BASE, arg, "--out", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_without_a_gpu(capsys, tmp_path):
+    msg = _error(capsys, [*BASE, "--train.device=cuda", "--out", str(tmp_path / "run")])
+    assert "no CUDA device" in msg
+
+
+def test_bad_run_files_and_out_dirs(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {name: test-lstm-lm\ntask: [", encoding="utf-8")
+    assert "is not valid YAML" in _error(capsys, ["train", str(bad)])
+    number = tmp_path / "out.yaml"
+    number.write_text("model: {name: test-lstm-lm}\ntask: {name: adding}\nout: 123\n", encoding="utf-8")
+    assert "out must be a path (a string), got 123" in _error(capsys, ["train", str(number)])
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine", encoding="utf-8")
+    assert "is a file" in _error(capsys, [*BASE, "--out", str(a_file)])
+    assert "which is a file, not a directory" in _error(capsys, [*BASE, "--out", str(a_file / "run")])
+    assert a_file.read_text(encoding="utf-8") == "mine"
+
+
+def test_a_text_source_that_is_not_a_file(capsys, tmp_path):
+    argv = [
+        "train",
+        "--model.name=test-lstm-lm",
+        "--task.name=text",
+        "--train.steps=1",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert "not a regular file" in _error(capsys, [*argv, "--task.source=/dev/zero"])
+    assert "is a directory" in _error(capsys, [*argv, f"--task.source={tmp_path}"])
