@@ -268,8 +268,11 @@ BAD_FORWARD = {
     "x of the wrong width": ({"x": torch.randn(2, T, D + 1)}, r"x of shape \(b, t, 4\)"),
     "no time steps": ({"x": torch.randn(2, 0, D)}, "t >= 1"),
     "state of the wrong shape": ({"state": torch.zeros(2, D)}, r"\(b, expand \* d_model\) = \(2, 8\)"),
-    "state as a tuple": ({"state": (torch.zeros(2, 2 * D),)}, "state must be h"),
-    "state of another dtype": ({"state": torch.zeros(2, 2 * D, dtype=F64)}, r"move the state with \.to\(x\)"),
+    "state as a tuple": ({"state": (torch.zeros(2, 2 * D),)}, "state h must have shape.*got tuple"),
+    "state of another dtype": (
+        {"state": torch.zeros(2, 2 * D, dtype=F64)},
+        r"float64 on cpu, expected torch\.float32.*move the state",
+    ),
     "mask not boolean": ({"mask": torch.ones(2, T)}, "mask must be a boolean tensor"),
     "mask of the wrong shape": ({"mask": torch.ones(2, T + 1, dtype=torch.bool)}, r"\(b, t\) = \(2, 9\)"),
     "mask padded on the left": ({"mask": right_padded([T, 6], T).flip(1)}, "right-padded"),

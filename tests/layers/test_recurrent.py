@@ -502,7 +502,7 @@ def test_wrong_state_shape_names_expected_shape(kind):
     with pytest.raises(ValueError, match=r"\(num_layers \* num_directions, b, hidden_size\) = \(2, 3, 5\)"):
         ours(x, (bad, bad) if kind == "lstm" else bad)
     if kind == "lstm":
-        with pytest.raises(ValueError, match=r"pair \(h, c\)"):
+        with pytest.raises(ValueError, match=r"tuple \(h, c\)"):
             ours(x, torch.zeros(2, 3, H, dtype=F64))
     with pytest.raises(ValueError, match="move the state"):
         good = torch.zeros(2, 3, H)  # float32 state for a float64 input

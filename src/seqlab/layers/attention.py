@@ -30,12 +30,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.checks import check_attention_call, check_input
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.kv_cache import KVBuffer, KVCache, append_kv
 from seqlab.layers.masks import causal_mask, check_padding_mask, combine_masks, sliding_window_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
+from seqlab.layers.packed_proj import packed_in_proj, reset_packed_in_proj
 from seqlab.layers.positional import RotaryEmbedding
 from seqlab.layers.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_ref
+from seqlab.validation import (
+    check_divisible,
+    check_dropout,
+    check_positive_floats,
+    check_positive_ints,
+)
 
 __all__ = [
     "KVBuffer",
@@ -45,23 +53,6 @@ __all__ = [
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_ref",
 ]
-
-
-def packed_in_proj(
-    rows: int, d_model: int, bias: bool, device=None, dtype=None
-) -> tuple[nn.Parameter, nn.Parameter | None]:
-    """torch.nn.MultiheadAttention's packed input projection, uninitialized (:func:`reset_packed_in_proj`):
-    ``in_proj_weight`` (rows, d) stacking [W_q; W_k; W_v] as ``F.linear`` weights, ``in_proj_bias`` (rows,)
-    or None."""
-    weight = nn.Parameter(torch.empty(rows, d_model, device=device, dtype=dtype))
-    return weight, nn.Parameter(torch.empty(rows, device=device, dtype=dtype)) if bias else None
-
-
-def reset_packed_in_proj(weight: Tensor, bias: Tensor | None) -> None:
-    """torch's initialization of the packed projection: Xavier-uniform over the whole (rows, d), zero bias."""
-    nn.init.xavier_uniform_(weight)
-    if bias is not None:
-        nn.init.zeros_(bias)
 
 
 class MultiheadAttention(FastPathMixin, nn.Module):
@@ -127,19 +118,20 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         fast_path: bool = True,
     ):
         super().__init__()
+        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
+        self.dropout, self.window, self.scale = dropout, window, scale
+        check_positive_ints(self, ("d_model", "n_heads"), prefix="MultiheadAttention: ")
+        check_positive_ints(
+            self, ("n_kv_heads", "head_dim", "window"), "MultiheadAttention: ", allow_none=True
+        )
+        check_positive_floats(self, ("scale",), prefix="MultiheadAttention: ", allow_none=True)
+        check_dropout(self, prefix="MultiheadAttention: ")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    f"d_model={d_model} must be divisible by n_heads={n_heads}, or give head_dim"
-                )
+            check_divisible(d_model, n_heads, ", or give head_dim")
             head_dim = d_model // n_heads
-        if n_kv_heads < 1 or n_heads % n_kv_heads:
+        if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
-        if window is not None and window < 1:
-            raise ValueError(f"window must be a positive number of positions or None, got {window}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if rope is not None and rope.head_dim != head_dim:
             raise ValueError(f"rope.head_dim={rope.head_dim} differs from the attention head_dim={head_dim}")
         kw = {"device": device, "dtype": dtype}
@@ -205,8 +197,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         return self._attend(query, key, value, mask, state, need_weights, False)
 
     def _attend(self, query, key, value, mask, state, need_weights: bool, fast: bool):
-        if query.dim() != 3 or query.size(-1) != self.d_model:
-            raise ValueError(f"expected query of shape (b, t, {self.d_model}), got {tuple(query.shape)}")
+        check_attention_call(self, query, key, value, mask, state)
         b, t_q, _ = query.shape
         if key is None:  # self-attention
             if value is not None:
@@ -220,7 +211,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         drop = self.dropout if self.training else 0.0
         sdpa = scaled_dot_product_attention if fast else scaled_dot_product_attention_ref
         out = sdpa(q, k, v, m, drop, is_causal, self.scale)  # (b, h, t_q, k)
-        y = self.out_proj(out.transpose(1, 2).reshape(b, t_q, -1))  # (b, t_q, h k) -> (b, t_q, d)
+        y = self.out_proj(out.transpose(1, 2).reshape(b, t_q, self.n_heads * self.head_dim))  # (b, t_q, h k)
         if not need_weights:
             return y, new_state
         _, w = scaled_dot_product_attention_ref(q, k, v, m, 0.0, is_causal, self.scale, return_weights=True)
@@ -272,6 +263,9 @@ class MultiheadAttention(FastPathMixin, nn.Module):
 
     def step(self, x_t: Tensor, state: KVCache | None = None) -> tuple[Tensor, KVCache]:
         """One position of self-attention: x_t (b, d) -> y_t (b, d), with the cache grown by one."""
+        check_input(
+            f"{type(self).__name__}.step", x_t, self.d_model, self.in_proj_weight, step=True, what="x_t"
+        )
         state = self.init_state(x_t.size(0)) if state is None else state
         y, state = self.forward(x_t.unsqueeze(1), state=state)  # (b, 1, d)
         return y.squeeze(1), state
@@ -332,8 +326,9 @@ class SelfAttention(MultiheadAttention):
 
     def _padding(self, x: Tensor, state: KVCache | None, mask: Tensor | None, attn_mask: Tensor | None):
         """x with padded positions zeroed, and the attention mask with the padded keys masked out."""
-        if mask is None or x.dim() != 3:  # (a wrong x is reported by MultiheadAttention)
+        if mask is None:
             return x, attn_mask
+        check_input(type(self).__name__, x, self.d_model, self.in_proj_weight)
         b, t, _ = x.shape
         mask = check_padding_mask(mask, b, t, x.device)
         if mask is None:
@@ -361,9 +356,18 @@ class AttentionMixerConfig:
     rope_base: float = 10000.0
     """RoPE's base θ: 10000 as in the paper and Llama 2, 500000 in Llama 3."""
 
+    def __post_init__(self):
+        check_positive_ints(self, ("n_heads",))
+        check_positive_ints(self, ("n_kv_heads", "head_dim", "window"), allow_none=True)
+        check_positive_floats(self, ("rope_base",))
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+
 
 def _build_attention(d_model: int, c: AttentionMixerConfig, *, dropout: float, device=None, dtype=None):
-    k = c.head_dim if c.head_dim is not None else d_model // max(c.n_heads, 1)
+    if c.head_dim is None:
+        check_divisible(d_model, c.n_heads, ", or give head_dim")
+    k = c.head_dim if c.head_dim is not None else d_model // c.n_heads
     rope = RotaryEmbedding(k, base=c.rope_base, device=device) if c.rope else None
     return SelfAttention(
         d_model,

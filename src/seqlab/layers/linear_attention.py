@@ -23,10 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.layers.attention import packed_in_proj, reset_packed_in_proj
+from seqlab.layers.checks import check_input, check_state
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
+from seqlab.layers.packed_proj import packed_in_proj, reset_packed_in_proj
+from seqlab.validation import check_divisible, check_positive_floats, check_positive_ints
 
 __all__ = [
     "LinearAttention",
@@ -147,11 +149,18 @@ class LinearAttention(FastPathMixin, nn.Module):
         fast_path: bool = True,
     ):
         super().__init__()
+        self.d_model, self.n_heads, self.head_dim, self.eps, self.chunk_size = (
+            d_model,
+            n_heads,
+            head_dim,
+            eps,
+            chunk_size,
+        )
+        check_positive_ints(self, ("d_model", "n_heads", "chunk_size"), prefix="LinearAttention: ")
+        check_positive_ints(self, ("head_dim",), prefix="LinearAttention: ", allow_none=True)
+        check_positive_floats(self, ("eps",), prefix="LinearAttention: ")
         if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    f"d_model={d_model} must be divisible by n_heads={n_heads}, or give head_dim"
-                )
+            check_divisible(d_model, n_heads, ", or give head_dim")
             head_dim = d_model // n_heads
         kw = {"device": device, "dtype": dtype}
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
@@ -171,10 +180,13 @@ class LinearAttention(FastPathMixin, nn.Module):
         h, kd = self.n_heads, self.head_dim
         return torch.zeros(batch_size, h, kd, kd, **kw), torch.zeros(batch_size, h, kd, **kw)
 
+    def _check_state(self, state: tuple[Tensor, Tensor] | None, x: Tensor) -> None:
+        if state is not None:
+            b, h, kd = x.size(0), self.n_heads, self.head_dim
+            check_state("LinearAttention", state, {"S": (b, h, kd, kd), "z": (b, h, kd)}, x, x.dtype)
+
     def _features(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """x (b, t, d) -> φ(q), φ(k), v, each (b, h, t, k); padded positions contribute no key."""
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"expected x of shape (b, t, {self.d_model}), got {tuple(x.shape)}")
         b, t, _ = x.shape
         if mask is not None:
             mask = check_padding_mask(mask, b, t, x.device)
@@ -192,6 +204,8 @@ class LinearAttention(FastPathMixin, nn.Module):
         return self.out_proj(y.transpose(1, 2).reshape(b, t, h * kd))  # (b, t, h k) -> (b, t, d)
 
     def forward(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None):
+        check_input("LinearAttention", x, self.d_model, self.in_proj_weight)
+        self._check_state(state, x)
         if not self._take_fast_path(x):
             return self.forward_ref(x, state, mask)
         q, k, v = self._features(x, mask)  # (b, h, t, k) each
@@ -207,6 +221,8 @@ class LinearAttention(FastPathMixin, nn.Module):
 
     def forward_ref(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None):
         """The reference: causal, the recurrent form position by position; non-causal, the weights written out."""
+        check_input("LinearAttention", x, self.d_model, self.in_proj_weight)
+        self._check_state(state, x)
         q, k, v = self._features(x, mask)
         if self.causal:
             y, state = linear_attention_recurrent_ref(q, k, v, state, self.eps)
@@ -216,6 +232,8 @@ class LinearAttention(FastPathMixin, nn.Module):
 
     def step(self, x_t: Tensor, state: tuple[Tensor, Tensor] | None = None):
         """x_t (b, d) -> y_t (b, d): one O(1) update of (S, z)."""
+        check_input("LinearAttention.step", x_t, self.d_model, self.in_proj_weight, step=True, what="x_t")
+        self._check_state(state, x_t)
         q, k, v = self._features(x_t.unsqueeze(1), None)  # (b, h, 1, k)
         y, state = linear_attention_recurrent_ref(q, k, v, state, self.eps)
         return self._out(y).squeeze(1), state
@@ -230,6 +248,10 @@ class LinearAttentionMixerConfig:
     n_heads: int = 4
     head_dim: int | None = None
     """Per-head width; None means d_model // n_heads."""
+
+    def __post_init__(self):
+        check_positive_ints(self, ("n_heads",))
+        check_positive_ints(self, ("head_dim",), allow_none=True)
 
 
 def _build_linear_attention(

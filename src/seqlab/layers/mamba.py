@@ -23,13 +23,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.checks import check_input, check_state
 from seqlab.layers.discretization import _log_uniform, _wide
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
 from seqlab.layers.scan import selective_scan, selective_scan_ref
+from seqlab.validation import check_positive_floats, check_positive_ints
 
 __all__ = ["Mamba"]
+
+
+def _check_args(m: Mamba) -> None:
+    """The constructor's arguments, validated once they are attributes (``seqlab.validation``)."""
+    check_positive_ints(m, ("d_model", "d_state", "d_conv", "expand"), prefix="Mamba: ")
+    check_positive_ints(m, ("dt_rank", "chunk_size"), prefix="Mamba: ", allow_none=True)
+    check_positive_floats(m, ("dt_min", "dt_max", "dt_init_floor"), prefix="Mamba: ")
+    if m.dt_min > m.dt_max:
+        raise ValueError(f"Mamba: dt_min={m.dt_min} must not exceed dt_max={m.dt_max}")
 
 
 class Mamba(FastPathMixin, nn.Module):
@@ -83,10 +94,11 @@ class Mamba(FastPathMixin, nn.Module):
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
+        self.dt_rank, self.dt_min, self.dt_max, self.dt_init_floor = dt_rank, dt_min, dt_max, dt_init_floor
+        self.chunk_size, self.fast_path = chunk_size, fast_path
+        _check_args(self)
         self.d_inner = di = expand * d_model
         self.dt_rank = math.ceil(d_model / 16) if dt_rank is None else dt_rank
-        self.dt_min, self.dt_max, self.dt_init_floor = dt_min, dt_max, dt_init_floor
-        self.chunk_size, self.fast_path = chunk_size, fast_path
         self.in_proj = nn.Linear(d_model, 2 * di, bias=bias, **kw)
         self.conv1d = nn.Conv1d(di, di, d_conv, groups=di, padding=d_conv - 1, bias=conv_bias, **kw)
         self.x_proj = nn.Linear(di, self.dt_rank + 2 * d_state, bias=False, **kw)
@@ -117,6 +129,13 @@ class Mamba(FastPathMixin, nn.Module):
             torch.zeros(batch_size, self.d_inner, self.d_state, **kw),
         )
 
+    def _check_state(self, state: tuple[Tensor, Tensor], x: Tensor) -> None:
+        """A state as init_state makes it for x, or in float32 for a half-precision x (``step`` keeps the ssm
+        state in the scan's precision)."""
+        b, di = x.size(0), self.d_inner
+        shapes = {"conv_state": (b, di, self.d_conv), "ssm_state": (b, di, self.d_state)}
+        check_state("Mamba", state, shapes, x, (x.dtype, torch.promote_types(x.dtype, torch.float32)))
+
     def _ssm_inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (..., d_inner) -> Δ before bias and softplus (..., d_inner), B and C (..., n)."""
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
@@ -131,8 +150,9 @@ class Mamba(FastPathMixin, nn.Module):
         return self._forward(x, state, mask, fast=False)
 
     def _forward(self, x: Tensor, state: tuple[Tensor, Tensor] | None, mask: Tensor | None, fast: bool):
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"Mamba expects x of shape (b, t, {self.d_model}), got {tuple(x.shape)}")
+        check_input("Mamba", x, self.d_model, self.D)
+        if state is not None:
+            self._check_state(state, x)
         b, t, _ = x.shape
         if mask is not None and (mask := check_padding_mask(mask, b, t, x.device)) is not None:
             x = x.masked_fill(~mask[..., None], 0.0)  # padded inputs (even NaN) go no further
@@ -176,6 +196,8 @@ class Mamba(FastPathMixin, nn.Module):
 
     def step(self, x_t: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """x_t (b, d) -> y_t (b, d): one position of the conv and of the recurrence, O(1) in the context."""
+        check_input("Mamba.step", x_t, self.d_model, self.D, step=True, what="x_t")
+        self._check_state(state, x_t)
         conv_state, h = state
         xs, z = self.in_proj(x_t).chunk(2, dim=-1)  # 2 x (b, d_inner)
         conv_state = torch.cat([conv_state[..., 1:], xs[..., None]], dim=-1)  # (b, d_inner, d_conv)
@@ -205,6 +227,10 @@ class MambaMixerConfig:
     expand: int = 2
     dt_rank: int | None = None
     """Rank of the Δ projection; None means ceil(d_model / 16), as in the paper."""
+
+    def __post_init__(self):
+        check_positive_ints(self, ("d_state", "d_conv", "expand"))
+        check_positive_ints(self, ("dt_rank",), allow_none=True)
 
 
 def _build_mamba(d_model: int, c: MambaMixerConfig, *, dropout: float, device=None, dtype=None) -> Mamba:

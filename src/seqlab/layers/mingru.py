@@ -61,6 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.checks import check_input, check_state
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
@@ -175,27 +176,14 @@ class MinGRU(FastPathMixin, nn.Module):
         return torch.zeros(batch_size, self.d_inner, device=device or w.device, dtype=dtype or w.dtype)
 
     def _check_state(self, state: Tensor | None, x: Tensor) -> Tensor:
-        b = x.size(0)
         if state is None:
-            return self.init_state(b, device=x.device, dtype=x.dtype)
-        if not isinstance(state, Tensor) or tuple(state.shape) != (b, self.d_inner):
-            got = tuple(state.shape) if isinstance(state, Tensor) else type(state).__name__
-            raise ValueError(
-                f"MinGRU state must be h of shape (b, expand * d_model) = {(b, self.d_inner)} "
-                f"(see init_state), got {got}"
-            )
-        if state.dtype != x.dtype or state.device != x.device:
-            raise ValueError(
-                f"MinGRU state is {state.dtype} on {state.device} but x is {x.dtype} on {x.device}; "
-                "move the state with .to(x)"
-            )
+            return self.init_state(x.size(0), device=x.device, dtype=x.dtype)
+        check_state("MinGRU", state, {"h": (x.size(0), self.d_inner)}, x, x.dtype, "(b, expand * d_model)")
         return state
 
     def _prepare(self, x: Tensor, state: Tensor | None, mask: Tensor | None):
         """Validate a forward's inputs; return x, h_0 (zeros if None) and the mask."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != self.d_model or x.size(1) == 0:
-            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"MinGRU expects x of shape (b, t, {self.d_model}) with t >= 1, got {got}")
+        check_input("MinGRU", x, self.d_model, self.in_proj.weight)
         if mask is not None:  # None again when nothing is padded: then exactly the unmasked numbers
             mask = check_padding_mask(mask, x.size(0), x.size(1), x.device)
         return x, self._check_state(state, x), mask
@@ -255,9 +243,7 @@ class MinGRU(FastPathMixin, nn.Module):
 
     def step(self, x_t: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x_t (b, d), h (b, e) -> y_t (b, d), h' (b, e): one iteration of the loop, O(1) in the context."""
-        if not isinstance(x_t, Tensor) or x_t.dim() != 2 or x_t.size(1) != self.d_model:
-            got = tuple(x_t.shape) if isinstance(x_t, Tensor) else type(x_t).__name__
-            raise ValueError(f"MinGRU.step expects x_t of shape (b, {self.d_model}), got {got}")
+        check_input("MinGRU.step", x_t, self.d_model, self.in_proj.weight, step=True, what="x_t")
         h = self._check_state(state, x_t)
         k, u = self.in_proj(x_t).chunk(2, dim=-1)  # (b, d) x (d, 2e) -> 2 x (b, e)
         # 1 - z as σ(-k): 1 - σ(k) rounds to 0 for k > 17 in float32 (37 in float64), where σ(-k) is exact

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from seqlab.layers.checks import check_dtype, check_input, check_state
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 
@@ -112,26 +113,12 @@ class RNNBase(FastPathMixin, nn.Module):
         return (h, h.clone()) if self.mode == "LSTM" else h
 
     def _check_state(self, state: State, x: Tensor, b: int, unbatched: bool) -> None:
+        """torch.nn's layout (num_layers * num_directions, b, hidden_size); unbatched without the b."""
         shape = (self.num_layers * self.num_directions, b, self.hidden_size)
-        if unbatched:
-            shape = (shape[0], shape[2])
-        if self.mode == "LSTM" and not (isinstance(state, tuple | list) and len(state) == 2):
-            raise ValueError(
-                f"LSTM state must be a pair (h, c), each of shape {shape}, got {type(state).__name__}"
-            )
-        parts = state if self.mode == "LSTM" else (state,)
-        for name, s in zip("hc", parts, strict=False):
-            if not isinstance(s, Tensor) or tuple(s.shape) != shape:
-                got = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
-                layout = "num_layers * num_directions, " + ("" if unbatched else "b, ") + "hidden_size"
-                raise ValueError(
-                    f"{type(self).__name__} state {name} must have shape ({layout}) = {shape}, got {got}"
-                )
-            if s.dtype != x.dtype or s.device != x.device:
-                raise ValueError(
-                    f"{type(self).__name__} state {name} is {s.dtype} on {s.device} but x is "
-                    f"{x.dtype} on {x.device}; move the state with .to(x)"
-                )
+        shape = (shape[0], shape[2]) if unbatched else shape
+        parts = {"h": shape, "c": shape} if self.mode == "LSTM" else {"h": shape}
+        layout = "num_layers * num_directions, " + ("" if unbatched else "b, ") + "hidden_size"
+        check_state(type(self).__name__, state, parts, x, x.dtype, layout=f"({layout})")
 
     # ---- input checks ------------------------------------------------------------------------------------
 
@@ -168,11 +155,12 @@ class RNNBase(FastPathMixin, nn.Module):
     ) -> tuple[Tensor, State, Tensor | None, bool]:
         """Validate the inputs of a forward; return x, state (zeros if None) and lengths, batched."""
         layout = "(b, t, input_size)" if self.batch_first else "(t, b, input_size)"
-        if x.dim() not in (2, 3) or x.size(-1) != self.input_size:
+        if not isinstance(x, Tensor) or x.dim() not in (2, 3) or x.size(-1) != self.input_size:
             raise ValueError(
                 f"{type(self).__name__} expects x of shape {layout} (or unbatched (t, input_size)) with "
-                f"input_size={self.input_size}, got {tuple(x.shape)}"
+                f"input_size={self.input_size}, got {tuple(x.shape) if isinstance(x, Tensor) else type(x)}"
             )
+        check_dtype(type(self).__name__, x, self.weight_ih_l0)
         unbatched = x.dim() == 2  # torch.nn also accepts a single unbatched sequence (t, input_size)
         if unbatched:
             x = x.unsqueeze(0 if self.batch_first else 1)
@@ -326,8 +314,9 @@ class RNNBase(FastPathMixin, nn.Module):
         """One position: x_t (b, input_size) -> y_t (b, H), new state. O(1) in the number of past steps."""
         if self.bidirectional:
             raise ValueError("step() needs a unidirectional layer: a bidirectional one reads the future")
-        if x_t.dim() != 2 or x_t.size(1) != self.input_size:
-            raise ValueError(f"step expects x_t of shape (b, {self.input_size}), got {tuple(x_t.shape)}")
+        check_input(
+            f"{type(self).__name__}.step", x_t, self.input_size, self.weight_ih_l0, step=True, what="x_t"
+        )
         x = x_t.unsqueeze(1) if self.batch_first else x_t.unsqueeze(0)
         y, state = self.forward(x, state)
         return (y[:, 0] if self.batch_first else y[0]), state

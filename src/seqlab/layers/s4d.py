@@ -30,20 +30,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.checks import check_input, check_state
 from seqlab.layers.discretization import _log_uniform, discretize
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
+from seqlab.validation import check_choices, check_dropout, check_positive_floats, check_positive_ints
 
 __all__ = ["S4D"]
 
 
 def _complex(dtype: torch.dtype) -> torch.dtype:
     """The complex dtype whose parts are ``dtype`` (float32 -> complex64), or ``dtype`` if already complex."""
-    if dtype.is_complex:
-        return dtype
-    part = torch.empty(0, dtype=dtype)
-    return torch.complex(part, part).dtype
+    return dtype if dtype.is_complex else dtype.to_complex()
+
+
+def _check_args(m: S4D) -> None:
+    """The constructor's arguments, validated once they are attributes (``seqlab.validation``)."""
+    check_positive_ints(m, ("d_model", "d_state"), prefix="S4D: ")
+    if m.d_state < 2 or m.d_state % 2:
+        raise ValueError(f"S4D needs an even d_state >= 2 (conjugate pairs), got {m.d_state}")
+    if m.discretization not in ("zoh", "bilinear"):
+        raise ValueError(f"discretization must be 'zoh' or 'bilinear', got {m.discretization!r}")
+    if m.init not in ("lin", "inv"):
+        raise ValueError(f"init must be 'lin' or 'inv', got {m.init!r}")
+    check_positive_floats(m, ("dt_min", "dt_max"), prefix="S4D: ")
+    if m.dt_min > m.dt_max:
+        raise ValueError(f"S4D: dt_min={m.dt_min} must not exceed dt_max={m.dt_max}")
 
 
 class S4D(FastPathMixin, nn.Module):
@@ -93,15 +106,11 @@ class S4D(FastPathMixin, nn.Module):
         fast_path: bool = True,
     ):
         super().__init__()
-        if d_state < 2 or d_state % 2:
-            raise ValueError(f"S4D needs an even d_state >= 2 (conjugate pairs), got {d_state}")
-        if discretization not in ("zoh", "bilinear"):
-            raise ValueError(f"discretization must be 'zoh' or 'bilinear', got {discretization!r}")
-        if init not in ("lin", "inv"):
-            raise ValueError(f"init must be 'lin' or 'inv', got {init!r}")
         kw = {"device": device, "dtype": dtype}
         self.d_model, self.d_state, self.discretization, self.init = d_model, d_state, discretization, init
-        self.dt_min, self.dt_max, self.fast_path = dt_min, dt_max, fast_path
+        self.dt_min, self.dt_max, self.fast_path, self.dropout = dt_min, dt_max, fast_path, dropout
+        _check_args(self)
+        check_dropout(self, prefix="S4D: ")
         m = d_state // 2  # complex modes per channel
         self.log_dt = nn.Parameter(torch.empty(d_model, **kw))
         self.A_log_re = nn.Parameter(torch.empty(d_model, m, **kw))  # Re(A) = -exp(A_log_re)
@@ -193,9 +202,14 @@ class S4D(FastPathMixin, nn.Module):
             ys.append(2 * torch.einsum("dm,bdm->bd", C, s).real)  # 2 Re(C x_k): (b, d)
         return torch.stack(ys, 1) + u * self.D, last  # (b, t, d)
 
-    def _inputs(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"S4D expects x of shape (b, t, {self.d_model}), got {tuple(x.shape)}")
+    def _check_state(self, state: Tensor | None, x: Tensor) -> None:
+        if state is not None:
+            shape = (x.size(0), self.d_model, self.d_state // 2)
+            check_state("S4D", state, {"": shape}, x, _complex(x.dtype))
+
+    def _inputs(self, x: Tensor, state: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        check_input("S4D", x, self.d_model, self.D)
+        self._check_state(state, x)
         if mask is not None:
             mask = check_padding_mask(mask, x.size(0), x.size(1), x.device)
         if mask is not None:
@@ -206,9 +220,9 @@ class S4D(FastPathMixin, nn.Module):
         self, x: Tensor, state: Tensor | None = None, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """x (b, t, d) -> y (b, t, d), state (b, d, n/2) complex."""
-        if not self._take_fast_path(x):
-            return self.forward_ref(x, state, mask)
-        x, mask = self._inputs(x, mask)
+        if not self._take_fast_path(x) or (isinstance(x, Tensor) and x.size(0) == 0):
+            return self.forward_ref(x, state, mask)  # (an empty batch too: the FFT refuses one)
+        x, mask = self._inputs(x, state, mask)
         y, state = self.ssm_conv(x, state, mask)
         return self._output(y), state
 
@@ -216,12 +230,14 @@ class S4D(FastPathMixin, nn.Module):
         self, x: Tensor, state: Tensor | None = None, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """``forward`` through the recurrence (:meth:`ssm_recurrent_ref`), whatever ``fast_path`` says."""
-        x, mask = self._inputs(x, mask)
+        x, mask = self._inputs(x, state, mask)
         y, state = self.ssm_recurrent_ref(x, state, mask)
         return self._output(y), state
 
     def step(self, x_t: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         """x_t (b, d) -> y_t (b, d): x_k = Ā x_{k-1} + B̄ u_k, y_k = 2 Re(C x_k) + D u_k, then the output."""
+        check_input("S4D.step", x_t, self.d_model, self.D, step=True, what="x_t")
+        self._check_state(state, x_t)
         _, dA, dB, C = self._discrete()
         state = dA * state + dB * x_t[..., None]  # (d, m) * (b, d, m) + (d, m) * (b, d, 1)
         y = 2 * torch.einsum("dm,bdm->bd", C, state).real + self.D * x_t
@@ -239,6 +255,12 @@ class S4DMixerConfig:
     """Real state size per channel (d_state / 2 complex modes); the layer's own default is 64."""
     discretization: Literal["zoh", "bilinear"] = "zoh"
     init: Literal["lin", "inv"] = "lin"
+
+    def __post_init__(self):
+        check_choices(self)
+        check_positive_ints(self, ("d_state",))
+        if self.d_state % 2:
+            raise ValueError(f"d_state must be even (conjugate pairs of complex modes), got {self.d_state}")
 
 
 def _build_s4d(d_model: int, c: S4DMixerConfig, *, dropout: float, device=None, dtype=None) -> S4D:
