@@ -12,6 +12,8 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.validation import check_dropout, check_positive_ints
+
 _ACTS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
 
 
@@ -29,6 +31,9 @@ class MLP(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        self.d_model, self.d_ff, self.dropout = d_model, d_ff, dropout
+        check_positive_ints(self, ("d_model", "d_ff"), prefix="MLP: ")
+        check_dropout(self, prefix="MLP: ")
         if activation not in _ACTS:
             raise ValueError(f"activation must be one of {sorted(_ACTS)}, got {activation!r}")
         self.activation = activation
@@ -47,6 +52,9 @@ class SwiGLU(nn.Module):
         self, d_model: int, d_ff: int, bias: bool = False, dropout: float = 0.0, device=None, dtype=None
     ):
         super().__init__()
+        self.d_model, self.d_ff, self.dropout = d_model, d_ff, dropout
+        check_positive_ints(self, ("d_model", "d_ff"), prefix="SwiGLU: ")
+        check_dropout(self, prefix="SwiGLU: ")
         kw = {"bias": bias, "device": device, "dtype": dtype}
         self.gate = nn.Linear(d_model, d_ff, **kw)
         self.up = nn.Linear(d_model, d_ff, **kw)

@@ -9,17 +9,28 @@ Both normalize over the last dimension. ``make_norm`` resolves the config string
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.validation import check_positive_floats, check_positive_ints
+
+
+def _check_norm(owner: str, d_model: int, eps: float) -> None:
+    """eps > 0: with eps <= 0 a constant row divides by zero (NaN, or inf logits)."""
+    args = SimpleNamespace(d_model=d_model, eps=eps)
+    check_positive_ints(args, ("d_model",), prefix=f"{owner}: ")
+    check_positive_floats(args, ("eps",), prefix=f"{owner}: ")
+
 
 class LayerNorm(nn.LayerNorm):
     """torch.nn.LayerNorm with an optional bias (GPT-2 has one, many later models drop it)."""
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True, device=None, dtype=None):
+        _check_norm("LayerNorm", d_model, eps)
         super().__init__(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
 
 
@@ -28,6 +39,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
+        _check_norm("RMSNorm", d_model, eps)
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 

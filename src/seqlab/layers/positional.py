@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from seqlab.validation import check_positive_floats, check_positive_ints
+
 __all__ = [
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
@@ -127,6 +129,9 @@ class RotaryEmbedding(nn.Module):
         device=None,
     ):
         super().__init__()
+        self.head_dim, self.base = head_dim, base
+        check_positive_ints(self, ("head_dim",), prefix="RotaryEmbedding: ")
+        check_positive_floats(self, ("base",), prefix="RotaryEmbedding: ")  # base <= 0: NaN angles
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
             raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")

@@ -44,6 +44,7 @@ torch.nn's LSTM (oneDNN's fused kernel) and about the time of its GRU and RNN
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,6 +60,7 @@ from seqlab.layers.recurrent_cells import (
     _lstm_update,
     _rnn_update,
 )
+from seqlab.validation import check_choices
 
 __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNBase", "RNNCell", "State"]
 
@@ -158,6 +160,9 @@ class GRU(RNNBase):
 class RNNMixerConfig:
     nonlinearity: Literal["tanh", "relu"] = "tanh"
 
+    def __post_init__(self):
+        check_choices(self)
+
 
 @dataclass
 class LSTMMixerConfig:
@@ -165,6 +170,11 @@ class LSTMMixerConfig:
     """Initial forget-gate bias (Gers et al. 2000; Jozefowicz et al. 2015): torch.nn's init starts with
     f ≈ σ(0) = 1/2, so memory decays as 2^-t until training opens the gate; σ(1) ≈ 0.73 lets long-range
     gradients through from the first step. None keeps torch.nn's init (the layer itself always does)."""
+
+    def __post_init__(self):
+        v = self.forget_bias
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)):
+            raise ValueError(f"forget_bias must be a finite number or None, got {v!r}")
 
 
 @dataclass

@@ -33,7 +33,13 @@ from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.norms import LayerNorm
 from seqlab.layers.transformer_blocks import TransformerEncoderLayer
 from seqlab.models.init import normal_init_
-from seqlab.validation import check_choices, check_divisible, check_dropout, check_positive_ints
+from seqlab.validation import (
+    check_choices,
+    check_divisible,
+    check_dropout,
+    check_positive_floats,
+    check_positive_ints,
+)
 
 __all__ = [
     "PRESETS",
@@ -69,6 +75,8 @@ class EncoderConfig:
     def __post_init__(self):
         check_choices(self)
         check_positive_ints(self, ("vocab_size", "max_seq_len", "n_layers", "n_heads", "d_model"))
+        check_positive_ints(self, ("d_ff",), allow_none=True)
+        check_positive_floats(self, ("norm_eps",))
         check_divisible(self.d_model, self.n_heads)
         check_dropout(self)
 
