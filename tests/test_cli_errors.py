@@ -73,3 +73,44 @@ def test_a_text_source_that_is_not_a_file(capsys, tmp_path):
     ]
     assert "not a regular file" in _error(capsys, [*argv, "--task.source=/dev/zero"])
     assert "is a directory" in _error(capsys, [*argv, f"--task.source={tmp_path}"])
+
+
+def test_damaged_checkpoints_without_a_manifest_are_clear_errors(capsys, tmp_path):
+    """A checkpoint that no manifest vouches for (copied elsewhere, or written by 0.1) still fails clearly."""
+    import json
+    import shutil
+
+    text = tmp_path / "t.txt"
+    text.write_text("KING:\nhello there my lord\n" * 200, encoding="utf-8")
+    run = tmp_path / "run"
+    argv = [
+        "train",
+        "--model.name=test-gru-lm",
+        "--task.name=text",
+        f"--task.source={text}",
+        "--train.steps=1",
+    ]
+    assert main([*argv, "--train.progress=false", "--out", str(run)]) == 0
+    capsys.readouterr()
+    ckpt = run / (run / "latest").read_text().strip()
+
+    def damaged(name: str):
+        copy = tmp_path / name
+        shutil.copytree(ckpt, copy)
+        return copy, copy / "model.safetensors", copy / "config.json", copy / "tokenizer.json"
+
+    gen = ["generate", "--prompt", "KING", "--max-new-tokens", "3", "--checkpoint"]
+    d, weights, _, _ = damaged("empty-weights")
+    weights.write_bytes(b"")
+    assert "cannot be read as safetensors" in _error(capsys, [*gen, str(d)])
+    d, _, config, _ = damaged("list-config")
+    config.write_text("[1, 2]", encoding="utf-8")
+    assert "must be a JSON object with 'family'" in _error(capsys, [*gen, str(d)])
+    d, _, config, _ = damaged("no-family")
+    cfg = json.loads(config.read_text(encoding="utf-8"))
+    del cfg["family"]
+    config.write_text(json.dumps(cfg), encoding="utf-8")
+    assert "must be a JSON object with 'family'" in _error(capsys, [*gen, str(d)])
+    d, _, _, tok = damaged("small-tokenizer")
+    tok.write_text('{"type": "char", "chars": "KING"}', encoding="utf-8")
+    assert "the tokenizer has 4 tokens" in _error(capsys, [*gen, str(d)])

@@ -93,11 +93,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from seqlab.training.checkpoint import load_model, load_tokenizer, resolve_checkpoint
 
     where = resolve_checkpoint(args.checkpoint)
-    tok = load_tokenizer(where, "it was not trained on text, nothing to sample")
     device = torch.device(
         args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     )
     model = load_model(where, device=device)
+    tok = load_tokenizer(where, "it was not trained on text, nothing to sample", model)
     if not hasattr(model, "generate"):
         raise ValueError(f"the model in {where} is not a generative language model")
     try:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -52,6 +53,7 @@ from seqlab.training.manifest import (
     write_manifest,
     write_text_atomic,
 )
+from seqlab.training.state_tree import flatten, unflatten
 
 log = logging.getLogger("seqlab.train")
 
@@ -60,37 +62,6 @@ STEP_DIR = re.compile(r"step-\d{8,}")
 LATEST = re.compile(r"checkpoints/" + STEP_DIR.pattern)
 MODEL_FILES = ("model.safetensors", "config.json")
 TRAINER_FILES = ("trainer_state.safetensors", "trainer_state.json")
-
-
-# ---- flattening nested state into (tensors, JSON) -------------------------------------------------------------
-
-
-def flatten(obj: Any, prefix: str, tensors: dict[str, Tensor]) -> Any:
-    """Replace every tensor in a nested dict/list/tuple by a reference ``{"__tensor__": key}``."""
-    if isinstance(obj, Tensor):
-        key = f"{prefix}"
-        tensors[key] = obj.detach().contiguous().cpu()
-        return {"__tensor__": key}
-    if isinstance(obj, dict):
-        return {"__dict__": [[k, flatten(v, f"{prefix}.{k}", tensors)] for k, v in obj.items()]}
-    if isinstance(obj, list | tuple):
-        items = [flatten(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
-        return {"__tuple__": items} if isinstance(obj, tuple) else items
-    if obj is None or isinstance(obj, bool | int | float | str):
-        return obj
-    raise TypeError(f"cannot store a {type(obj).__name__} in trainer state")
-
-
-def unflatten(obj: Any, tensors: dict[str, Tensor]) -> Any:
-    if isinstance(obj, dict):
-        if "__tensor__" in obj:
-            return tensors[obj["__tensor__"]]
-        if "__tuple__" in obj:
-            return tuple(unflatten(v, tensors) for v in obj["__tuple__"])
-        return {k: unflatten(v, tensors) for k, v in obj["__dict__"]}
-    if isinstance(obj, list):
-        return [unflatten(v, tensors) for v in obj]
-    return obj
 
 
 # ---- save / load ----------------------------------------------------------------------------------------------
@@ -302,7 +273,32 @@ def load_config(ckpt: str | Path) -> dict[str, Any]:
     """``config.json`` of a checkpoint (or of a run's latest), verified against the manifest."""
     where = resolve_checkpoint(ckpt)
     verify(where, ("config.json",))
-    return json.loads((where / "config.json").read_text(encoding="utf-8"))
+    return _read_config(where / "config.json")
+
+
+def _read_config(file: Path) -> dict[str, Any]:
+    """config.json as a dict with the 'family' and 'model' that rebuild the model; a clear error otherwise."""
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON ({e}); the checkpoint is damaged") from e
+    if (
+        not isinstance(cfg, dict)
+        or not isinstance(cfg.get("family"), str)
+        or not isinstance(cfg.get("model"), dict)
+    ):
+        raise ValueError(
+            f"{file} must be a JSON object with 'family' (a string) and 'model' (an object), as seqlab writes it; "
+            f"got {type(cfg).__name__} with keys {sorted(cfg) if isinstance(cfg, dict) else []}"
+        )
+    return cfg
+
+
+def _load_tensors(file: Path, device: str | None = None) -> dict[str, Tensor]:
+    try:
+        return load_file(str(file), device=device or "cpu")
+    except (OSError, SafetensorError) as e:
+        raise ValueError(f"{file} cannot be read as safetensors ({e}); the checkpoint is damaged") from e
 
 
 def load_model(ckpt: str | Path, device=None) -> torch.nn.Module:
@@ -315,14 +311,14 @@ def load_model(ckpt: str | Path, device=None) -> torch.nn.Module:
 
     ckpt = resolve_checkpoint(ckpt)
     verify(ckpt, MODEL_FILES)
-    cfg = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    cfg = _read_config(ckpt / "config.json")
     model = build(cfg["family"], cfg["model"], device=device)
     load_weights(model, ckpt / "model.safetensors")
     return model
 
 
 def load_weights(model: torch.nn.Module, file: Path) -> None:
-    state = load_file(str(file), device=str(next(model.parameters()).device))
+    state = _load_tensors(file, str(next(model.parameters()).device))
     missing, unexpected = model.load_state_dict(state, strict=False)
     really_missing = [k for k in missing if not _is_tied(model, k, state)]  # tied weights are stored once
     if really_missing or unexpected:
@@ -346,7 +342,7 @@ def load_trainer_state(ckpt: str | Path, verified: bool = False) -> dict[str, An
         return None
     if not verified:
         verify(ckpt, TRAINER_FILES)
-    tensors = load_file(str(ckpt / "trainer_state.safetensors"))
+    tensors = _load_tensors(ckpt / "trainer_state.safetensors")
     return unflatten(json.loads(meta_file.read_text(encoding="utf-8")), tensors)
 
 
@@ -359,12 +355,19 @@ def load_tokenizer_json(ckpt: str | Path) -> str | None:
     return f.read_text(encoding="utf-8")
 
 
-def load_tokenizer(ckpt: str | Path, needed_for: str):
+def load_tokenizer(ckpt: str | Path, needed_for: str, model: torch.nn.Module | None = None):
     """The tokenizer (char, BPE or WordPiece) saved with a checkpoint of a model trained on text; a
-    ValueError saying what it is ``needed_for`` when the checkpoint has none."""
+    ValueError saying what it is ``needed_for`` when the checkpoint has none, or when it cannot name every
+    token ``model`` may produce."""
     from seqlab.tasks.tokenizers import tokenizer_from_json
 
     text = load_tokenizer_json(ckpt)
     if text is None:
         raise ValueError(f"{resolve_checkpoint(ckpt)} has no tokenizer.json: {needed_for}")
-    return tokenizer_from_json(text)
+    tok = tokenizer_from_json(text)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", 0)
+    if tok.vocab_size < vocab:  # a replaced tokenizer.json could not decode every token the model samples
+        raise ValueError(
+            f"{resolve_checkpoint(ckpt)}: the tokenizer has {tok.vocab_size} tokens, the model {vocab}"
+        )
+    return tok
