@@ -86,3 +86,13 @@ def test_params_command(capsys):
     out = capsys.readouterr().out
     assert "blocks.0.mixer.in_proj_weight" in out and "blocks.1." not in out
     assert main(["params", "test-gpt", "--train.steps=3"]) == 2
+
+
+def test_a_model_larger_than_memory_is_refused_before_allocation(monkeypatch):
+    import seqlab.models as models
+
+    monkeypatch.setattr(models, "_available_bytes", lambda: 10_000)  # test-gpt's weights need more than 10 kB
+    with pytest.raises(ValueError, match=r"needs .* GiB for its weights alone.*Nothing was allocated"):
+        create("test-gpt")
+    assert count_parameters("gpt3-175b") > 0  # counting builds on the meta device: always allowed
+    create("test-gpt", device=torch.device("meta"))

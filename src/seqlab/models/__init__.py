@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,7 +89,33 @@ def build(family: str, config, device=None, dtype=None) -> nn.Module:
     if isinstance(config, dict):
         family, config = upgrade_config(family, config)
         config = make_config(family, config)
-    return FAMILIES[family][1](config, device=device, dtype=dtype)
+    cls = FAMILIES[family][1]
+    if torch.device(device or "cpu").type == "cpu":  # refuse what cannot fit before allocating any of it
+        check_fits_in_memory(cls(config, device=torch.device("meta"), dtype=dtype), family)
+    return cls(config, device=device, dtype=dtype)
+
+
+def _available_bytes() -> int | None:
+    try:
+        text = Path("/proc/meminfo").read_text(encoding="ascii")
+        return next(
+            int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("MemAvailable:")
+        )
+    except (OSError, ValueError, StopIteration):
+        pass
+    return None  # not Linux: no check
+
+
+def check_fits_in_memory(meta_model: nn.Module, what: str) -> None:
+    """A ValueError when the weights of a model (built on the meta device) exceed the memory available now."""
+    need = sum(p.numel() * p.element_size() for p in meta_model.parameters())
+    have = _available_bytes()
+    if have is not None and need > have:
+        n = sum(p.numel() for p in meta_model.parameters())
+        raise ValueError(
+            f"a {what!r} model of {n:,} parameters needs {need / 2**30:,.1f} GiB for its weights alone; "
+            f"this machine has {have / 2**30:,.1f} GiB available. Nothing was allocated: choose a smaller config"
+        )
 
 
 def create(name: str, *, device=None, dtype=None, **overrides) -> nn.Module:
