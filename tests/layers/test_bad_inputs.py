@@ -1,0 +1,59 @@
+"""The cases a hostile tester found, one by one: each is now a clear ValueError at the boundary."""
+
+import pytest
+import torch
+
+from seqlab.layers import S4D, Mamba, MultiheadAttention, create_mixer
+from seqlab.models import create
+
+
+def test_states_are_checked_not_broadcast():
+    s4d = S4D(16, d_state=8)
+    with pytest.raises(ValueError, match=r"S4D state must have shape \(1, 16, 4\)"):
+        s4d.step(torch.randn(1, 16), s4d.init_state(3))  # used to return a batch of 3
+    with pytest.raises(ValueError, match="state"):
+        s4d.step(torch.randn(1, 16), S4D(16, d_state=16).init_state(1))  # another layer's state
+    mamba = Mamba(16, d_state=4)
+    conv, ssm = mamba.init_state(3)
+    with pytest.raises(ValueError, match="state"):
+        mamba.step(torch.randn(3, 16), (conv, ssm[:1]))  # a batch-1 ssm state over a batch of 3
+    attn = create_mixer("attention", 16)
+    _, cache = attn(torch.randn(2, 3, 16))
+    with pytest.raises(ValueError, match="2"):
+        attn(torch.randn(3, 1, 16), state=cache)  # a KV cache from another batch
+
+
+def test_dtypes_empty_sequences_and_masks():
+    lstm = create_mixer("lstm", 8)
+    with pytest.raises(ValueError, match=r"float64.*float32|float32.*float64"):
+        lstm(torch.randn(2, 3, 8, dtype=torch.float64))
+    for name in ("s4d", "mamba"):
+        with pytest.raises(ValueError):
+            create_mixer(name, 8)(torch.randn(2, 0, 8))
+    attn = MultiheadAttention(8, 2)
+    with pytest.raises(ValueError):
+        attn(torch.randn(2, 3, 8), mask=torch.ones(1, 1, 1, 3, 3, dtype=torch.bool))
+    with pytest.raises((ValueError, TypeError)):
+        attn(torch.randn(2, 3, 8), mask=[[True, True, True]])
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: MultiheadAttention(32, 0),
+        lambda: create_mixer("attention", 32, n_heads=-4),
+        lambda: create_mixer("mamba", 32, dt_rank=0),
+        lambda: create_mixer("attention", 32, head_dim=0),
+        lambda: create_mixer("mamba", 32, d_conv=0),
+        lambda: create_mixer("s4d", 32, d_state=0),
+        lambda: S4D(0),
+        lambda: S4D(16, dt_min=0.5, dt_max=0.1),
+        lambda: create("test-gpt-llama", rope_base=0),
+        lambda: create("test-gpt", norm_eps=-1),
+        lambda: create("test-gpt", d_ff=-5),
+        lambda: create("test-lm-gru", d_input=0),
+    ],
+)
+def test_configs_that_gave_nan_or_zero_division_are_refused(build):
+    with pytest.raises(ValueError):
+        build()
