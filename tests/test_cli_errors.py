@@ -114,3 +114,20 @@ def test_damaged_checkpoints_without_a_manifest_are_clear_errors(capsys, tmp_pat
     d, _, _, tok = damaged("small-tokenizer")
     tok.write_text('{"type": "char", "chars": "KING"}', encoding="utf-8")
     assert "the tokenizer has 4 tokens" in _error(capsys, [*gen, str(d)])
+
+
+def test_a_model_the_tasks_cannot_train_and_a_diverging_run(capsys, tmp_path):
+    msg = _error(
+        capsys, ["train", "--model.name=test-bert", "--task.name=adding", "--out", str(tmp_path / "b")]
+    )
+    assert "is of family 'encoder'" in msg
+    run = tmp_path / "n"
+    argv = [
+        *BASE[:-1],
+        "--train.steps=4",
+        "--train.save_every=1",
+        "--train.lr=1e30",
+        "--train.warmup_steps=0",
+    ]
+    msg = _error(capsys, [*argv, "--train.grad_clip=null", "--train.progress=false", "--out", str(run)])
+    assert "loss is inf at step 2" in msg and "last good checkpoint is" in msg and "step-00000001" in msg

@@ -164,6 +164,11 @@ def build_run(run: dict[str, Any]):
     if name not in PRESETS:
         create(name)  # raises the 'unknown model' error with the list of presets
     family = PRESETS[name][0]
+    if family != "lm":
+        raise ValueError(
+            f"model {name!r} is of family {family!r}; the tasks of `seqlab train` train causal LMs and sequence "
+            f"models of the one LM stack (family 'lm': `seqlab list` shows them)"
+        )
     config_cls = type(make_config(family, PRESETS[name][1]))
     fixed = task.model_overrides()
     clash = {

@@ -170,6 +170,12 @@ class Trainer:
         finally:
             self.model.train()
 
+    def _last_good(self) -> str:
+        latest = self.out_dir / "latest" if self.out_dir is not None else None
+        if latest is None or not latest.is_file():
+            return "No checkpoint was saved before it."
+        return f"The last good checkpoint is {self.out_dir / latest.read_text().strip()} (--resume starts there)."
+
     def train_step(self) -> tuple[float, int]:
         """One optimizer step over ``grad_accum`` batches. Returns (mean loss, tokens seen)."""
         c, task = self.config, self.task
@@ -186,7 +192,8 @@ class Trainer:
             loss, _, new_state = task.loss(self.model, batch, state)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
-                    f"loss is {loss.item()} at step {self.step}; lower train.lr or set train.grad_clip"
+                    f"loss is {loss.item()} at step {self.step + 1}; lower train.lr or set train.grad_clip. "
+                    + self._last_good()
                 )
             (loss / c.grad_accum).backward()
             self.carry = detach_state(new_state) if task.stateful else None
