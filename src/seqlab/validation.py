@@ -14,6 +14,7 @@ __all__ = [
     "check_choices",
     "check_divisible",
     "check_dropout",
+    "check_nonnegative",
     "check_positive_floats",
     "check_positive_ints",
 ]
@@ -52,6 +53,21 @@ def check_positive_floats(
             continue
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
             raise ValueError(f"{prefix}{name} must be a positive finite number, got {v!r}")
+
+
+def check_nonnegative(
+    obj: Any, names: tuple[str, ...], prefix: str = "", numbers: bool = False, hint: str = ""
+) -> None:
+    """Each field is None, or an integer >= 0 (with ``numbers``, a finite number >= 0); ``hint`` follows
+    the expectation in the message, e.g. what 0 means."""
+    for name in names:
+        v = getattr(obj, name)
+        if v is None:
+            continue
+        kinds = int | float if numbers else int
+        if isinstance(v, bool) or not isinstance(v, kinds) or not math.isfinite(v) or v < 0:
+            what = "a number" if numbers else "an integer"
+            raise ValueError(f"{prefix}{name} must be {what} >= 0{hint}, got {v!r}")
 
 
 def check_dropout(obj: Any, name: str = "dropout", prefix: str = "") -> None:

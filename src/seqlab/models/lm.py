@@ -47,7 +47,13 @@ from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import LearnedPositionalEmbedding
 from seqlab.models.generation import check_token_ids, generate
 from seqlab.models.init import normal_init_
-from seqlab.validation import check_choices, check_dropout, check_positive_floats, check_positive_ints
+from seqlab.validation import (
+    check_choices,
+    check_dropout,
+    check_nonnegative,
+    check_positive_floats,
+    check_positive_ints,
+)
 
 __all__ = ["LM", "Block", "LMConfig"]
 
@@ -94,10 +100,7 @@ class LMConfig:
         check_positive_ints(self, ("d_input", "d_output"), allow_none=True)
         check_positive_floats(self, ("norm_eps",), allow_none=True)
         check_dropout(self)
-        if self.d_ff is not None and (
-            isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int) or self.d_ff < 0
-        ):
-            raise ValueError(f"d_ff must be an integer >= 0 (0: no channel MLP) or None, got {self.d_ff!r}")
+        check_nonnegative(self, ("d_ff",), hint=" (0: no channel MLP) or None")
         if self.layout == "stacked" and self.d_ff:
             raise ValueError(f"the stacked layout has no channel MLP; got d_ff={self.d_ff}")
         if self.tie_weights and not self._tokens_in_and_out:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seqlab.validation import check_positive_floats, check_positive_ints
+from seqlab.validation import check_nonnegative, check_positive_floats, check_positive_ints
 
 __all__ = ["TrainConfig"]
 
@@ -70,20 +70,8 @@ class TrainConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"train.seed must be an integer, got {self.seed!r}")
         self._check_device()
-        for name in (
-            "warmup_steps",
-            "save_every",
-            "eval_every",
-            "keep_checkpoints",
-            "min_lr",
-            "weight_decay",
-        ):
-            v = getattr(self, name)
-            kind = float if name in ("min_lr", "weight_decay") else int
-            if v is not None and (isinstance(v, bool) or not isinstance(v, kind | int) or v < 0):
-                raise ValueError(
-                    f"train.{name} must be {'a number' if kind is float else 'an integer'} >= 0, got {v!r}"
-                )
+        check_nonnegative(self, ("warmup_steps", "save_every", "eval_every", "keep_checkpoints"), "train.")
+        check_nonnegative(self, ("min_lr", "weight_decay"), "train.", numbers=True)
 
     def _check_device(self) -> None:
         """A device torch knows and this machine has; checked before any model is built or step taken."""
