@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.checks import check_input, check_state
+from seqlab.layers.discretization import _wide  # float32 for half precision, as the SSM scans
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
@@ -78,11 +79,6 @@ def _g(u: Tensor) -> Tensor:
 def _log_g(u: Tensor) -> Tensor:
     """log g(u), without a NaN in the branch not taken (torch.where differentiates both)."""
     return torch.where(u >= 0, torch.log(F.relu(u) + 0.5), F.logsigmoid(u))
-
-
-def _wide(x: Tensor) -> Tensor:
-    """float32 for half-precision tensors (the scan's arithmetic), unchanged otherwise."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def log_space_scan(log_a: Tensor, log_b: Tensor, h0: Tensor, chunk_size: int = 64) -> Tensor:
