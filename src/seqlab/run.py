@@ -170,18 +170,14 @@ def build_run(run: dict[str, Any]):
             f"models of the one LM stack (family 'lm': `seqlab list` shows them)"
         )
     config_cls = type(make_config(family, PRESETS[name][1]))
-    fixed = task.model_overrides()
-    clash = {
-        k: (v, fixed[k])
-        for k, v in coerce_fields(config_cls, model_fields).items()
-        if k in fixed and v != fixed[k]
-    }
+    fixed, mine = task.model_overrides(), coerce_fields(config_cls, model_fields)
+    clash = {k: (v, fixed[k]) for k, v in mine.items() if k in fixed and v != fixed[k]}
     if clash:
         said = ", ".join(
-            f"model.{k}={mine!r} (the task needs {theirs!r})" for k, (mine, theirs) in clash.items()
+            f"model.{k}={given!r} (the task needs {needed!r})" for k, (given, needed) in clash.items()
         )
         raise ValueError(f"the task {task_name!r} fixes these model fields: {said}; drop them from the run")
-    overrides = {**coerce_fields(config_cls, model_fields), **fixed}
+    overrides = {**mine, **fixed}
     import torch
 
     torch.manual_seed(train.seed)  # the initial weights depend on the seed only
