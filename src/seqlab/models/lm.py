@@ -160,8 +160,7 @@ class Block(nn.Module):
         return x if self.mlp is None else x + self.mlp(self.norm2(x))
 
     def forward(self, x: Tensor, state: Any = None, mask: Tensor | None = None) -> tuple[Tensor, Any]:
-        kw = {} if mask is None else {"mask": mask}
-        y, state = self.mixer(self.mixer_input(x), state, **kw)  # (b, t, d)
+        y, state = self.mixer(self.mixer_input(x), state, mask)  # (b, t, d); every mixer takes a mask
         return self.combine(x, y), state
 
     def step(self, x_t: Tensor, state: Any) -> tuple[Tensor, Any]:
