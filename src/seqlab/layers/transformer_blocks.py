@@ -95,7 +95,8 @@ class TransformerDecoderLayer(nn.Module):
     (b, h, t, s)-broadcastable for the cross-attention, e.g. ``key_padding_mask(src_lengths)``. ``state``
     continues incremental decoding: the self-attention KV cache and the projected memory, so a step costs
     O(t + s), not a recomputation. ``causal=False`` gives torch.nn.TransformerDecoderLayer's behaviour, where
-    the causal mask must be passed explicitly (``from_torch`` converts to that).
+    the causal mask must be passed explicitly (``from_torch`` converts to that). With ``need_weights`` it
+    returns ``(y, state, weights)``, the cross-attention weights (b, h, t, s) before dropout.
     """
 
     def __init__(
@@ -138,8 +139,10 @@ class TransformerDecoderLayer(nn.Module):
         mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
         state: DecoderState | None = None,
-    ) -> tuple[Tensor, DecoderState]:
+        need_weights: bool = False,
+    ) -> tuple[Tensor, DecoderState] | tuple[Tensor, DecoderState, Tensor]:
         self_cache, cross_cache = (None, None) if state is None else state
+        weights = None
 
         def sa(h: Tensor) -> Tensor:
             nonlocal self_cache
@@ -147,8 +150,11 @@ class TransformerDecoderLayer(nn.Module):
             return self.drop1(y)
 
         def ca(h: Tensor) -> Tensor:
-            nonlocal cross_cache
-            y, cross_cache = self.cross_attn(h, memory, mask=memory_mask, state=cross_cache)  # (b, t, d)
+            nonlocal cross_cache, weights
+            y, cross_cache, *w = self.cross_attn(
+                h, memory, mask=memory_mask, state=cross_cache, need_weights=need_weights
+            )  # (b, t, d), and the weights (b, h, t, s) when asked
+            weights = w[0] if w else None
             return self.drop2(y)
 
         if self.norm_first:
@@ -159,6 +165,8 @@ class TransformerDecoderLayer(nn.Module):
             x = self.norm1(x + sa(x))
             x = self.norm2(x + ca(x))
             x = self.norm3(x + self.drop3(self.mlp(x)))
+        if need_weights:
+            return x, (self_cache, cross_cache), weights
         return x, (self_cache, cross_cache)
 
 

@@ -15,9 +15,10 @@ serves source, target and the pre-softmax projection (section 3.4, for the share
 also how the published parameter counts are reached.
 
 Deviations: no final LayerNorm after the stacks (post-norm needs none); label smoothing and the optimizer
-schedule belong to the task and the trainer. Beam search (section 6.1: beam 4, length penalty α = 0.6) uses
-GNMT's penalty lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016, arXiv 1609.08144, eq. 14), applied when the
-finished hypotheses are compared; during the search beams are ranked by their raw log-probability.
+schedule belong to the task and the trainer. Decoding is :mod:`seqlab.models.beam`'s, shared with the RNN
+encoder–decoder: beam search (section 6.1: beam 4, length penalty α = 0.6) ranks beams by their raw
+log-probability and chooses among the finished hypotheses (and those cut at the length limit) by GNMT's
+log p / lp(Y), lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016, arXiv 1609.08144, eq. 14).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from seqlab.layers.attention import KVCache, MultiheadAttention
 from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.positional import SinusoidalPositionalEncoding
 from seqlab.layers.transformer_blocks import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer
+from seqlab.models.beam import Decoded, StepFn, beam_rows, beam_search, greedy_search
 from seqlab.validation import (
     check_choices,
     check_divisible,
@@ -90,7 +92,15 @@ class Transformer(nn.Module):
     """``model(src (b, s), tgt_in (b, t), src_mask=None) -> log-probabilities (b, t, v)`` (teacher forcing).
 
     ``src_mask`` (b, s) is True at real source tokens; by default ``src != pad_id``. ``encode``/``decode``
-    expose the two halves; ``greedy_decode`` and ``beam_search`` generate from ``bos_id`` until ``eos_id``.
+    expose the two halves; ``generate`` (greedy or beam, optionally with the cross-attention weights),
+    ``greedy_decode`` and ``beam_search`` decode from ``bos_id`` until ``eos_id``.
+
+    Examples::
+
+        >>> model = Transformer(TransformerConfig(vocab_size=64, d_model=32, n_heads=4, d_ff=64)).eval()
+        >>> ids, attn = model.generate(torch.randint(3, 64, (2, 7)), max_new_tokens=5, return_attention=True)
+        >>> ids.size(0), attn.size(0), attn.size(2)  # attn (b, n, s)
+        (2, 2, 7)
     """
 
     family = "transformer"
@@ -159,48 +169,66 @@ class Transformer(nn.Module):
         state: list[DecoderState] | None = None,
     ) -> tuple[Tensor, list[DecoderState]]:
         """tgt (b, t) after the positions in ``state`` -> log-probs (b, t, v), the grown state."""
+        h, state, _ = self._decoder_stack(tgt, memory, src_mask, state)
+        return F.log_softmax(self.generator(h).float(), dim=-1), state  # (b, t, v)
+
+    def _decoder_stack(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        state: list[DecoderState] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[DecoderState], Tensor | None]:
+        """The decoder's output (b, t, d), its grown state, and with ``need_weights`` the cross-attention
+        weights of the last layer (b, h, t, s), else None."""
         offset = 0 if state is None or state[0][0] is None else int(state[0][0].pos)
         mem_mask = key_padding_mask(src_mask)  # (b, 1, 1, s)
         h = self._embed(self.tgt_embed, tgt, offset)
         states = [None] * len(self.decoder) if state is None else state
-        new = []
-        for layer, s in zip(self.decoder, states, strict=True):
-            h, s = layer(h, memory, memory_mask=mem_mask, state=s)
+        new, weights = [], None
+        for i, (layer, s) in enumerate(zip(self.decoder, states, strict=True)):
+            if need_weights and i == len(self.decoder) - 1:
+                h, s, weights = layer(h, memory, memory_mask=mem_mask, state=s, need_weights=True)
+            else:
+                h, s = layer(h, memory, memory_mask=mem_mask, state=s)
             new.append(s)
-        return F.log_softmax(self.generator(h).float(), dim=-1), new  # (b, t, v)
+        return h, new, weights
 
     def forward(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor | None = None) -> Tensor:
         src_mask = src != self.config.pad_id if src_mask is None else src_mask
         memory = self.encode(src, src_mask)
         return self.decode(tgt_in, memory, src_mask)[0]
 
-    # ---- decoding -------------------------------------------------------------------------------------
+    # ---- decoding (seqlab.models.beam) ------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        src: Tensor,
+        src_mask: Tensor | None = None,
+        max_new_tokens: int = 64,
+        beam_size: int = 1,
+        length_penalty: float = 0.6,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """src (b, s) -> target ids (b, 1 + n): bos, then up to ``max_new_tokens`` tokens, pad after eos;
+        with ``return_attention`` also the last decoder layer's cross-attention weights averaged over heads
+        along the returned hypotheses, (b, n, s): rows sum to 1 over the real source positions, 0 after eos.
+
+        ``beam_size`` 1 is greedy decoding; wider beams rank by log p and choose by log p / lp(|Y|) with
+        GNMT's length penalty α = ``length_penalty`` (:mod:`seqlab.models.beam`).
+        """
+        greedy = beam_size == 1
+        out = self._search(
+            src, src_mask, max_new_tokens, None if greedy else beam_size, length_penalty, return_attention
+        )
+        return (out.tokens, out.extras) if return_attention else out.tokens
 
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, max_len: int, src_mask: Tensor | None = None) -> Tensor:
         """(b, s) -> (b, 1 + n ≤ 1 + max_len): bos, then the argmax token each step; pad after eos."""
-        c = self.config
-        src_mask = src != c.pad_id if src_mask is None else src_mask
-        memory = self.encode(src, src_mask)
-        ys = torch.full((src.size(0), 1), c.bos_id, dtype=torch.long, device=src.device)
-        done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-        state, last = None, ys
-        for _ in range(max_len):
-            logp, state = self.decode(last, memory, src_mask, state)  # (b, 1, v)
-            nxt = logp[:, -1].argmax(-1).masked_fill(done, c.pad_id)  # (b,)
-            ys = torch.cat([ys, nxt[:, None]], dim=1)
-            done |= nxt == c.eos_id
-            last = nxt[:, None]
-            if bool(done.all()):
-                break
-        return ys
-
-    @staticmethod
-    def _reorder(state: list[DecoderState], index: Tensor) -> list[DecoderState]:
-        def pick(cache: KVCache | None) -> KVCache | None:
-            return None if cache is None else KVCache(cache.k[index], cache.v[index], cache.pos)
-
-        return [(pick(a), pick(b)) for a, b in state]
+        return self._search(src, src_mask, max_len, beam_size=None).tokens
 
     @torch.no_grad()
     def beam_search(
@@ -214,48 +242,73 @@ class Transformer(nn.Module):
         """(b, s) -> best sequences (b, 1 + n) (bos first, pad after eos) and their penalized scores (b,).
 
         score(Y) = log p(Y | src) / lp(Y),  lp(Y) = ((5 + |Y|) / 6)^α, |Y| counting eos (not bos).
+        Which finished hypotheses compete: :mod:`seqlab.models.beam`.
         """
+        out = self._search(src, src_mask, max_len, beam_size, length_penalty)
+        return out.tokens, out.scores
+
+    def _search(
+        self,
+        src: Tensor,
+        src_mask: Tensor | None,
+        max_len: int,
+        beam_size: int | None,
+        length_penalty: float = 0.6,
+        need_weights: bool = False,
+    ) -> Decoded:
+        """Greedy search (``beam_size`` None) or beam search, in eval mode, through :mod:`seqlab.models.beam`."""
         c = self.config
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-        b, k, dev = src.size(0), beam_size, src.device
+        b = src.size(0)
         src_mask = src != c.pad_id if src_mask is None else src_mask
-        memory = self.encode(src, src_mask).repeat_interleave(k, dim=0)  # (b k, s, d)
-        mask = src_mask.repeat_interleave(k, dim=0)  # (b k, s)
-        ys = torch.full((b * k, 1), c.bos_id, dtype=torch.long, device=dev)
-        scores = torch.full((b, k), float("-inf"), device=dev)
-        scores[:, 0] = (
-            0.0  # all beams start identical: keep one alive so the first step picks k distinct tokens
-        )
-        done = torch.zeros(b, k, dtype=torch.bool, device=dev)
-        lengths = torch.zeros(b, k, dtype=torch.long, device=dev)
-        state, last = None, ys
-        for _ in range(max_len):
-            logp, state = self.decode(last, memory, mask, state)
-            logp = logp[:, -1].view(b, k, -1)  # (b, k, v)
-            v = logp.size(-1)
-            pad_only = torch.full_like(logp[0, 0], float("-inf"))
-            pad_only[c.pad_id] = 0.0
-            logp = torch.where(
-                done[..., None], pad_only, logp
-            )  # a finished beam continues with pad, for free
-            cand = (scores[..., None] + logp).view(b, k * v)  # (b, k v)
-            scores, idx = cand.topk(k, dim=-1)  # (b, k)
-            beam, tok = idx // v, idx % v  # (b, k) each
-            flat = (beam + torch.arange(b, device=dev)[:, None] * k).view(-1)  # (b k,) rows to keep
-            ys = torch.cat([ys[flat], tok.view(-1, 1)], dim=1)
-            was_done = done.gather(1, beam)
-            lengths = lengths.gather(1, beam) + (~was_done).long()
-            done = was_done | (tok == c.eos_id)
-            state = self._reorder(state, flat)
-            last = tok.view(-1, 1)
-            if bool(done.all()):
-                break
-        lp = ((5.0 + lengths.float()) / 6.0) ** length_penalty  # (b, k)
-        final = scores / lp
-        best = final.argmax(-1)  # (b,)
-        rows = best + torch.arange(b, device=dev) * k
-        return ys[rows], final.gather(1, best[:, None]).squeeze(1)
+        ids = {
+            "bos_id": c.bos_id,
+            "eos_id": c.eos_id,
+            "pad_id": c.pad_id,
+            "max_len": max_len,
+            "device": src.device,
+        }
+        was_training = self.training
+        self.eval()
+        try:
+            memory = self.encode(src, src_mask)  # (b, s, d)
+            if beam_size is None:
+                step = self._step_fn(memory, src_mask, need_weights)
+                return greedy_search(step, None, batch_size=b, **ids)
+            rows = beam_rows(b, beam_size, src.device)  # (b k,)
+            step = self._step_fn(memory[rows], src_mask[rows], need_weights)
+            return beam_search(
+                step,
+                None,
+                self._reorder,
+                batch_size=b,
+                beam_size=beam_size,
+                length_penalty=length_penalty,
+                **ids,
+            )
+        finally:
+            self.train(was_training)
+
+    def _step_fn(self, memory: Tensor, src_mask: Tensor, need_weights: bool) -> StepFn:
+        """The decoder as :data:`seqlab.models.beam.StepFn` over rows of ``memory`` (N, s, d): the state is the
+        layers' caches (None before the first step); the extra, with ``need_weights``, the last layer's
+        cross-attention averaged over heads (N, s). The memory is not reordered with the state: beams only
+        ever follow parents of their own sentence, whose memory rows are equal."""
+
+        def step(last: Tensor, state: list[DecoderState] | None):
+            h, state, w = self._decoder_stack(last[:, None], memory, src_mask, state, need_weights)
+            logp = F.log_softmax(self.generator(h[:, -1]).float(), dim=-1)  # (N, 1, d) -> (N, v)
+            return logp, state, None if w is None else w[:, :, -1].mean(1)  # (N, h, 1, s) -> (N, s)
+
+        return step
+
+    @staticmethod
+    def _reorder(state: list[DecoderState], rows: Tensor) -> list[DecoderState]:
+        """The layers' caches of the given rows (N,): self-attention keys and values, projected memory."""
+
+        def pick(cache: KVCache | None) -> KVCache | None:
+            return None if cache is None else KVCache(cache.k[rows], cache.v[rows], cache.pos)
+
+        return [(pick(a), pick(b)) for a, b in state]
 
 
 # Vaswani et al. 2017, table 3: base 65M and big 213M parameters for WMT14 En-De with a shared source-target
