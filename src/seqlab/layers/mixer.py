@@ -39,6 +39,7 @@ __all__ = [
     "list_mixers",
     "make_mixer_config",
     "mixer_spec",
+    "mixer_table",
     "register_mixer",
 ]
 
@@ -149,3 +150,13 @@ def create_mixer(
     spec = mixer_spec(name)
     config = make_mixer_config(name, fields)
     return spec.build(d_model, config, dropout=dropout, device=device, dtype=dtype)
+
+
+def mixer_table(fields: Callable[[type], list[str]]) -> list[str]:
+    """The registered mixers as text lines: name, family and summary, then ``fields(config class)``."""
+    lines = [f"{'mixer':<18} {'family':<12} (a model's token mixer; `seqlab compare --mixers` takes these)"]
+    for name in list_mixers():
+        spec = mixer_spec(name)
+        lines.append(f"{name:<18} {spec.family:<12} {spec.summary}")
+        lines.append(f"{'':<31} fields: {', '.join(fields(spec.config)) or 'none'}")
+    return lines

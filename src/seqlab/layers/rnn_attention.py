@@ -2,8 +2,13 @@ r"""Attention for RNN encoder–decoders: one query vector (the decoder state) s
 positions. Additive (Bahdanau et al. 2014, arXiv 1409.0473) and multiplicative (Luong et al. 2015,
 arXiv 1508.04025) scores.
 
-Notation: ``b`` batch, ``s`` source positions, ``d_query`` decoder state width, ``d_key`` encoder state width.
+Notation: ``b`` batch, ``s`` source positions, ``t`` target positions (queries), ``d_query`` decoder state
+width, ``d_key`` encoder state width. A query is one decoder state (b, d_query) or all of them at once
+(b, t, d_query), for decoders whose recurrence does not read the context (Luong without input feeding).
 Masks are boolean (b, s), True at real source positions; an all-False row gives zero weights, never NaN.
+
+:class:`AttentionalHidden` is Luong et al.'s attentional hidden state h̃ = tanh(W_c [c; s]) (eq. 5) around
+either score, the arrangement of OpenNMT-py's ``GlobalAttention`` (its "mlp" score is the additive one).
 """
 
 from __future__ import annotations
@@ -13,20 +18,42 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AdditiveAttention", "LuongAttention"]
+__all__ = ["AdditiveAttention", "AttentionalHidden", "LuongAttention"]
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
-    """softmax over the last axis of (b, s) where ``mask`` (b, s) is True; an all-False row gives zeros."""
+    """softmax over the last axis of scores (b, s) or (b, t, s) where ``mask`` (b, s) is True; an all-False
+    row gives zeros."""
     if mask is None:
         return scores.softmax(-1)
-    if mask.shape != scores.shape or mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must be boolean {tuple(scores.shape)}, True at real positions; got {mask.shape}"
-        )
-    keep = mask.any(-1, keepdim=True)  # (b, 1)
+    want = (scores.size(0), scores.size(-1))
+    if not isinstance(mask, Tensor) or tuple(mask.shape) != want or mask.dtype != torch.bool:
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"mask must be boolean (b, s) = {want}, True at real positions; got {got}")
+    if scores.dim() == 3:
+        mask = mask.unsqueeze(1)  # (b, 1, s): the same source mask for every query
+    keep = mask.any(-1, keepdim=True)  # (b, 1) or (b, 1, 1)
     w = scores.masked_fill(~(mask | ~keep), float("-inf")).softmax(-1)
     return w.masked_fill(~keep, 0.0)
+
+
+def _check_query(name: str, query: Tensor, keys: Tensor, d_query: int) -> bool:
+    """True when the query holds many positions (b, t, d_query); raises on any other shape."""
+    ok = isinstance(query, Tensor) and query.dim() in (2, 3) and query.size(-1) == d_query
+    ok = ok and isinstance(keys, Tensor) and keys.dim() == 3 and keys.size(0) == query.size(0)
+    if not ok:
+        got = [tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__ for v in (query, keys)]
+        raise ValueError(
+            f"{name} expects query (b, {d_query}) or (b, t, {d_query}) and keys (b, s, d_key) with the same b; "
+            f"got query {got[0]} and keys {got[1]}"
+        )
+    return query.dim() == 3
+
+
+def _context(w: Tensor, values: Tensor, many: bool) -> Tensor:
+    if many:
+        return w @ values  # (b, t, s) x (b, s, d_v) -> (b, t, d_v)
+    return (w.unsqueeze(1) @ values).squeeze(1)  # (b, 1, s) x (b, s, d_v) -> (b, d_v)
 
 
 class AdditiveAttention(nn.Module):
@@ -34,8 +61,8 @@ class AdditiveAttention(nn.Module):
 
         e_j = vᵀ tanh(W_q s + W_k h_j + b)      α = softmax(e) over the unmasked j      c = Σ_j α_j h_j
 
-    Shapes: query s (b, d_query); keys h (b, s, d_key); values (b, s, d_v), default the keys; mask (b, s),
-    True at real positions -> context c (b, d_v), weights α (b, s). ``project_keys(keys)`` computes W_k h once
+    Shapes: query s (b, d_query) or (b, t, d_query); keys h (b, s, d_key); values (b, s, d_v), default the
+    keys; mask (b, s), True at real positions -> context c (b, [t,] d_v), weights α (b, [t,] s). ``project_keys(keys)`` computes W_k h once
     per source sequence; pass it back as ``keys_proj`` at every decoder step.
     """
 
@@ -57,11 +84,12 @@ class AdditiveAttention(nn.Module):
         mask: Tensor | None = None,
         keys_proj: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
+        many = _check_query("AdditiveAttention", query, keys, self.query_proj.in_features)
         keys_proj = self.project_keys(keys) if keys_proj is None else keys_proj  # (b, s, d_attn)
-        e = self.v(torch.tanh(self.query_proj(query).unsqueeze(1) + keys_proj)).squeeze(-1)  # (b, s)
-        w = _masked_softmax(e, mask)  # (b, s)
-        values = keys if values is None else values
-        return (w.unsqueeze(1) @ values).squeeze(1), w  # (b, 1, s) x (b, s, d_v) -> (b, d_v)
+        q = self.query_proj(query).unsqueeze(-2)  # (b, 1, d_attn) or (b, t, 1, d_attn)
+        e = self.v(torch.tanh(q + (keys_proj.unsqueeze(1) if many else keys_proj))).squeeze(-1)  # (b, [t,] s)
+        w = _masked_softmax(e, mask)  # (b, [t,] s)
+        return _context(w, keys if values is None else values, many), w
 
 
 class LuongAttention(nn.Module):
@@ -92,7 +120,7 @@ class LuongAttention(nn.Module):
             raise ValueError(
                 f"the dot score needs d_query == d_key, got {d_query} and {d_key}; use 'general'"
             )
-        self.score = score
+        self.score, self.d_query = score, d_query
         self.W_a = (
             nn.Linear(d_key, d_query, bias=False, device=device, dtype=dtype) if score == "general" else None
         )
@@ -100,8 +128,38 @@ class LuongAttention(nn.Module):
     def forward(
         self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
+        many = _check_query("LuongAttention", query, keys, self.d_query)
         proj = keys if self.W_a is None else self.W_a(keys)  # (b, s, d_key) -> (b, s, d_query)
-        e = (proj @ query.unsqueeze(-1)).squeeze(-1)  # (b, s, d_q) x (b, d_q, 1) -> (b, s)
-        w = _masked_softmax(e, mask)  # (b, s)
-        values = keys if values is None else values
-        return (w.unsqueeze(1) @ values).squeeze(1), w  # (b, 1, s) x (b, s, d_v) -> (b, d_v)
+        # many: (b, t, d_q) x (b, d_q, s) -> (b, t, s); one: (b, s, d_q) x (b, d_q, 1) -> (b, s)
+        e = query @ proj.transpose(1, 2) if many else (proj @ query.unsqueeze(-1)).squeeze(-1)
+        w = _masked_softmax(e, mask)  # (b, [t,] s)
+        return _context(w, keys if values is None else values, many), w
+
+
+class AttentionalHidden(nn.Module):
+    r"""Luong et al. 2015 (arXiv 1508.04025), eq. 5: the attentional hidden state around a score,
+
+        c, α = attend(s, h)           h̃ = tanh(W_c [c; s])           (dot, general: W_c has no bias)
+
+    ``score`` 'dot' and 'general' are :class:`LuongAttention`'s; 'concat' is the additive score of
+    :class:`AdditiveAttention` (Luong's eq. 8 "concat", Bahdanau's score), whose W_c has a bias as in
+    OpenNMT-py's ``GlobalAttention`` with ``attn_type="mlp"``. Shapes: query (b, [t,] d), keys (b, s, d),
+    mask (b, s) -> h̃ (b, [t,] d), α (b, [t,] s). Queries and keys share the width ``d`` (the decoder's).
+    """
+
+    def __init__(
+        self, d: int, score: Literal["dot", "general", "concat"] = "general", device=None, dtype=None
+    ):
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        if score not in ("dot", "general", "concat"):
+            raise ValueError(f"score must be 'dot', 'general' or 'concat', got {score!r}")
+        self.score = score
+        self.attn = (
+            AdditiveAttention(d, d, d, **kw) if score == "concat" else LuongAttention(d, d, score, **kw)
+        )
+        self.out_proj = nn.Linear(2 * d, d, bias=score == "concat", **kw)  # W_c, acting on [c; s]
+
+    def forward(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        c, w = self.attn(query, keys, mask=mask)  # (b, [t,] d), (b, [t,] s)
+        return torch.tanh(self.out_proj(torch.cat([c, query], dim=-1))), w

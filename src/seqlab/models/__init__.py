@@ -19,13 +19,14 @@ import torch
 from torch import nn
 
 from seqlab.layers.mixer import mixer_spec
-from seqlab.models import encoder, gpt, lm, mamba, rnn_lm, transformer
+from seqlab.models import encoder, gpt, lm, mamba, rnn_lm, seq2seq, transformer
 from seqlab.models.legacy import split_mixer_fields, upgrade_config
 
 FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "lm": (lm.LMConfig, lm.LM),
     "encoder": (encoder.EncoderConfig, encoder.Encoder),
     "transformer": (transformer.TransformerConfig, transformer.Transformer),
+    "seq2seq": (seq2seq.Seq2SeqConfig, seq2seq.Seq2Seq),
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("lm", fields) for name, fields in rnn_lm.PRESETS.items()},
@@ -34,6 +35,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("lm", fields) for name, fields in gpt.PRESETS.items()},
     **{name: ("encoder", fields) for name, fields in encoder.PRESETS.items()},
     **{name: ("transformer", fields) for name, fields in transformer.PRESETS.items()},
+    **{name: ("seq2seq", fields) for name, fields in seq2seq.PRESETS.items()},
 }
 
 __all__ = ["FAMILIES", "PRESETS", "build", "count_parameters", "create", "list_models", "make_config"]

@@ -56,6 +56,7 @@ __all__ = [
     "beam_search",
     "greedy_search",
     "length_penalty_gnmt",
+    "never",
 ]
 
 StepFn = Callable[[Tensor, Any], tuple[Tensor, Any, Tensor | None]]
@@ -297,3 +298,10 @@ def _backtrack(
         return torch.empty(b, 0, dtype=torch.long, device=end_step.device), None
     ex = torch.stack(collected[::-1], dim=1) if collected else None  # (b, n, ...)
     return torch.stack(tokens[::-1], dim=1), ex
+
+
+def never(logp: Tensor, *ids: int) -> Tensor:
+    """log-probs (N, v) with the given tokens made impossible (-inf): a decoder never emits pad or bos, which
+    are inputs only, however little it has been trained."""
+    logp[:, list(ids)] = float("-inf")
+    return logp

@@ -35,7 +35,7 @@ from seqlab.layers.attention import KVCache, MultiheadAttention
 from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.positional import SinusoidalPositionalEncoding
 from seqlab.layers.transformer_blocks import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer
-from seqlab.models.beam import Decoded, StepFn, beam_rows, beam_search, greedy_search
+from seqlab.models.beam import Decoded, StepFn, beam_rows, beam_search, greedy_search, never
 from seqlab.validation import (
     check_choices,
     check_divisible,
@@ -297,6 +297,7 @@ class Transformer(nn.Module):
         def step(last: Tensor, state: list[DecoderState] | None):
             h, state, w = self._decoder_stack(last[:, None], memory, src_mask, state, need_weights)
             logp = F.log_softmax(self.generator(h[:, -1]).float(), dim=-1)  # (N, 1, d) -> (N, v)
+            logp = never(logp, self.config.pad_id, self.config.bos_id)
             return logp, state, None if w is None else w[:, :, -1].mean(1)  # (N, h, 1, s) -> (N, s)
 
         return step
@@ -327,6 +328,15 @@ PRESETS = {
         "d_ff": 64,
         "dropout": 0.0,
         "max_seq_len": 64,
+    },
+    "transformer-small": {  # for CPU-sized translation (the lab's translation suite): 6.6M with 4,000 tokens
+        "vocab_size": 8000,
+        "d_model": 256,
+        "n_heads": 4,
+        "n_encoder_layers": 3,
+        "n_decoder_layers": 3,
+        "d_ff": 1024,
+        "max_seq_len": 256,
     },
     "transformer-base": {},
     "transformer-big": {"d_model": 1024, "n_heads": 16, "d_ff": 4096, "dropout": 0.3},

@@ -9,7 +9,7 @@ from seqlab.tasks.base import Task
 
 
 def _registry() -> dict[str, Any]:
-    from seqlab.tasks import images, probes, synthetic, text
+    from seqlab.tasks import images, probes, synthetic, text, translation
 
     return {
         "shakespeare": lambda **kw: text.CharLMTask(source="shakespeare", **kw),
@@ -20,6 +20,7 @@ def _registry() -> dict[str, Any]:
         "associative_recall": probes.AssociativeRecallTask,
         "induction": probes.InductionHeadsTask,
         "seq_image": images.SequentialImageTask,
+        "translation": translation.TranslationTask,
     }
 
 

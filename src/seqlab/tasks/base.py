@@ -40,6 +40,8 @@ class Task:
     stateful: bool = False
     derived: tuple[str, ...] = ()
     """Numbers that follow from the settings (a vocabulary size, the chance baseline), reported by ``describe``."""
+    model_families: tuple[str, ...] = ("lm",)
+    """The model families (``seqlab.models.FAMILIES``) whose calling convention ``loss`` speaks."""
 
     def model_overrides(self) -> dict[str, Any]:
         """Config fields the data fixes, e.g. ``{"vocab_size": 81}`` or ``{"d_input": 2, "d_output": 1}``."""
@@ -48,30 +50,35 @@ class Task:
     def get_batch(self, split: str, index: int) -> Batch:
         raise NotImplementedError
 
+    def tokens_in(self, batch: Batch) -> int:
+        """Tokens a batch counts in throughput figures: every input position unless a task says otherwise."""
+        return batch["x"].shape[0] * batch["x"].shape[1]
+
     def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
         """(scalar loss to minimise, metrics as floats, new model state or None)."""
         raise NotImplementedError
 
     @torch.no_grad()
-    def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
-        """Mean of ``loss``'s metrics over validation batches 0..max_batches-1, in eval mode, keys ``val_*``.
+    def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
+        """Mean of ``loss``'s metrics over batches 0..max_batches-1 of ``split`` in eval mode, keys ``{split}_*``.
 
         All batches have the same size, so the mean of the per-batch means is the mean over all examples.
         """
         check_int("max_batches", max_batches, 1)
+        check_split(split)
         was_training = getattr(model, "training", False)
         if hasattr(model, "eval"):
             model.eval()
         try:
             totals: dict[str, float] = {}
             for index in range(max_batches):
-                _, metrics, _ = self.loss(model, self.get_batch("val", index))
+                _, metrics, _ = self.loss(model, self.get_batch(split, index))
                 for key, value in metrics.items():
                     totals[key] = totals.get(key, 0.0) + value
         finally:
             if was_training:
                 model.train()
-        return {f"val_{key}": value / max_batches for key, value in totals.items()}
+        return {f"{split}_{key}": value / max_batches for key, value in totals.items()}
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary of the task's settings and derived numbers (written beside checkpoints)."""

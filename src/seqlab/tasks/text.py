@@ -151,11 +151,13 @@ class CharLMTask(Task):
         return loss, {"loss": loss.item()}, state
 
     @torch.no_grad()
-    def evaluate(self, model, max_batches: int = 20) -> dict[str, float]:
+    def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
+        """Mean cross-entropy over ``max_batches`` held-out windows (the text has one held-out part: 'test'
+        reads the same windows as 'val')."""
         device = next(model.parameters()).device
         total = 0.0
         for i in range(max_batches):
             b = self.get_batch("val", i)
             logits = model(b["x"].to(device))
             total += F.cross_entropy(logits.flatten(0, 1).float(), b["y"].to(device).flatten()).item()
-        return {"val_loss": total / max_batches}
+        return {f"{split}_loss": total / max_batches}

@@ -15,6 +15,7 @@ store it (``tokenizer.json``): ``encode(text) -> LongTensor``, ``decode(ids) -> 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from typing import Literal
@@ -24,7 +25,13 @@ from torch import Tensor
 
 from seqlab.tasks.base import MissingDependencyError
 
-__all__ = ["BPETokenizer", "SubwordTokenizer", "WordPieceTokenizer", "tokenizer_from_json"]
+__all__ = [
+    "BPETokenizer",
+    "SubwordTokenizer",
+    "TranslationTokenizer",
+    "WordPieceTokenizer",
+    "tokenizer_from_json",
+]
 
 
 def _lib():
@@ -61,6 +68,10 @@ class SubwordTokenizer:
     def decode(self, ids) -> str:
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Many texts at once (the library encodes them in parallel): a list of id lists."""
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
     def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
@@ -99,11 +110,19 @@ class BPETokenizer(SubwordTokenizer):
     SPECIALS = ("<|endoftext|>",)
 
     @classmethod
-    def train(cls, text: str | Iterable[str], vocab_size: int = 1000, min_frequency: int = 2) -> BPETokenizer:
+    def train(
+        cls,
+        text: str | Iterable[str],
+        vocab_size: int = 1000,
+        min_frequency: int = 2,
+        special_tokens: tuple[str, ...] | None = None,
+    ) -> BPETokenizer:
+        """Learn merges from ``text``; ``special_tokens`` (default ``SPECIALS``) take ids 0, 1, ... in order."""
         tk = _lib()
-        if vocab_size < 256 + len(cls.SPECIALS):
+        specials = cls.SPECIALS if special_tokens is None else tuple(special_tokens)
+        if vocab_size < 256 + len(specials):
             raise ValueError(
-                f"byte-level BPE needs vocab_size >= {256 + len(cls.SPECIALS)} (256 bytes), got {vocab_size}"
+                f"byte-level BPE needs vocab_size >= {256 + len(specials)} (256 bytes), got {vocab_size}"
             )
         tok = tk.Tokenizer(tk.models.BPE())
         tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -112,11 +131,58 @@ class BPETokenizer(SubwordTokenizer):
             vocab_size=vocab_size,
             min_frequency=min_frequency,
             initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
-            special_tokens=list(cls.SPECIALS),
+            special_tokens=list(specials),
             show_progress=False,
         )
         tok.train_from_iterator(_chunks(text), trainer=trainer)
         return cls(tok)
+
+
+class TranslationTokenizer:
+    """Source and target byte-level BPE for translation: one shared vocabulary, or one per side.
+
+    ``<pad>``, ``<s>``, ``</s>`` are ids 0, 1, 2 of both. ``vocab_size`` is the source's (what the model's
+    ``vocab_size`` counts); ``to_json`` holds both sides, so a checkpoint's ``tokenizer.json`` can translate.
+    """
+
+    kind = "translation"
+    SPECIALS = ("<pad>", "<s>", "</s>")
+
+    def __init__(self, source: BPETokenizer, target: BPETokenizer, shared: bool):
+        self.source, self.target, self.shared = source, target, shared
+
+    @classmethod
+    def train(
+        cls, sources: list[str], targets: list[str], vocab_size: int, shared: bool = True
+    ) -> TranslationTokenizer:
+        train = functools.partial(BPETokenizer.train, vocab_size=vocab_size, special_tokens=cls.SPECIALS)
+        if shared:
+            tok = train([*sources, *targets])
+            return cls(tok, tok, True)
+        return cls(train(sources), train(targets), False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.source.vocab_size
+
+    def to_json(self) -> str:
+        sides = {"source": json.loads(self.source.to_json())}
+        if not self.shared:
+            sides["target"] = json.loads(self.target.to_json())
+        return json.dumps({"type": self.kind, "shared": self.shared, **sides}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> TranslationTokenizer:
+        data = json.loads(text)
+        if data.get("type") != cls.kind:
+            raise ValueError(f"not a translation tokenizer: type={data.get('type')!r}")
+        source = BPETokenizer.from_json(json.dumps(data["source"]))
+        target = source if data["shared"] else BPETokenizer.from_json(json.dumps(data["target"]))
+        return cls(source, target, bool(data["shared"]))
+
+    def __repr__(self) -> str:
+        sizes = self.source.vocab_size if self.shared else (self.source.vocab_size, self.target.vocab_size)
+        return f"TranslationTokenizer(shared={self.shared}, vocab_size={sizes})"
 
 
 class WordPieceTokenizer(SubwordTokenizer):
@@ -159,7 +225,9 @@ def tokenizer_from_json(text: str):
         from seqlab.tasks.text import CharTokenizer
 
         return CharTokenizer.from_json(text)
-    kinds = {"bpe": BPETokenizer, "wordpiece": WordPieceTokenizer}
+    kinds = {"bpe": BPETokenizer, "wordpiece": WordPieceTokenizer, "translation": TranslationTokenizer}
     if kind not in kinds:
-        raise ValueError(f"unknown tokenizer type {kind!r} in tokenizer.json; known: char, bpe, wordpiece")
+        raise ValueError(
+            f"unknown tokenizer type {kind!r} in tokenizer.json; known: char, bpe, wordpiece, translation"
+        )
     return kinds[kind].from_json(text)

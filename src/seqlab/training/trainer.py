@@ -198,7 +198,7 @@ class Trainer:
             (loss / c.grad_accum).backward()
             self.carry = detach_state(new_state) if task.stateful else None
             total += loss.item()
-            tokens += batch["x"].shape[0] * batch["x"].shape[1]
+            tokens += task.tokens_in(batch)
         if c.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
         self.optimizer.step()

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from seqlab.viz.figures import pyplot, save_figure
 
-__all__ = ["plot_attention", "token_labels", "write_attention_maps"]
+__all__ = ["plot_alignment", "plot_attention", "token_labels", "write_attention_maps"]
 
 
 def token_labels(tokenizer, ids: list[int]) -> list[str]:
@@ -43,6 +43,28 @@ def plot_attention(weights: Tensor, labels: list[str], path: str | Path, title: 
     ax.set_title(title)
     fig.colorbar(im, ax=ax, fraction=0.046)
     return save_figure(fig, path, dpi=100)
+
+
+def plot_alignment(
+    weights: Tensor, source: list[str], target: list[str], path: str | Path, title: str = ""
+) -> Path:
+    """An encoder–decoder's attention (n_target, n_source) as Bahdanau et al. 2015 draw it (Figure 3):
+    source tokens across the top, target tokens down the side, white = weight 1, black = 0."""
+    plt = pyplot()
+
+    w = weights.detach().float().cpu().numpy()
+    if w.shape != (len(target), len(source)):
+        raise ValueError(
+            f"weights {w.shape} do not match {len(target)} target and {len(source)} source tokens"
+        )
+    fig, ax = plt.subplots(figsize=(min(14.0, 1.5 + 0.32 * len(source)), min(14.0, 1.2 + 0.32 * len(target))))
+    ax.imshow(w, cmap="gray", vmin=0.0, vmax=1.0, aspect="auto")
+    visible = [[t.replace(" ", "␣") or "∅" for t in side] for side in (source, target)]
+    ax.set_xticks(range(len(source)), visible[0], rotation=90, fontsize=8)
+    ax.set_yticks(range(len(target)), visible[1], fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_title(title, fontsize=9, pad=10)
+    return save_figure(fig, path, dpi=110)
 
 
 @torch.no_grad()

@@ -1,0 +1,178 @@
+"""Subcommands that :mod:`seqlab.cli` registers: ``seqlab translate``, ``eval``, ``params``, ``viz alignment`` and
+the translation suite of ``seqlab compare``.
+
+Part of :mod:`seqlab.cli` (which builds the parser and dispatches): each ``add_*`` adds one subcommand,
+each ``_cmd_*`` runs it from the parsed arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from seqlab.run import non_negative_int, positive_int
+
+__all__ = ["add_eval", "add_params", "add_translate", "add_viz_alignment", "compare_translation_command"]
+
+
+def _translator(checkpoint: str):
+    """(model, translation tokenizer, checkpoint dir) of an encoder–decoder checkpoint; errors say what is off."""
+    from seqlab.tasks.tokenizers import TranslationTokenizer
+    from seqlab.training.checkpoint import load_model, load_tokenizer, resolve_checkpoint
+
+    where = resolve_checkpoint(checkpoint)
+    model = load_model(where)
+    if not hasattr(model, "generate") or getattr(model, "family", "") not in ("seq2seq", "transformer"):
+        raise ValueError(
+            f"{where} holds a {getattr(model, 'family', type(model).__name__)!r} model; translation needs an "
+            f"encoder–decoder (family 'seq2seq' or 'transformer') trained on the translation task"
+        )
+    tok = load_tokenizer(where, "it was not trained on the translation task", model)
+    if not isinstance(tok, TranslationTokenizer):
+        raise ValueError(f"{where} was not trained on the translation task: its tokenizer is {tok!r}")
+    return model.eval(), tok, where
+
+
+def _texts(args: argparse.Namespace) -> list[str]:
+    if args.file is not None:
+        lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+        texts = [line for line in lines if line.strip()]
+        if not texts:
+            raise ValueError(f"{args.file} holds no text to translate")
+        return texts
+    if not args.text or not args.text.strip():
+        raise ValueError("give a sentence to translate: --text '...' (or --file FILE, one per line)")
+    return [args.text]
+
+
+def _cmd_translate(args: argparse.Namespace) -> int:
+    from seqlab.tasks.translation import translate
+
+    model, tok, _ = _translator(args.checkpoint)
+    for line in translate(model, tok, _texts(args), beam_size=args.beam, max_new_tokens=args.max_new_tokens):
+        print(line)
+    return 0
+
+
+def _cmd_viz_alignment(args: argparse.Namespace) -> int:
+    from seqlab.tasks.translation import translate
+    from seqlab.viz.attention import plot_alignment
+
+    model, tok, where = _translator(args.checkpoint)
+    if getattr(model.config, "attention", "") == "none":
+        raise ValueError(
+            f"the model in {where} has no attention (attention='none'): there is nothing to draw"
+        )
+    (line,), ((source, target, weights),) = translate(
+        model, tok, [args.text], beam_size=args.beam, return_attention=True
+    )
+    path = plot_alignment(weights, source, target, args.out, title=f"{args.text}\n→ {line}")
+    print(line)
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from seqlab.run import build_task
+    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
+
+    where = resolve_checkpoint(args.checkpoint)
+    run = load_config(where)["run"]
+    model = load_model(where).eval()
+    task = build_task(run)
+    split = args.split or ("test" if hasattr(task, "score") else "val")
+    metrics = task.evaluate(model, args.batches, split=split)
+    if hasattr(task, "score") and args.beam > 0:
+        scored = task.score(model, split, beam_size=args.beam, limit=args.limit)
+        metrics.update({f"{split}_bleu": scored["bleu"], f"{split}_chrf": scored["chrf"]})
+        metrics["sacrebleu"] = scored["signature"]
+        metrics["sentences"] = scored["sentences"]
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
+    return 0
+
+
+def _add_decoding(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
+    p.add_argument("--beam", type=positive_int, default=5, help="beam size (1: greedy)")
+
+
+def add_translate(sub) -> None:
+    t = sub.add_parser("translate", help="translate sentences with a trained encoder–decoder")
+    _add_decoding(t)
+    t.add_argument("--text", help="the sentence to translate")
+    t.add_argument("--file", help="a text file, one sentence per line (instead of --text)")
+    t.add_argument("--max-new-tokens", type=positive_int, default=None, help="default: 2 x source + 10")
+    t.set_defaults(func=_cmd_translate)
+
+
+def add_eval(sub) -> None:
+    e = sub.add_parser(
+        "eval", help="score a checkpoint on its task's held-out data (BLEU and chrF for translation)"
+    )
+    e.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
+    e.add_argument(
+        "--split", choices=("val", "test"), default=None, help="default: test for translation, else val"
+    )
+    e.add_argument(
+        "--batches", type=positive_int, default=1000, help="at most this many batches for the loss"
+    )
+    e.add_argument("--beam", type=non_negative_int, default=5, help="translation: beam size; 0 skips BLEU")
+    e.add_argument(
+        "--limit", type=positive_int, default=None, help="translation: score the first N pairs only"
+    )
+    e.set_defaults(func=_cmd_eval)
+
+
+def add_viz_alignment(vsub) -> None:
+    va = vsub.add_parser(
+        "alignment", help="source x target attention of a translation (Bahdanau et al. 2015, Figure 3)"
+    )
+    _add_decoding(va)
+    va.add_argument("--text", required=True, help="the sentence to translate")
+    va.add_argument("--out", default="alignment.png", help="PNG file to write")
+    va.set_defaults(func=_cmd_viz_alignment)
+
+
+def _cmd_params(args: argparse.Namespace) -> int:
+    from seqlab.models.flops import report
+    from seqlab.run import parse_overrides
+
+    parsed = parse_overrides(args.overrides)
+    if set(parsed) - {"model"}:
+        raise ValueError("seqlab params takes --model.FIELD=VALUE overrides only")
+    r = report(args.name, context=args.context, **parsed.get("model", {}))
+    print(f"{r.name}: {r.total:,} parameters")
+    for comp, n in r.by_component.items():
+        if n:
+            print(f"  {comp:<11} {n:>16,}  {100 * n / r.total:5.1f}%")
+            if args.shapes:
+                for pname, shape in r.shapes[comp]:
+                    print(f"      {pname:<48} {tuple(shape)}")
+    print(
+        f"forward FLOPs per token at context {r.context}: {r.flops_per_token:,} "
+        f"= 2 x {r.matmul_params:,} (matmul weights) + {r.attention_flops:,} (4 n_layers t d_attn)"
+    )
+    return 0
+
+
+def add_params(sub) -> None:
+    pa = sub.add_parser(
+        "params", help="parameter count by component and FLOPs per token of a preset, e.g. seqlab params gpt2"
+    )
+    pa.add_argument("name", help="a preset from `seqlab list`; override fields with --model.FIELD=VALUE")
+    pa.add_argument(
+        "--context", type=positive_int, help="context length for the FLOPs (default: max_seq_len)"
+    )
+    pa.add_argument("--shapes", action="store_true", help="list every parameter's shape")
+    pa.set_defaults(func=_cmd_params, takes_overrides=True)
+
+
+def compare_translation_command(args: argparse.Namespace) -> int:
+    from seqlab.lab.translation import compare_translation
+
+    out = args.out if args.out != "runs/compare" else "runs/compare-translation"
+    paths = compare_translation(out, minutes=args.minutes, jobs=args.jobs or 2, seed=args.seed)
+    print(Path(paths["table"]).read_text(encoding="utf-8"))
+    print(f"wrote {paths['results']}, {paths['table']} and {paths['plot']}")
+    return 0

@@ -1,0 +1,255 @@
+"""``seqlab compare --suite translation``: the bottleneck experiment of Bahdanau et al. 2015, measured here.
+
+Four encoder–decoders learn English → Spanish on the built-in Bible pairs at matched parameter counts and
+matched training time:
+
+* the RNN encoder–decoder without attention (Cho et al. 2014): the source reaches the decoder as one vector;
+* RNNsearch (Bahdanau et al. 2015): additive attention over every source position at every step;
+* Luong et al. 2015: global attention with the general score and input feeding;
+* the Transformer (Vaswani et al. 2017), encoder–decoder, small.
+
+The three RNN models share everything but the attention: a bidirectional GRU encoder, a GRU decoder, one
+layer each; their width is chosen so that each has the Transformer's parameter count (within a few percent).
+Each trains for the same wall-clock minutes on one thread: a short calibration times its steps first, then
+the number of steps that fits is trained with the full learning-rate schedule. Test BLEU (sacrebleu, beam 5)
+is then reported overall and by source length in words (Bahdanau et al. 2015, Figure 2).
+
+Every run is an ordinary checkpoint directory (``DIR/runs/<name>``), so ``seqlab translate``, ``seqlab eval``
+and ``seqlab viz alignment`` read it; a finished run is reused when the compare is run again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("seqlab.lab")
+
+BUCKETS = ((1, 10), (11, 20), (21, 30), (31, 40), (41, 50), (51, 200))
+"""Source lengths in words (whitespace-separated), as on the x axis of Bahdanau et al.'s Figure 2."""
+
+RNN = {"encoder": "gru", "cell": "gru", "n_encoder_layers": 1, "n_decoder_layers": 1, "dropout": 0.1}
+CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "no attention": ("seq2seq-gru", {**RNN, "attention": "none"}),
+    "Bahdanau": ("seq2seq-gru-bahdanau", {**RNN, "attention": "bahdanau"}),
+    "Luong": (
+        "seq2seq-gru-bahdanau",
+        {**RNN, "attention": "luong", "score": "general", "input_feeding": True},
+    ),
+    "Transformer": ("transformer-small", {}),
+}
+TASK = {"name": "translation", "source": "bible", "vocab_size": 4000, "max_len": 96, "batch_size": 64}
+LR = {"seq2seq": 2e-3, "transformer": 1e-3}
+
+
+def slug(label: str) -> str:
+    return label.lower().replace(" ", "-")
+
+
+def match_width(preset: str, fields: dict[str, Any], target: int, vocab: int) -> int:
+    """The d_model (a multiple of 16) whose parameter count is nearest ``target``."""
+    from seqlab.models import count_parameters
+
+    def size(d: int) -> int:
+        return count_parameters(preset, **{**fields, "vocab_size": vocab, "d_model": d})
+
+    return min(range(64, 1025, 16), key=lambda d: abs(size(d) - target))
+
+
+def _run(label: str, fields: dict[str, Any], out: Path, minutes: float, seed: int) -> dict[str, Any]:
+    """Train one contender for ``minutes`` in this process (one thread); its record."""
+    from seqlab.run import build_run
+    from seqlab.training import Trainer
+    from seqlab.training.checkpoint import resumable_checkpoint
+
+    torch.set_num_threads(1)
+    logging.getLogger("seqlab.train").setLevel(logging.WARNING)
+    preset = CONTENDERS[label][0]
+    lr = LR["transformer" if preset.startswith("transformer") else "seq2seq"]
+    run = {
+        "model": {"name": preset, **fields},
+        "task": {**TASK, "seed": seed},
+        "train": {"steps": 30, "seed": seed},
+    }
+    model, task, train = build_run(run)
+    sec = _seconds_per_step(model, task)
+    steps = max(50, int(60 * minutes / sec))
+    run["train"] = {
+        "steps": steps,
+        "lr": lr,
+        "warmup_steps": min(400, steps // 10),
+        "eval_every": 0,
+        "save_every": steps,
+        "log_every": max(1, steps // 100),
+        "progress": False,
+        "seed": seed,
+        "device": "cpu",
+    }
+    model, task, train = build_run(run)
+    where = out / "runs" / slug(label)
+    t0 = time.perf_counter()
+    summary = Trainer(model, task, train, where, run).fit(
+        resume=resumable_checkpoint(where) if (where / "latest").is_file() else False
+    )
+    return {"label": label, "steps": steps, "seconds": time.perf_counter() - t0, "summary": summary}
+
+
+def _seconds_per_step(model, task, n: int = 6) -> float:
+    """Median seconds of a training step (forward, backward, AdamW) on the task's first batches."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = []
+    for i in range(n):
+        batch = task.get_batch("train", i)
+        t0 = time.perf_counter()
+        loss, _, _ = task.loss(model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def bucket_scores(task, model, beam_size: int = 5, limit: int | None = None) -> dict[str, Any]:
+    """Test BLEU and chrF overall and per source-length bucket (words), with sacrebleu."""
+    import sacrebleu
+
+    pairs = task.pairs("test")[:limit]
+    hyps = task.translate(model, [p.source for p in pairs], beam_size=beam_size)
+    refs = [p.target for p in pairs]
+    out: dict[str, Any] = {
+        "bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+        "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score,
+        "sentences": len(pairs),
+        "buckets": {},
+    }
+    for lo, hi in BUCKETS:
+        rows = [i for i, p in enumerate(pairs) if lo <= len(p.source.split()) <= hi]
+        if rows:
+            bleu = sacrebleu.corpus_bleu([hyps[i] for i in rows], [[refs[i] for i in rows]]).score
+            out["buckets"][f"{lo}-{hi}"] = {"bleu": bleu, "sentences": len(rows)}
+    out["examples"] = [{"source": pairs[i].source, "reference": refs[i], "output": hyps[i]} for i in range(3)]
+    return out
+
+
+def plan(seed: int = 0) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """(the task, each contender's model fields): the RNN models' widths matched to the Transformer's count."""
+    from seqlab.models import count_parameters
+    from seqlab.run import build_task
+
+    task = build_task({"task": {**TASK, "seed": seed}})
+    vocab = task.source_vocab_size
+    target = count_parameters("transformer-small", vocab_size=vocab)
+    fields = {}
+    for label, (preset, base) in CONTENDERS.items():
+        fields[label] = dict(base)
+        if not preset.startswith("transformer"):
+            fields[label]["d_model"] = match_width(preset, base, target, vocab)
+    return task, fields
+
+
+def compare_translation(
+    out: str | Path, minutes: float = 8.0, jobs: int = 2, seed: int = 0, limit: int | None = None
+) -> dict[str, Path]:
+    """Train the four contenders (``jobs`` at a time, one thread each), score them, write the report."""
+    import multiprocessing as mp
+
+    from seqlab.models import count_parameters
+    from seqlab.training.checkpoint import load_model, load_tokenizer_json, resolve_checkpoint
+
+    out = Path(out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    task, fields = plan(seed)
+    print(
+        f"translation suite: {len(CONTENDERS)} models x {minutes:g} min, {jobs} at a time -> {out}",
+        flush=True,
+    )
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_run, label, fields[label], out, minutes, seed) for label in CONTENDERS]
+        trained = {r["label"]: r for r in (f.result() for f in futures)}
+    records = []
+    for label, (preset, _) in CONTENDERS.items():
+        where = resolve_checkpoint(out / "runs" / slug(label))
+        if load_tokenizer_json(where) != task.tokenizer.to_json():
+            raise RuntimeError(f"{where} was trained with another tokenizer than the suite's task builds")
+        model = load_model(where).eval()
+        t0 = time.perf_counter()
+        scores = bucket_scores(task, model, limit=limit)
+        rec = {
+            "label": label,
+            "preset": preset,
+            "fields": fields[label],
+            "params": count_parameters(model),
+            "steps": trained[label]["steps"],
+            "train_minutes": trained[label]["summary"]["elapsed_s"] / 60,
+            "val_nll": trained[label]["summary"].get("val_nll"),
+            "decode_seconds": time.perf_counter() - t0,
+            **scores,
+        }
+        records.append(rec)
+        print(
+            f"{label}: test BLEU {rec['bleu']:.2f}, chrF {rec['chrf']:.1f} ({rec['params']:,} parameters)",
+            flush=True,
+        )
+    (out / "results.json").write_text(json.dumps(records, indent=1, ensure_ascii=False), encoding="utf-8")
+    return {
+        "results": out / "results.json",
+        "table": write_table(out, records, minutes),
+        "plot": write_plot(out, records),
+    }
+
+
+def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Path:
+    from seqlab.lab.report import cpu_name
+
+    buckets = [f"{lo}-{hi}" for lo, hi in BUCKETS]
+    lines = [
+        f"# The bottleneck experiment: English → Spanish (Bible), {minutes:g} min of training each, {cpu_name()}",
+        "",
+        f"torch {torch.__version__}, one thread per run, fp32. `seqlab compare --suite translation --minutes {minutes:g}`."
+        " Test BLEU and chrF by sacrebleu, beam 5; columns by source length in words.",
+        "",
+        "| model | parameters | steps | val nll | BLEU | chrF | "
+        + " | ".join(f"BLEU {b}" for b in buckets)
+        + " |",
+        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(buckets),
+    ]
+    for r in records:
+        cells = [f"{r['buckets'][b]['bleu']:.1f}" if b in r["buckets"] else "–" for b in buckets]
+        nll = f"{r['val_nll']:.3f}" if r.get("val_nll") is not None else "–"
+        lines.append(
+            f"| {r['label']} | {r['params']:,} | {r['steps']:,} | {nll} | {r['bleu']:.2f} | {r['chrf']:.1f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    counts = records[0]["buckets"] if records else {}
+    lines += [
+        "",
+        "Test sentences per bucket: " + ", ".join(f"{b}: {v['sentences']}" for b, v in counts.items()),
+        "",
+    ]
+    path = out / "table.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
+    from seqlab.viz.figures import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for r in records:
+        keys = list(r["buckets"])
+        ax.plot(range(len(keys)), [r["buckets"][k]["bleu"] for k in keys], marker="o", label=r["label"])
+    ax.set_xticks(range(len(keys)), [k.replace("51-200", "51+") for k in keys])
+    ax.set_xlabel("source length (words)")
+    ax.set_ylabel("test BLEU (beam 5)")
+    ax.set_title("BLEU against source length (cf. Bahdanau et al. 2015, Fig. 2)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save_figure(fig, out / "bleu-by-length.png")

@@ -1,0 +1,345 @@
+"""Machine translation: sentence pairs, subword vocabularies, teacher-forced training, BLEU and chrF.
+
+Data (``source``):
+
+* ``"bible"`` (built in, any machine): 31k English–Spanish verse pairs, the World English Bible and the
+  Reina-Valera 1909 (both public domain), shipped with seqlab; split by book, so no verse of a test book is
+  seen in training (``seqlab.tasks.parallel.BIBLE_SPLIT``).
+* ``"freedict"``: German–English example sentences of the Debian package dict-freedict-deu-eng, read where
+  installed (GPL, never copied into seqlab); split by dictionary entry.
+* a path to a file of ``source<TAB>target`` lines (an optional third column names a group to split by).
+
+Tokens: byte-level BPE through Hugging Face ``tokenizers``, trained on the training split only, one shared
+vocabulary for both sides (the default: it lets a model tie its tables) or one per side; ``<pad>``, ``<s>`` and
+``</s>`` are ids 0, 1 and 2. A source is its tokens then ``</s>``; the decoder reads ``<s> y`` and predicts
+``y </s>``. Pairs with more than ``max_len`` tokens on either side are left out of every split (``describe``
+reports how many).
+
+Batches: each epoch shuffles the training pairs with the task's seed, sorts windows of 50 batches by source
+length (little padding) and shuffles the batches; batch ``i`` is a pure function of the seed and ``i``.
+Loss: cross-entropy with label smoothing over the real target tokens; metrics ``nll`` (nats per target token,
+no smoothing), ``ppl`` and ``acc``. ``score`` translates a split and scores it with sacrebleu (BLEU, chrF).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqlab.tasks.base import Batch, Task, check_index, check_int, check_split, model_device
+from seqlab.tasks.parallel import (
+    BIBLE_SPLIT,
+    Pair,
+    bible_pairs,
+    freedict_pairs,
+    random_group_split,
+    read_pairs_tsv,
+    split_pairs,
+)
+from seqlab.tasks.tokenizers import TranslationTokenizer
+
+__all__ = ["TranslationTask"]
+
+PAD, BOS, EOS = 0, 1, 2
+BUILT_IN = {"bible": ("en", "es"), "freedict": ("de", "en")}
+WINDOW = 50  # batches per length-sorted window
+
+
+class TranslationTask(Task):
+    """Translate ``src_lang`` into ``tgt_lang``. Models: family 'seq2seq' or 'transformer'."""
+
+    name = "translation"
+    model_families = ("seq2seq", "transformer")
+    derived = (
+        "source_vocab_size",
+        "target_vocab_size",
+        "train_pairs",
+        "val_pairs",
+        "test_pairs",
+        "dropped_long",
+    )
+
+    def __init__(
+        self,
+        source: str = "bible",
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        vocab_size: int = 8000,
+        shared_vocab: bool = True,
+        max_len: int = 96,
+        batch_size: int = 64,
+        label_smoothing: float = 0.1,
+        seed: int = 0,
+    ):
+        self.source, self.seed = source, seed
+        self.vocab_size = check_int("vocab_size", vocab_size, 256 + len(TranslationTokenizer.SPECIALS))
+        self.shared_vocab = bool(shared_vocab)
+        self.max_len = check_int("max_len", max_len, 2)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+        self.label_smoothing = float(label_smoothing)
+        self.src_lang, self.tgt_lang, splits = _read(source, src_lang, tgt_lang, seed)
+        self.tokenizer = TranslationTokenizer.train(
+            [p.source for p in splits["train"]], [p.target for p in splits["train"]], vocab_size, shared_vocab
+        )
+        self.data = {name: self._encode(pairs) for name, pairs in splits.items()}
+        self.dropped_long = sum(len(splits[k]) - len(self.data[k][0]) for k in splits)
+        if not self.data["train"][0]:
+            raise ValueError(f"no training pair of {source!r} has at most max_len={max_len} tokens per side")
+
+    # ---- settings reported by describe() ---------------------------------------------------------------
+
+    @property
+    def source_vocab_size(self) -> int:
+        return self.tokenizer.source.vocab_size
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.tokenizer.target.vocab_size
+
+    @property
+    def train_pairs(self) -> int:
+        return len(self.data["train"][0])
+
+    @property
+    def val_pairs(self) -> int:
+        return len(self.data["val"][0])
+
+    @property
+    def test_pairs(self) -> int:
+        return len(self.data["test"][0])
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {
+            "vocab_size": self.source_vocab_size,
+            "tgt_vocab_size": None if self.shared_vocab else self.target_vocab_size,
+            "pad_id": PAD,
+            "bos_id": BOS,
+            "eos_id": EOS,
+        }
+
+    # ---- data ----------------------------------------------------------------------------------------------
+
+    def _encode(self, pairs: list[Pair]) -> tuple[list[list[int]], list[list[int]], list[Pair]]:
+        """(source ids + eos, target ids + eos, the pairs), keeping pairs within max_len on both sides."""
+        src = self.tokenizer.source.encode_batch([p.source for p in pairs])
+        tgt = self.tokenizer.target.encode_batch([p.target for p in pairs])
+        keep = [i for i in range(len(pairs)) if len(src[i]) < self.max_len and len(tgt[i]) < self.max_len]
+        return [[*src[i], EOS] for i in keep], [[*tgt[i], EOS] for i in keep], [pairs[i] for i in keep]
+
+    @functools.lru_cache(maxsize=2)  # noqa: B019 - one task object per run; the cache lives as long as it
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        """The training batches of one epoch, as lists of pair indices."""
+        n = len(self.data["train"][0])
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(n, generator=g).tolist()
+        lengths = [len(s) for s in self.data["train"][0]]
+        span = WINDOW * self.batch_size
+        batches = []
+        for start in range(0, n, span):
+            window = sorted(order[start : start + span], key=lambda i: lengths[i])
+            batches += [window[j : j + self.batch_size] for j in range(0, len(window), self.batch_size)]
+        perm = torch.randperm(len(batches), generator=g).tolist()
+        return [batches[i] for i in perm]
+
+    @functools.lru_cache(maxsize=3)  # noqa: B019
+    def _fixed(self, split: str) -> list[list[int]]:
+        """Validation and test batches: every pair once, sorted by source length."""
+        src = self.data[split][0]
+        order = sorted(range(len(src)), key=lambda i: len(src[i]))
+        return [order[j : j + self.batch_size] for j in range(0, len(order), self.batch_size)]
+
+    def batches_per_epoch(self, split: str = "train") -> int:
+        check_split(split)
+        return len(self._epoch(0)) if split == "train" else len(self._fixed(split))
+
+    def get_batch(self, split: str, index: int) -> Batch:
+        """{"x": source (b, s), "tgt_in": <s> y (b, t), "y": y </s> (b, t)}, padded with 0 on the right."""
+        check_split(split), check_index(index)
+        if split == "train":
+            per = self.batches_per_epoch()
+            rows = self._epoch(index // per)[index % per]
+        else:
+            fixed = self._fixed(split)
+            if not fixed:
+                raise ValueError(f"the {split} split of {self.source!r} is empty")
+            rows = fixed[index % len(fixed)]
+        src, tgt = self.data[split][0], self.data[split][1]
+        return {
+            "x": _pad([src[i] for i in rows]),
+            "tgt_in": _pad([[BOS, *tgt[i][:-1]] for i in rows]),
+            "y": _pad([tgt[i] for i in rows]),
+        }
+
+    def tokens_in(self, batch: Batch) -> int:
+        return int((batch["y"] != PAD).sum())
+
+    # ---- loss and scores -----------------------------------------------------------------------------------
+
+    def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
+        dev = model_device(model)
+        x, tgt_in, y = (batch[k].to(dev) for k in ("x", "tgt_in", "y"))
+        out = model(x, tgt_in, src_mask=x != PAD)  # logits or log-probabilities (b, t, v)
+        if not isinstance(out, Tensor) or out.shape[:2] != y.shape:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(
+                f"translation expects model(src, tgt_in) of shape (b, t, v) with (b, t)={tuple(y.shape)}, got {got}"
+            )
+        flat, target = out.reshape(-1, out.size(-1)).float(), y.reshape(-1)
+        loss = F.cross_entropy(flat, target, ignore_index=PAD, label_smoothing=self.label_smoothing)
+        with torch.no_grad():
+            nll = F.cross_entropy(flat, target, ignore_index=PAD).item()
+            real = target != PAD
+            acc = (flat.argmax(-1)[real] == target[real]).float().mean().item()
+        return loss, {"loss": loss.item(), "nll": nll, "ppl": math.exp(min(nll, 50.0)), "acc": acc}, None
+
+    @torch.no_grad()
+    def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
+        """Per-token means (nll, ppl, acc, loss) over the first ``max_batches`` batches of a held-out split
+        (each pair once: fewer batches if the split is smaller)."""
+        check_int("max_batches", max_batches, 1)
+        was_training = model.training
+        model.eval()
+        totals, count = {"loss": 0.0, "nll": 0.0, "acc": 0.0}, 0
+        try:
+            for index in range(min(max_batches, self.batches_per_epoch(split))):
+                batch = self.get_batch(split, index)
+                n = self.tokens_in(batch)
+                _, metrics, _ = self.loss(model, batch)
+                for key in totals:
+                    totals[key] += metrics[key] * n
+                count += n
+        finally:
+            model.train(was_training)
+        out = {f"{split}_{key}": value / count for key, value in totals.items()}
+        out[f"{split}_ppl"] = math.exp(min(out[f"{split}_nll"], 50.0))
+        return out
+
+    def pairs(self, split: str) -> list[Pair]:
+        """The sentence pairs of a split (those within max_len), in their stored order."""
+        return self.data[check_split(split)][2]
+
+    def translate(self, model, texts: list[str], *, beam_size: int = 5, batch_size: int = 64) -> list[str]:
+        """Translate source sentences with the task's tokenizer (see :func:`translate`)."""
+        return translate(model, self.tokenizer, texts, beam_size=beam_size, batch_size=batch_size)
+
+    def score(
+        self, model, split: str = "test", *, beam_size: int = 5, limit: int | None = None
+    ) -> dict[str, Any]:
+        """Translate a split (its first ``limit`` pairs) and score it: sacrebleu BLEU and chrF."""
+        from sacrebleu.metrics import BLEU, CHRF
+
+        pairs = self.pairs(split)[:limit]
+        hyps = self.translate(model, [p.source for p in pairs], beam_size=beam_size)
+        refs = [p.target for p in pairs]
+        bleu, chrf = BLEU(), CHRF()
+        return {
+            "bleu": bleu.corpus_score(hyps, [refs]).score,
+            "chrf": chrf.corpus_score(hyps, [refs]).score,
+            "signature": str(bleu.get_signature()),
+            "sentences": len(pairs),
+            "hypotheses": hyps,
+        }
+
+
+def translate(
+    model,
+    tokenizer: TranslationTokenizer,
+    texts: list[str],
+    *,
+    beam_size: int = 5,
+    max_new_tokens: int | None = None,
+    batch_size: int = 64,
+    return_attention: bool = False,
+) -> list[str] | tuple[list[str], list[tuple[list[str], list[str], Tensor]]]:
+    """Translate ``texts`` with ``model.generate``, batched by length; results in input order.
+
+    ``max_new_tokens`` defaults to twice the longest source plus 10. With ``return_attention`` also, per
+    sentence, (source tokens, target tokens, attention (n_target, n_source)) for alignment pictures.
+    """
+    if isinstance(texts, str) or not all(isinstance(t, str) and t.strip() for t in texts):
+        raise ValueError("texts must be a list of non-empty strings")
+    ids = tokenizer.source.encode_batch(list(texts))
+    max_src = getattr(model.config, "max_src_len", None)
+    if max_src is not None and max(len(i) for i in ids) + 1 > max_src:
+        n = max(len(i) for i in ids) + 1
+        raise ValueError(f"a text has {n} source tokens (with </s>); this model accepts at most {max_src}")
+    order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
+    out: list[str] = [""] * len(texts)
+    maps: list = [None] * len(texts)
+    dev = model_device(model)
+    for j in range(0, len(order), batch_size):
+        rows = order[j : j + batch_size]
+        src = _pad([[*ids[i], EOS] for i in rows]).to(dev)
+        n_new = max_new_tokens or 2 * src.size(1) + 10
+        hyp = model.generate(
+            src,
+            src_mask=src != PAD,
+            max_new_tokens=n_new,
+            beam_size=beam_size,
+            return_attention=return_attention,
+        )
+        hyp, weights = hyp if return_attention else (hyp, None)
+        for k, (i, row) in enumerate(zip(rows, hyp.tolist(), strict=True)):
+            tgt = _strip(row)
+            out[i] = tokenizer.target.decode(tgt)
+            if weights is not None:
+                maps[i] = _alignment(tokenizer, ids[i], tgt, weights[k])
+    return (out, maps) if return_attention else out
+
+
+def _alignment(tokenizer: TranslationTokenizer, src: list[int], tgt: list[int], weights: Tensor):
+    """(source tokens, target tokens, weights (n_target, n_source)) of one sentence, </s> on both sides."""
+    n_src, n_tgt = len(src) + 1, min(len(tgt) + 1, weights.size(0))
+    names = [tokenizer.source.decode([t]) for t in src] + ["</s>"]
+    outs = ([tokenizer.target.decode([t]) for t in tgt] + ["</s>"])[:n_tgt]
+    return names, outs, weights[:n_tgt, :n_src].float().cpu()
+
+
+def _pad(rows: list[list[int]]) -> Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [PAD] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+def _strip(ids: list[int]) -> list[int]:
+    """Generated ids without <s>, cut at the first </s>; pads dropped."""
+    out = []
+    for i in ids[1:] if ids and ids[0] == BOS else ids:
+        if i == EOS:
+            break
+        if i != PAD:
+            out.append(i)
+    return out
+
+
+def _read(
+    source: str, src_lang: str | None, tgt_lang: str | None, seed: int
+) -> tuple[str, str, dict[str, list[Pair]]]:
+    """(source language, target language, pairs by split) for a built-in corpus or a TSV file."""
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"task.source must be 'bible', 'freedict' or a path to a .tsv file, got {source!r}")
+    if source in BUILT_IN:
+        src_lang, tgt_lang = src_lang or BUILT_IN[source][0], tgt_lang or BUILT_IN[source][1]
+        reader = bible_pairs if source == "bible" else freedict_pairs
+        pairs = reader(src_lang, tgt_lang)
+        if source == "bible":
+            return (
+                src_lang,
+                tgt_lang,
+                split_pairs(pairs, val_groups=BIBLE_SPLIT["val"], test_groups=BIBLE_SPLIT["test"]),
+            )
+        return src_lang, tgt_lang, random_group_split(pairs, seed)
+    path = Path(source)
+    if path.suffix.lower() not in (".tsv", ".txt") and not path.exists():
+        raise ValueError(
+            f"unknown translation source {source!r}: use 'bible', 'freedict' or a path to a .tsv file"
+        )
+    pairs = read_pairs_tsv(path)
+    return src_lang or "src", tgt_lang or "tgt", random_group_split(pairs, seed)

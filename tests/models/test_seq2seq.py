@@ -1,0 +1,134 @@
+"""The RNN encoder–decoders: teacher-forced forward equals the step loop, the padding law for the whole model,
+zero attention on padding, every parameter learns, configs and inputs are checked at the boundary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seqlab.models import count_parameters, create
+from seqlab.models.seq2seq import Seq2Seq, Seq2SeqConfig, reverse_padded
+
+VARIANTS = [
+    {"attention": "none"},
+    {"attention": "bahdanau"},
+    {
+        "attention": "bahdanau",
+        "cell": "lstm",
+        "n_decoder_layers": 2,
+        "encoder": "lstm",
+        "n_encoder_layers": 2,
+    },
+    {"attention": "luong", "score": "dot"},
+    {"attention": "luong", "score": "general", "input_feeding": False},
+    {"attention": "luong", "score": "concat", "cell": "lstm", "n_decoder_layers": 2},
+    {"attention": "bahdanau", "encoder": "mamba", "n_encoder_layers": 2},
+    {"attention": "luong", "encoder": "attention", "n_encoder_layers": 2, "encoder_config": {"n_heads": 2}},
+    {"attention": "bahdanau", "encoder": "rnn", "bidirectional": False},
+]
+
+
+def _model(**fields) -> Seq2Seq:
+    torch.manual_seed(0)
+    config = Seq2SeqConfig(vocab_size=30, d_model=16, d_embed=12, dropout=0.0, **fields)
+    return Seq2Seq(config, dtype=torch.float64).eval()
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(3, 30, (3, 7), generator=g)
+    src[1, 5:] = 0  # right padding (pad_id 0)
+    src[2, 2:] = 0
+    return src, torch.randint(3, 30, (3, 6), generator=g)
+
+
+@pytest.mark.parametrize("fields", VARIANTS, ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_step_loop_equals_teacher_forcing(fields):
+    model = _model(**fields)
+    src, tgt = _batch()
+    logits, weights = model(src, tgt, return_attention=True)
+    state, steps, alphas = model.start(src), [], []
+    for i in range(tgt.size(1)):
+        out, state, w = model.step(tgt[:, i], state)
+        steps.append(out)
+        alphas.append(w)
+    torch.testing.assert_close(torch.stack(steps, 1), logits, rtol=0, atol=1e-12)
+    if fields["attention"] == "none":
+        assert weights is None and alphas[0] is None
+    else:
+        torch.testing.assert_close(torch.stack(alphas, 1), weights, rtol=0, atol=1e-12)
+        pad = (src == 0)[:, None, :].expand_as(weights)
+        assert bool((weights[pad] == 0).all())  # padded source positions: exactly zero attention
+        torch.testing.assert_close(weights.sum(-1), torch.ones(3, 6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fields", VARIANTS, ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_padding_law_for_the_whole_model(fields):
+    """A sentence in a padded batch gets the logits it gets alone, whatever fills the padding."""
+    model = _model(**fields)
+    src, tgt = _batch()
+    batched = model(src, tgt)
+    for row, length in enumerate([7, 5, 2]):
+        alone = model(src[row : row + 1, :length], tgt[row : row + 1])
+        torch.testing.assert_close(batched[row : row + 1], alone, rtol=0, atol=1e-10)
+    noisy = src.clone()
+    noisy[src == 0] = 17  # other tokens under the mask
+    torch.testing.assert_close(model(noisy, tgt, src_mask=src != 0), batched, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("fields", VARIANTS[:6], ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_every_parameter_gets_a_finite_gradient(fields):
+    model = _model(**fields).train()
+    src, tgt = _batch()
+    model(src, tgt).logsumexp(-1).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not missing
+    assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if "src_embed" not in n)
+
+
+def test_reverse_padded_reverses_each_row_within_its_length():
+    x = torch.arange(12).view(2, 6, 1)
+    out = reverse_padded(x, torch.tensor([6, 3]))
+    assert out[0, :, 0].tolist() == [5, 4, 3, 2, 1, 0]
+    assert out[1, :, 0].tolist() == [8, 7, 6, 9, 10, 11]
+    torch.testing.assert_close(reverse_padded(out, torch.tensor([6, 3])), x)
+
+
+def test_presets_build_and_count():
+    for name in ("seq2seq-gru", "seq2seq-gru-bahdanau", "seq2seq-lstm-luong", "seq2seq-mamba-bahdanau"):
+        assert count_parameters(name, vocab_size=1000) > 0
+    model = create("test-seq2seq")
+    src = torch.randint(3, 64, (2, 5))
+    assert model(src, torch.randint(3, 64, (2, 4))).shape == (2, 4, 64)
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"attention": "cross"}, "attention"),
+        ({"score": "bilinear"}, "score"),
+        ({"encoder": "transformer-xl"}, "transformer-xl"),
+        ({"d_model": 15}, "odd"),
+        ({"encoder": "gru", "encoder_config": {"n_heads": 2}}, "encoder_config"),
+        ({"pad_id": 1}, "distinct"),
+        ({"d_model": 0}, "d_model"),
+        ({"dropout": 1.5}, "dropout"),
+    ],
+)
+def test_config_errors(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Seq2SeqConfig(vocab_size=30, **fields)
+
+
+def test_input_errors_name_what_was_expected():
+    model = create("test-seq2seq", max_src_len=8)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 64\)"):
+        model(torch.tensor([[3, 64]]), torch.tensor([[1, 4]]))
+    with pytest.raises(ValueError, match="max_src_len=8"):
+        model(torch.randint(3, 64, (1, 9)), torch.tensor([[1, 4]]))
+    with pytest.raises(ValueError, match="right-padded"):
+        model(torch.tensor([[0, 5, 6]]), torch.tensor([[1, 4]]))
+    with pytest.raises(ValueError, match="tgt_in"):
+        model(torch.tensor([[5, 6]]), torch.tensor([1, 4]))
+    with pytest.raises(ValueError, match="src must be token ids"):
+        model(torch.tensor([5, 6]), torch.tensor([[1, 4]]))
