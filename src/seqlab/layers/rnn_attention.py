@@ -125,11 +125,20 @@ class LuongAttention(nn.Module):
             nn.Linear(d_key, d_query, bias=False, device=device, dtype=dtype) if score == "general" else None
         )
 
+    def project_keys(self, keys: Tensor) -> Tensor:
+        """W_a h for the general score (the keys themselves for dot): once per source, as ``keys_proj``."""
+        return keys if self.W_a is None else self.W_a(keys)  # (b, s, d_key) -> (b, s, d_query)
+
     def forward(
-        self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask: Tensor | None = None
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Tensor | None = None,
+        mask: Tensor | None = None,
+        keys_proj: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         many = _check_query("LuongAttention", query, keys, self.d_query)
-        proj = keys if self.W_a is None else self.W_a(keys)  # (b, s, d_key) -> (b, s, d_query)
+        proj = self.project_keys(keys) if keys_proj is None else keys_proj  # (b, s, d_query)
         # many: (b, t, d_q) x (b, d_q, s) -> (b, t, s); one: (b, s, d_q) x (b, d_q, 1) -> (b, s)
         e = query @ proj.transpose(1, 2) if many else (proj @ query.unsqueeze(-1)).squeeze(-1)
         w = _masked_softmax(e, mask)  # (b, [t,] s)
@@ -160,6 +169,12 @@ class AttentionalHidden(nn.Module):
         )
         self.out_proj = nn.Linear(2 * d, d, bias=score == "concat", **kw)  # W_c, acting on [c; s]
 
-    def forward(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        c, w = self.attn(query, keys, mask=mask)  # (b, [t,] d), (b, [t,] s)
+    def project_keys(self, keys: Tensor) -> Tensor:
+        """The keys' share of the score, computed once per source; pass it back as ``keys_proj``."""
+        return self.attn.project_keys(keys)
+
+    def forward(
+        self, query: Tensor, keys: Tensor, mask: Tensor | None = None, keys_proj: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        c, w = self.attn(query, keys, mask=mask, keys_proj=keys_proj)  # (b, [t,] d), (b, [t,] s)
         return torch.tanh(self.out_proj(torch.cat([c, query], dim=-1))), w

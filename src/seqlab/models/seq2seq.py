@@ -250,7 +250,8 @@ class Seq2Seq(DecodeMixin, nn.Module):
             feed = h.new_zeros(b, d)  # bahdanau: recomputed each step; luong: h̃_0 = 0
         else:
             feed = None
-        keys_proj = self.attn.project_keys(h) if self.attn is not None else None
+        attn = self.attn if self.attn is not None else self.global_attn
+        keys_proj = attn.project_keys(h) if attn is not None else None  # once per source sentence
         return Seq2SeqState(memory=h, mask=mask, rnn=rnn, feed=feed, keys_proj=keys_proj)
 
     # ---- decoding ----------------------------------------------------------------------------------------
@@ -277,7 +278,7 @@ class Seq2Seq(DecodeMixin, nn.Module):
         y, rnn = self.rnn(x.unsqueeze(1), state.rnn)  # (b, 1, d)
         y = y[:, 0]
         if c.attention == "luong":
-            y, weights = self.global_attn(y, state.memory, mask=state.mask)  # h̃_i (b, d)
+            y, weights = self.global_attn(y, state.memory, mask=state.mask, keys_proj=state.keys_proj)  # h̃_i
             new_feed = y if c.input_feeding else None
         else:
             new_feed = state.feed if c.attention == "none" else feed
@@ -310,7 +311,9 @@ class Seq2Seq(DecodeMixin, nn.Module):
             y, _ = self.rnn(torch.cat([emb, ctx], dim=-1), state.rnn)  # (b, t, d)
             return self._logits(y, ctx, emb), None
         y, _ = self.rnn(emb, state.rnn)  # (b, t, d)
-        h_tilde, weights = self.global_attn(y, state.memory, mask=state.mask)  # (b, t, d), (b, t, s)
+        h_tilde, weights = self.global_attn(
+            y, state.memory, state.mask, state.keys_proj
+        )  # (b, t, d), (b, t, s)
         return self._logits(h_tilde, None, emb), weights
 
 

@@ -23,7 +23,8 @@ class Seq2SeqState:
     memory: the encoder's outputs h (b, s, d); mask (b, s): True at real source positions;
     rnn: the decoder's recurrent state (L, b, d), or (h, c) for an LSTM; feed (b, d): the context c of the
     bottleneck model, the last context of RNNsearch, Luong's h̃_{i-1} with input feeding, else None;
-    keys_proj (b, s, d): RNNsearch's U h_j, computed once per sentence.
+    keys_proj (b, s, d): the keys' share of the attention score, computed once per sentence (RNNsearch's
+    U h_j, Luong's W_a h_j).
     """
 
     memory: Tensor
@@ -91,7 +92,7 @@ class DecodeMixin:
                 feeds.append(feed)
             y = self._layer_step(gx + F.linear(feed, w_feed), parts, weights)  # s_i: (b, d)
             if c.attention == "luong":  # h̃_i from s_i, fed to the next step
-                y, w = self.global_attn(y, state.memory, mask=state.mask)
+                y, w = self.global_attn(y, state.memory, state.mask, state.keys_proj)
                 feed = y
             outs.append(y)
             alphas.append(w)
