@@ -153,6 +153,7 @@ def build_task(run: dict[str, Any]):
 def build_run(run: dict[str, Any]):
     """(model, task, train_config) for a run dict. The task is built first: it fixes e.g. the vocabulary."""
     from seqlab.models import PRESETS, create, make_config
+    from seqlab.tasks import list_tasks, task_families
     from seqlab.training import TrainConfig
 
     model_fields = dict(run.get("model") or {})
@@ -160,6 +161,8 @@ def build_run(run: dict[str, Any]):
     if name is None:
         raise ValueError("the run names no model: set model.name (see `seqlab list`)")
     task_name = (run.get("task") or {}).get("name")
+    if task_name is None:
+        raise ValueError(f"the run names no task: set task.name, one of {', '.join(list_tasks())}")
     train_fields = dict(run.get("train") or {})
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     if set(train_fields) - known:
@@ -167,16 +170,16 @@ def build_run(run: dict[str, Any]):
             f"unknown train field(s) {sorted(set(train_fields) - known)}; known: {sorted(known)}"
         )
     train = TrainConfig(**coerce_fields(TrainConfig, train_fields))
-    task = build_task(run)
     if name not in PRESETS:
         create(name)  # raises the 'unknown model' error with the list of presets
-    family, families = PRESETS[name][0], task.model_families
+    family, families = PRESETS[name][0], task_families(task_name)  # checked before the data is built
     if family not in families:
         fit = [n for n, (f, _) in PRESETS.items() if f in families and not n.startswith("test-")][:6]
         raise ValueError(
             f"model {name!r} is of family {family!r}; the task {task_name!r} trains models of family "
             f"{' or '.join(map(repr, families))}, e.g. {', '.join(fit)} (`seqlab list` shows them all)"
         )
+    task = build_task(run)
     config_cls = type(make_config(family, PRESETS[name][1]))
     fixed, mine = task.model_overrides(), coerce_fields(config_cls, model_fields)
     clash = {k: (v, fixed[k]) for k, v in mine.items() if k in fixed and v != fixed[k]}

@@ -36,6 +36,15 @@ def task_signature(name: str) -> inspect.Signature:
     return inspect.signature(reg[name])
 
 
+def task_families(name: str) -> tuple[str, ...]:
+    """The model families a task trains (its class's ``model_families``), known before building the task."""
+    from seqlab.tasks import text
+
+    task_signature(name)  # the 'unknown task' error
+    entry = _registry()[name]
+    return (text.CharLMTask if name == "shakespeare" else entry).model_families
+
+
 def list_tasks() -> list[str]:
     return sorted(_registry())
 
@@ -53,4 +62,4 @@ def create_task(name: str, **kwargs) -> Task:
     return _registry()[name](**kwargs)
 
 
-__all__ = ["Task", "create_task", "list_tasks", "task_signature"]
+__all__ = ["Task", "create_task", "list_tasks", "task_families", "task_signature"]

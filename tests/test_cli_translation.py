@@ -1,0 +1,167 @@
+"""The translation commands end to end: train an encoder–decoder on a pairs file, then translate, eval, draw
+the alignment, resume; and the mistakes a user makes with them, each one `error:` line with status 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from seqlab.cli import main
+
+EN = ["the", "a", "cat", "dog", "sees", "eats", "big", "small", "red", "house", "tree", "runs"]
+ES = ["el", "un", "gato", "perro", "ve", "come", "grande", "pequeño", "rojo", "casa", "árbol", "corre"]
+
+
+def _pairs(n: int = 400) -> str:
+    """A toy word-for-word language: distinct random sentences of 2-6 words."""
+    import random
+
+    rng, lines = random.Random(0), set()
+    while len(lines) < n:
+        idx = [rng.randrange(len(EN)) for _ in range(rng.randint(2, 6))]
+        lines.add(" ".join(EN[i] for i in idx) + "\t" + " ".join(ES[i] for i in idx))
+    return "\n".join(sorted(lines)) + "\n"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A trained tiny seq2seq run on a pairs file (module-scoped: the commands below only read it)."""
+    root = tmp_path_factory.mktemp("translation")
+    pairs = root / "pairs.tsv"
+    pairs.write_text(_pairs(), encoding="utf-8")
+    out = root / "run"
+    argv = [
+        "train",
+        "--model.name=test-seq2seq",
+        "--task.name=translation",
+        f"--task.source={pairs}",
+        "--task.vocab_size=300",
+        "--task.batch_size=16",
+        "--model.d_model=32",
+        "--train.steps=150",
+        "--train.lr=0.01",
+        "--train.warmup_steps=2",
+        "--train.eval_batches=2",
+        "--train.progress=false",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    return out, argv
+
+
+def test_train_writes_a_checkpoint_with_the_translation_tokenizer(run, capsys):
+    out, _ = run
+    tok = json.loads(next(out.glob("checkpoints/step-*/tokenizer.json")).read_text(encoding="utf-8"))
+    assert tok["type"] == "translation" and tok["shared"] is True
+    config = json.loads(next(out.glob("checkpoints/step-*/config.json")).read_text(encoding="utf-8"))
+    assert config["family"] == "seq2seq"
+
+
+def test_translate_eval_and_alignment(run, tmp_path, capsys):
+    out, _ = run
+    capsys.readouterr()
+    assert (
+        main(["translate", "--checkpoint", str(out), "--text", "the big dog sees a tree", "--beam", "3"]) == 0
+    )
+    words = capsys.readouterr().out.split()
+    assert words and set(words) <= set(ES)  # Spanish words of the toy language
+    assert main(["eval", "--checkpoint", str(out), "--beam", "2"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["test_bleu"] > 15 and scores["sacrebleu"].startswith("nrefs:1") and scores["test_acc"] > 0.5
+    png = tmp_path / "alignment.png"
+    assert (
+        main(["viz", "alignment", "--checkpoint", str(out), "--text", "the cat eats", "--out", str(png)]) == 0
+    )
+    assert png.stat().st_size > 1000 and "wrote" in capsys.readouterr().out
+
+
+def test_resume_continues_to_more_steps(run, tmp_path, capsys):
+    out, argv = run
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(out, copy)
+    resumed = [a if a != str(out) else str(copy) for a in argv]
+    resumed = [a if not a.startswith("--train.steps") else "--train.steps=155" for a in resumed]
+    assert main([*resumed, "--resume"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 155
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["translate", "--text", ""], "give a sentence to translate"),
+        (["translate", "--text", "the cat " * 40], "this model accepts at most 64"),
+        (["translate", "--file", "/nonexistent/file.txt"], "No such file"),
+    ],
+)
+def test_translation_command_mistakes(run, capsys, argv, message):
+    out, _ = run
+    assert main([argv[0], "--checkpoint", str(out), *argv[1:]]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_lm_checkpoint_cannot_translate(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("abc " * 400, encoding="utf-8")
+    out = tmp_path / "lm"
+    argv = [
+        "train",
+        "--model.name=test-gru-lm",
+        "--task.name=text",
+        f"--task.source={text}",
+        "--task.seq_len=8",
+    ]
+    assert main([*argv, "--train.steps=2", "--train.progress=false", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", str(out), "--text", "abc"]) == 2
+    assert "translation needs an encoder–decoder" in capsys.readouterr().err
+
+
+def test_a_translation_model_on_an_lm_task_and_back(tmp_path, capsys):
+    assert (
+        main(["train", "--model.name=test-seq2seq", "--task.name=adding", "--out", str(tmp_path / "a")]) == 2
+    )
+    assert "trains models of family 'lm'" in capsys.readouterr().err
+    pairs = tmp_path / "p.tsv"
+    pairs.write_text(_pairs(60), encoding="utf-8")
+    argv = ["train", "--model.name=test-gpt", "--task.name=translation", f"--task.source={pairs}"]
+    assert main([*argv, "--task.vocab_size=260", "--out", str(tmp_path / "b")]) == 2
+    assert "'seq2seq' or 'transformer'" in capsys.readouterr().err
+
+
+def test_a_pairs_file_with_a_missing_tab(tmp_path, capsys):
+    pairs = tmp_path / "p.tsv"
+    pairs.write_text("a\tb\nno tab here\n", encoding="utf-8")
+    argv = ["train", "--model.name=test-seq2seq", "--task.name=translation", f"--task.source={pairs}"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "p.tsv:2: no tab" in err and err.startswith("error:")
+
+
+def test_alignment_of_a_model_without_attention_is_refused(tmp_path, capsys):
+    pairs = tmp_path / "p.tsv"
+    pairs.write_text(_pairs(60), encoding="utf-8")
+    out = tmp_path / "none"
+    argv = ["train", "--model.name=test-seq2seq", "--model.attention=none", "--task.name=translation"]
+    argv += [f"--task.source={pairs}", "--task.vocab_size=300", "--train.steps=2", "--train.progress=false"]
+    assert main([*argv, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "viz",
+                "alignment",
+                "--checkpoint",
+                str(out),
+                "--text",
+                "the cat",
+                "--out",
+                str(tmp_path / "a.png"),
+            ]
+        )
+        == 2
+    )
+    assert "has no attention" in capsys.readouterr().err and not (tmp_path / "a.png").exists()
