@@ -17,6 +17,7 @@ Contenders alternate inside every repeat (the order rotates); medians over repea
 
     python benchmarks/bench_seq2seq.py             # d_model 256, batch 64, 9 repeats
     python benchmarks/bench_seq2seq.py --quick     # a smoke run that writes no file
+    python benchmarks/bench_seq2seq.py --checkpoint runs/compare-translation/runs/bahdanau   # decode real verses
 
 The table is printed and written to ``benchmarks/results/seq2seq-<cpu>-torch<version>.md``.
 """
@@ -146,19 +147,40 @@ def bench_training(args) -> tuple[dict[str, float], int, float]:
     return timed(step, args.repeats, list(models)), int((y != 0).sum()), gap
 
 
-def bench_decoding(args) -> tuple[dict[str, float], int]:
+def test_sources(checkpoint: str, n: int):
+    """A trained model and the first n test sources of its translation task, as padded batches' rows."""
+    from seqlab.run import build_task
+    from seqlab.tasks.translation import EOS
+    from seqlab.training.checkpoint import load_config, load_model
+
+    model = load_model(checkpoint).eval()
+    task = build_task(load_config(checkpoint)["run"])
+    ids = task.tokenizer.source.encode_batch([p.source for p in task.pairs("test")[:n]])
+    ids = sorted(ids, key=len)  # batched by length, as seqlab translate batches them
+    return model, [[*i, EOS] for i in ids], task.max_len + 8
+
+
+def bench_decoding(args) -> tuple[dict[str, float], int, str]:
     torch.manual_seed(0)
-    config = Seq2SeqConfig(vocab_size=args.vocab, d_model=args.d_model, attention="bahdanau", dropout=0.0)
-    model = Seq2Seq(config).eval()
-    src, _, _ = make_batch(args.sentences, args.src_len, args.tgt_len, args.vocab, seed=2)
+    if args.checkpoint:
+        model, rows, max_new = test_sources(args.checkpoint, args.sentences)
+        what = f"the first {len(rows)} Bible test verses with the trained model in {args.checkpoint}"
+    else:
+        config = Seq2SeqConfig(vocab_size=args.vocab, d_model=args.d_model, attention="bahdanau", dropout=0.0)
+        model = Seq2Seq(config).eval()
+        src, _, _ = make_batch(args.sentences, args.src_len, args.tgt_len, args.vocab, seed=2)
+        rows, max_new = [r[r != 0].tolist() for r in src], args.tgt_len
+        what = f"{len(rows)} random sources with an untrained model (each runs to max_new_tokens)"
+    from seqlab.tasks.translation import _pad
+
+    batches = [_pad(rows[j : j + args.batch]) for j in range(0, len(rows), args.batch)]
     beams = {"greedy": 1, "beam 5": 5}
 
     def decode(name: str) -> None:
-        for j in range(0, src.size(0), args.batch):
-            part = src[j : j + args.batch]
-            model.generate(part, max_new_tokens=args.tgt_len, beam_size=beams[name])
+        for src in batches:
+            model.generate(src, max_new_tokens=max_new, beam_size=beams[name])
 
-    return timed(decode, max(3, args.repeats // 3), list(beams)), src.size(0)
+    return timed(decode, max(3, args.repeats // 3), list(beams)), len(rows), what
 
 
 def main() -> None:
@@ -170,12 +192,13 @@ def main() -> None:
     p.add_argument("--tgt-len", type=int, default=48)
     p.add_argument("--sentences", type=int, default=256, help="decoded sentences")
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--checkpoint", help="decode the test verses with this trained translation checkpoint")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:
         args.d_model, args.vocab, args.batch, args.repeats, args.sentences = 64, 500, 16, 3, 32
     train, tokens, gap = bench_training(args)
-    decode, n = bench_decoding(args)
+    decode, n, what = bench_decoding(args)
     lines = [
         f"# seqlab RNNsearch (attentive GRU encoder–decoder) on {cpu_name()}",
         "",
@@ -192,7 +215,9 @@ def main() -> None:
         lines.append(f"| {name} | {1e3 * sec:.0f} | {tokens / sec:,.0f} | {train['torch.nn'] / sec:.2f}x |")
     lines += [
         "",
-        f"| decoding {n} sentences, batches of {args.batch} | s | time vs greedy |",
+        f"Decoding {what}, batches of {args.batch} sentences:",
+        "",
+        f"| decoding {n} sentences | s | time vs greedy |",
         "|---|---:|---:|",
     ]
     for name, sec in decode.items():

@@ -131,3 +131,43 @@ def test_a_model_the_tasks_cannot_train_and_a_diverging_run(capsys, tmp_path):
     ]
     msg = _error(capsys, [*argv, "--train.grad_clip=null", "--train.progress=false", "--out", str(run)])
     assert "loss is inf at step 2" in msg and "last good checkpoint is" in msg and "step-00000001" in msg
+
+
+def test_a_full_disk_during_a_save_loses_nothing(tmp_path, monkeypatch, capsys):
+    """ENOSPC in the middle of writing a checkpoint: one error line, the previous checkpoint intact and still
+    `latest`, no temporary directory left, and --resume (with space again) finishes the run."""
+    import errno
+
+    from seqlab.training import checkpoint
+
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 200, encoding="utf-8")
+    run = tmp_path / "run"
+    argv = [
+        "train",
+        "--model.name=test-gru-lm",
+        "--task.name=text",
+        f"--task.source={text}",
+        "--task.seq_len=8",
+    ]
+    argv += ["--train.steps=6", "--train.save_every=3", "--train.progress=false", "--out", str(run)]
+    real = checkpoint.save_file
+    calls = {"n": 0}
+
+    def fill_the_disk(tensors, filename, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 2:  # the second checkpoint's weights: half written, then no space
+            with open(filename, "wb") as fh:
+                fh.write(b"\0" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device", filename)
+        return real(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save_file", fill_the_disk)
+    assert main(argv) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert (run / "latest").read_text().strip() == "checkpoints/step-00000003"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["manifest.json", "step-00000003"]
+    monkeypatch.setattr(checkpoint, "save_file", real)
+    assert main([*argv, "--resume"]) == 0
+    assert (run / "latest").read_text().strip() == "checkpoints/step-00000006"
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]

@@ -57,3 +57,22 @@ def test_dtypes_empty_sequences_and_masks():
 def test_configs_that_gave_nan_or_zero_division_are_refused(build):
     with pytest.raises(ValueError):
         build()
+
+
+@pytest.mark.parametrize("layer", ["TransformerEncoderLayer", "TransformerDecoderLayer"])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"d_model": 0, "n_heads": 1}, "d_model must be a positive integer, got 0"),
+        ({"d_model": 8, "n_heads": 3}, "divisible by n_heads=3"),
+        ({"d_model": 8, "n_heads": 2, "d_ff": -1}, "d_ff must be a positive integer, got -1"),
+        ({"d_model": 8, "n_heads": 2, "dropout": 2.0}, "dropout must be a probability"),
+        ({"d_model": 8, "n_heads": 2, "norm_eps": -1}, "eps must be a positive finite number"),
+        ({"d_model": 8, "n_heads": 2, "activation": "tanh"}, "activation must be one of"),
+    ],
+)
+def test_transformer_layers_refuse_bad_arguments_by_name(layer, fields, message):
+    from seqlab.layers import transformer_blocks
+
+    with pytest.raises(ValueError, match=message):
+        getattr(transformer_blocks, layer)(**fields)
