@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from seqlab.layers import S4D, Mamba, MultiheadAttention, create_mixer
+from seqlab.layers import S4D, Mamba, MultiheadAttention, create_mixer, list_mixers
 from seqlab.models import create
 
 
@@ -76,3 +76,18 @@ def test_transformer_layers_refuse_bad_arguments_by_name(layer, fields, message)
 
     with pytest.raises(ValueError, match=message):
         getattr(transformer_blocks, layer)(**fields)
+
+
+@pytest.mark.parametrize("name", list_mixers())
+def test_autocast_lifts_the_dtype_check_only(name):
+    """Outside autocast a bf16 input into a float32 mixer is refused by name; inside torch.autocast (where a
+    lower precision is the point) it runs, and a wrong width is still refused."""
+    mixer = create_mixer(name, 16)
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16"):
+        mixer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = mixer(x)
+        assert y.shape == (2, 5, 16) and bool(torch.isfinite(y.float()).all())
+        with pytest.raises(ValueError, match="16"):
+            mixer(torch.randn(2, 5, 8, dtype=torch.bfloat16))

@@ -102,19 +102,25 @@ def _run(label: str, fields: dict[str, Any], out: Path, minutes: float, seed: in
     return {"label": label, "steps": steps, "seconds": time.perf_counter() - t0, "summary": summary}
 
 
-def _seconds_per_step(model, task, n: int = 6) -> float:
-    """Median seconds of a training step (forward, backward, AdamW) on the task's first batches."""
+def _seconds_per_step(model, task, n: int = 8) -> float:
+    """Seconds of an average training step (forward, backward, AdamW): the time per target token over ``n``
+    batches spread across the epoch (lengths vary from batch to batch), times the epoch's mean tokens per batch.
+    """
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = []
-    for i in range(n):
-        batch = task.get_batch("train", i)
+    per = task.batches_per_epoch()
+    seconds, tokens = 0.0, 0
+    for i in range(n + 1):
+        batch = task.get_batch("train", (i * per) // (n + 1))
         t0 = time.perf_counter()
         loss, _, _ = task.loss(model, batch)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
-    return sorted(times[1:])[len(times[1:]) // 2]
+        if i:  # the first step warms up
+            seconds += time.perf_counter() - t0
+            tokens += task.tokens_in(batch)
+    mean_tokens = sum(len(t) for t in task.data["train"][1]) / per
+    return seconds / tokens * mean_tokens
 
 
 def bucket_scores(task, model, beam_size: int = 5, limit: int | None = None) -> dict[str, Any]:
