@@ -106,7 +106,9 @@ def test_presets_build_and_count():
     "fields,message",
     [
         ({"attention": "cross"}, "attention"),
-        ({"score": "bilinear"}, "score"),
+        ({"attention": "luong", "score": "bilinear"}, "score"),
+        ({"attention": "bahdanau", "score": "dot"}, "belong to attention='luong'"),
+        ({"attention": "none", "input_feeding": False}, "belong to attention='luong'"),
         ({"encoder": "transformer-xl"}, "transformer-xl"),
         ({"d_model": 15}, "odd"),
         ({"encoder": "gru", "encoder_config": {"n_heads": 2}}, "encoder_config"),

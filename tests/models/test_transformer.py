@@ -71,3 +71,11 @@ def test_learns_to_copy_and_beam_agrees_with_greedy():
     assert torch.equal(beam1[:, :n], greedy[:, :n])
     beam4, scores = model.beam_search(src, max_len=10, beam_size=4)
     assert scores.shape == (16,) and (beam4[:, 1:8] == tgt_out).float().mean() > 0.9
+
+
+def test_token_ids_out_of_range_are_refused_by_name():
+    model = create("test-transformer")
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 64\)"):
+        model(torch.tensor([[3, 99]]), torch.tensor([[1, 4]]))
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 64\)"):
+        model(torch.tensor([[3, 9]]), torch.tensor([[1, -4]]))

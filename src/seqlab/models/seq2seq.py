@@ -101,6 +101,10 @@ class Seq2SeqConfig:
         )
         check_positive_ints(self, ("tgt_vocab_size", "d_embed", "d_readout"), allow_none=True)
         check_dropout(self)
+        if self.attention != "luong" and (self.score != "general" or not self.input_feeding):
+            raise ValueError(
+                f"score and input_feeding belong to attention='luong'; this model has attention={self.attention!r}"
+            )
         spec = mixer_spec(self.encoder)  # a clear error for an unknown mixer
         if self.encoder in RECURRENT and self.encoder_config:
             raise ValueError(f"the recurrent encoder {self.encoder!r} takes no encoder_config")

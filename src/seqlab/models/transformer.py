@@ -36,6 +36,7 @@ from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.positional import SinusoidalPositionalEncoding
 from seqlab.layers.transformer_blocks import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer
 from seqlab.models.beam import Decoded, StepFn, beam_rows, beam_search, greedy_search, never
+from seqlab.models.generation import check_token_ids
 from seqlab.validation import (
     check_choices,
     check_divisible,
@@ -150,6 +151,7 @@ class Transformer(nn.Module):
     # ---- the two halves --------------------------------------------------------------------------------
 
     def _embed(self, table: nn.Embedding, ids: Tensor, offset: int = 0) -> Tensor:
+        check_token_ids(ids, table.num_embeddings)
         return self.pos(table(ids) * math.sqrt(self.config.d_model), offset)  # (b, ·, d)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:

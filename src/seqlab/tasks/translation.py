@@ -267,7 +267,7 @@ def translate(
     if isinstance(texts, str) or not all(isinstance(t, str) and t.strip() for t in texts):
         raise ValueError("texts must be a list of non-empty strings")
     ids = tokenizer.source.encode_batch(list(texts))
-    max_src = getattr(model.config, "max_src_len", None)
+    max_src = getattr(model.config, "max_src_len", None) or getattr(model.config, "max_seq_len", None)
     if max_src is not None and max(len(i) for i in ids) + 1 > max_src:
         n = max(len(i) for i in ids) + 1
         raise ValueError(f"a text has {n} source tokens (with </s>); this model accepts at most {max_src}")
