@@ -180,3 +180,14 @@ def test_a_bug_shows_its_traceback(monkeypatch, tmp_path, capsys):
     assert "Traceback" in err and "RuntimeError: shapes do not match" in err and "--debug" in err
     with pytest.raises(RuntimeError, match="shapes do not match"):
         main(["--debug", "compare", "--out", str(tmp_path)])
+
+
+def test_version_and_bare_command_print_help(capsys):
+    from seqlab import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"seqlab {__version__}"
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: seqlab") and "translate" in out and "compare" in out

@@ -314,6 +314,9 @@ def make_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show the traceback of every error, user mistakes too"
     )
     p.set_defaults(takes_overrides=False, trains=False)
+    from seqlab import __version__
+
+    p.add_argument("--version", action="version", version=f"seqlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (
         _add_train,
@@ -360,6 +363,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     rest, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    if not rest and not overrides:  # `seqlab` alone: the overview, not an error
+        parser.print_help()
+        return 0
     args = parser.parse_args(rest)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
