@@ -165,3 +165,11 @@ def test_alignment_of_a_model_without_attention_is_refused(tmp_path, capsys):
         == 2
     )
     assert "has no attention" in capsys.readouterr().err and not (tmp_path / "a.png").exists()
+
+
+def test_generate_refuses_an_encoder_decoder_and_names_the_checkpoint(run, capsys):
+    out, _ = run
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(out), "--prompt", "the"]) == 2
+    err = capsys.readouterr().err
+    assert "step-00000150 (step 150, seq2seq model)" in err and "translate with `seqlab translate`" in err

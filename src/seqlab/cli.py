@@ -22,6 +22,7 @@ from seqlab.commands import (
     add_params,
     add_translate,
     add_viz_alignment,
+    announce,
     compare_translation_command,
 )
 from seqlab.run import (
@@ -106,9 +107,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     )
     model = load_model(where, device=device)
+    announce(where)
     tok = load_tokenizer(where, "it was not trained on text, nothing to sample", model)
-    if not hasattr(model, "generate"):
-        raise ValueError(f"the model in {where} is not a generative language model")
+    if getattr(model, "family", "") != "lm":
+        hint = "; translate with `seqlab translate`" if model.family in ("seq2seq", "transformer") else ""
+        raise ValueError(f"the model in {where} is a {model.family!r} model, not a language model{hint}")
     try:
         prompt = tok.encode(args.prompt)
     except ValueError as e:

@@ -9,11 +9,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from seqlab.run import non_negative_int, positive_int
 
-__all__ = ["add_eval", "add_params", "add_translate", "add_viz_alignment", "compare_translation_command"]
+__all__ = [
+    "add_eval",
+    "add_params",
+    "add_translate",
+    "add_viz_alignment",
+    "announce",
+    "compare_translation_command",
+]
+
+
+def announce(where: Path) -> None:
+    """Say on stderr which checkpoint a command read (stdout stays the command's output)."""
+    from seqlab.training.checkpoint import load_config
+
+    config = load_config(where)
+    print(f"{where} (step {config.get('step', '?')}, {config.get('family', '?')} model)", file=sys.stderr)
 
 
 def _translator(checkpoint: str):
@@ -23,6 +39,7 @@ def _translator(checkpoint: str):
 
     where = resolve_checkpoint(checkpoint)
     model = load_model(where)
+    announce(where)
     if not hasattr(model, "generate") or getattr(model, "family", "") not in ("seq2seq", "transformer"):
         raise ValueError(
             f"{where} holds a {getattr(model, 'family', type(model).__name__)!r} model; translation needs an "
@@ -80,6 +97,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     where = resolve_checkpoint(args.checkpoint)
     run = load_config(where)["run"]
     model = load_model(where).eval()
+    announce(where)
     task = build_task(run)
     split = args.split or ("test" if hasattr(task, "score") else "val")
     metrics = task.evaluate(model, args.batches, split=split)
