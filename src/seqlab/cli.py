@@ -94,7 +94,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     )
     summary = Trainer(model, task, train, out, run).fit(resume=where or False)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}), flush=True)
-    return 0
+    return 130 if summary.get("interrupted") else 0  # 128 + SIGINT, as a shell reports an interrupted command
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from seqlab.training import checkpoint as ckpt
 from seqlab.training import manifest as run_files
 from seqlab.training.config import TrainConfig
+from seqlab.training.interrupt import stop_on_interrupt
 from seqlab.training.optim import lr_at, make_optimizer
 
 log = logging.getLogger("seqlab.train")
@@ -218,26 +219,45 @@ class Trainer:
         window, last = self.window, self.last
         window.start = time.perf_counter()
         stop = None
-        while self.step < c.steps and stop is None:
-            t0 = time.perf_counter()
-            window.add(*self.train_step())
-            self.elapsed += time.perf_counter() - t0
-            stop = self._stop_reason(until)
-            done = self.step >= c.steps or stop is not None
-            if self.step % c.log_every == 0 or done:
-                last["train_loss"] = self._log_train(window, bar)
-            if (c.eval_every and self.step % c.eval_every == 0) or done:
-                last.update(self._log_eval(window, bar, last["train_loss"]))
-            if self.out_dir is not None and ((c.save_every and self.step % c.save_every == 0) or done):
-                self.save()
-            if bar is not None:
-                bar.update(1)
+        with stop_on_interrupt() as interrupted:
+            while self.step < c.steps and stop is None:
+                stop = self._one_step(window, last, bar, until, interrupted)
         if stop == "budget":
             log.warning("stopping at step %d: train.max_minutes=%s reached", self.step, c.max_minutes)
+        if stop == "interrupted":
+            saved = (
+                f"saved in {self.out_dir}; continue with the same command and --resume"
+                if self.out_dir
+                else ""
+            )
+            log.warning("stopped by Ctrl-C at step %d%s", self.step, f", {saved}" if saved else "")
         if bar is not None:
             bar.close()
         summary = {"step": self.step, "elapsed_s": self.elapsed, "stopped_early": stop == "budget", **last}
+        if stop == "interrupted":
+            summary["interrupted"] = True
         return run_files.finite_or_none(summary)
+
+    def _one_step(self, window, last: dict, bar, until: int | None, interrupted) -> str | None:
+        """One optimizer step, then the logging, evaluation and saving it is due; the reason to stop, if any."""
+        c = self.config
+        t0 = time.perf_counter()
+        window.add(*self.train_step())
+        self.elapsed += time.perf_counter() - t0
+        stop = "interrupted" if interrupted.set else self._stop_reason(until)
+        done = self.step >= c.steps or stop is not None
+        finish = (
+            done and stop != "interrupted"
+        )  # an interrupt saves mid-window, so resuming logs as if never cut
+        if self.step % c.log_every == 0 or finish:
+            last["train_loss"] = self._log_train(window, bar)
+        if (c.eval_every and self.step % c.eval_every == 0) or finish:
+            last.update(self._log_eval(window, bar, last["train_loss"]))
+        if self.out_dir is not None and ((c.save_every and self.step % c.save_every == 0) or done):
+            self.save()
+        if bar is not None:
+            bar.update(1)
+        return stop
 
     def _start(self, resume: bool | str | Path) -> None:
         """Threads, the run directory (cleared of an interrupted save's leftovers; an earlier run's metrics set
