@@ -39,7 +39,7 @@ CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "no attention": ("seq2seq-gru", {**RNN, "attention": "none"}),
     "Bahdanau": ("seq2seq-gru-bahdanau", {**RNN, "attention": "bahdanau"}),
     "Luong": (
-        "seq2seq-gru-bahdanau",
+        "seq2seq-gru-luong",
         {**RNN, "attention": "luong", "score": "general", "input_feeding": True},
     ),
     "Transformer": ("transformer-small", {"d_model": 128, "n_heads": 4, "d_ff": 512}),
@@ -219,19 +219,23 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
     lines = [
         f"# The bottleneck experiment: English → Spanish (Bible), {minutes:g} min of training each, {cpu_name()}",
         "",
+        "Each model's steps are what a calibration (its first steps, timed) predicted for the minutes asked; "
+        "the minutes column is how long the training took (two runs shared the machine at a time).",
+        "",
         f"torch {torch.__version__}, one thread per run, fp32. `seqlab compare --suite translation --minutes {minutes:g}`."
         " Test BLEU and chrF by sacrebleu, beam 5; columns by source length in words.",
         "",
-        "| model | parameters | steps | val nll | BLEU | chrF | "
+        "| model | d_model | parameters | steps | minutes | val nll | BLEU | chrF | "
         + " | ".join(f"BLEU {b}" for b in buckets)
         + " |",
-        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(buckets),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(buckets),
     ]
     for r in records:
         cells = [f"{r['buckets'][b]['bleu']:.1f}" if b in r["buckets"] else "–" for b in buckets]
         nll = f"{r['val_nll']:.3f}" if r.get("val_nll") is not None else "–"
         lines.append(
-            f"| {r['label']} | {r['params']:,} | {r['steps']:,} | {nll} | {r['bleu']:.2f} | {r['chrf']:.1f} | "
+            f"| {r['label']} | {r['fields'].get('d_model', '–')} | {r['params']:,} | {r['steps']:,} | "
+            f"{r['train_minutes']:.1f} | {nll} | {r['bleu']:.2f} | {r['chrf']:.1f} | "
             + " | ".join(cells)
             + " |"
         )
@@ -254,8 +258,9 @@ def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
     for r in records:
         keys = list(r["buckets"])
         ax.plot(range(len(keys)), [r["buckets"][k]["bleu"] for k in keys], marker="o", label=r["label"])
-    ax.set_xticks(range(len(keys)), [k.replace("51-200", "51+") for k in keys])
-    ax.set_xlabel("source length (words)")
+    counts = records[0]["buckets"]
+    ax.set_xticks(range(len(keys)), [f"{k.replace('-200', '+')}\n({counts[k]['sentences']})" for k in keys])
+    ax.set_xlabel("source length in words (test sentences)")
     ax.set_ylabel("test BLEU (beam 5)")
     ax.set_title("BLEU against source length (cf. Bahdanau et al. 2015, Fig. 2)")
     ax.grid(alpha=0.3)

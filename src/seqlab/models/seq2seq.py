@@ -342,6 +342,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "seq2seq-gru": {"attention": "none"},
     "seq2seq-gru-bahdanau": {"attention": "bahdanau"},
+    "seq2seq-gru-luong": {"attention": "luong", "score": "general", "input_feeding": True},
     "seq2seq-lstm-luong": {
         "encoder": "lstm",
         "cell": "lstm",
