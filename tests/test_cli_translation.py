@@ -173,3 +173,23 @@ def test_generate_refuses_an_encoder_decoder_and_names_the_checkpoint(run, capsy
     assert main(["generate", "--checkpoint", str(out), "--prompt", "the"]) == 2
     err = capsys.readouterr().err
     assert "step-00000150 (step 150, seq2seq model)" in err and "translate with `seqlab translate`" in err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["compare", "--suite", "quick", "--minutes", "3"], "--minutes sets the translation suite's"),
+        (["compare", "--suite", "translation", "--mixers", "lstm"], "the translation suite has none"),
+    ],
+)
+def test_compare_refuses_options_of_the_other_kind_of_suite(argv, message, capsys, monkeypatch):
+    from seqlab import lab
+    from seqlab.lab import translation
+
+    def never_runs(*args, **kwargs):
+        raise AssertionError("a suite started")
+
+    monkeypatch.setattr(lab, "compare", never_runs)
+    monkeypatch.setattr(translation, "compare_translation", never_runs)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

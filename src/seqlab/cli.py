@@ -163,6 +163,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.suite == "translation":
         return compare_translation_command(args)
+    if args.minutes is not None:
+        raise ValueError("--minutes sets the translation suite's training time; the other suites count steps")
     paths = compare(
         args.out, args.suite, args.mixers, args.tasks, args.seed, jobs=args.jobs or default_jobs()
     )
@@ -233,7 +235,10 @@ def _add_compare(sub) -> None:
         "(four encoder-decoders on the Bible pairs, --minutes each; 2 at a time by default)",
     )
     c.add_argument(
-        "--minutes", type=positive_float, default=8.0, help="translation: minutes of training each"
+        "--minutes",
+        type=positive_float,
+        default=None,
+        help="translation: minutes of training each (default 12)",
     )
     c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
     c.add_argument(

@@ -189,8 +189,12 @@ def add_params(sub) -> None:
 def compare_translation_command(args: argparse.Namespace) -> int:
     from seqlab.lab.translation import compare_translation
 
+    if args.mixers or args.tasks:
+        raise ValueError(
+            "--mixers and --tasks choose runs of the quick and full suites; the translation suite has none"
+        )
     out = args.out if args.out != "runs/compare" else "runs/compare-translation"
-    paths = compare_translation(out, minutes=args.minutes, jobs=args.jobs or 2, seed=args.seed)
+    paths = compare_translation(out, minutes=args.minutes or 12.0, jobs=args.jobs or 2, seed=args.seed)
     print(Path(paths["table"]).read_text(encoding="utf-8"))
     print(f"wrote {paths['results']}, {paths['table']} and {paths['plot']}")
     return 0
