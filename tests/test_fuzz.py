@@ -280,3 +280,66 @@ def test_models_forward_and_generate_with_drawn_ids(case):
 @given(lm_calls())
 def test_models_forward_and_generate_with_drawn_ids_long(case):
     _check_lm(case)
+
+
+# ---- encoder–decoders: drawn sources, masks and targets ------------------------------------------------------
+
+ENCDEC = {
+    "none": models.create("test-seq2seq", attention="none"),
+    "bahdanau": models.create("test-seq2seq"),
+    "luong": models.create("test-seq2seq-luong"),
+    "mamba-encoder": models.create("test-seq2seq", encoder="mamba", n_encoder_layers=2),
+    "transformer": models.create("test-transformer"),
+}
+
+
+@st.composite
+def encdec_calls(draw):
+    name = draw(st.sampled_from(sorted(ENCDEC)))
+    b, s, t = draw(st.integers(1, 3)), draw(st.integers(0, 9)), draw(st.integers(0, 6))
+    lo, hi = draw(st.sampled_from([(3, 64), (3, 64), (-2, 64), (3, 70)]))
+    lengths = [draw(st.integers(0, s)) for _ in range(b)]
+    left_pad = draw(st.booleans()) and s >= 2
+    beam = draw(st.sampled_from([1, 2, 3, 0]))
+    return name, b, s, t, lo, hi, lengths, left_pad, beam
+
+
+def _check_encdec(case) -> None:
+    name, b, s, t, lo, hi, lengths, left_pad, beam = case
+    model = ENCDEC[name].eval()
+    g = torch.Generator().manual_seed(b * 100 + s * 10 + t)
+    src = torch.randint(lo, hi, (b, s), generator=g)
+    tgt = torch.randint(3, 64, (b, max(t, 1)), generator=g)
+    mask = torch.arange(s)[None, :] < torch.tensor(lengths)[:, None]  # right-padded
+    if left_pad:
+        mask = mask.flip(1)
+    ids_ok = s >= 1 and int(src.min()) >= 0 and int(src.max()) < 64
+    # the oracle: every sentence has a real token; the RNN encoders also need right padding (attention does not)
+    right = name == "transformer" or not left_pad or all(n in (0, s) for n in lengths)
+    mask_ok = s >= 1 and all(n >= 1 for n in lengths) and right
+    if not (ids_ok and mask_ok):
+        _refused(lambda: model(src, tgt, src_mask=mask))
+        return
+    with torch.no_grad():
+        out = model(src, tgt, src_mask=mask)
+    assert out.shape == (b, tgt.size(1), 64) and _finite(out)
+    gen = lambda: model.generate(src, src_mask=mask, max_new_tokens=4, beam_size=beam)  # noqa: E731
+    if beam < 1:
+        _refused(gen)
+        return
+    ids = gen()
+    assert ids.shape[0] == b and ids.shape[1] <= 5 and bool((ids[:, 0] == 1).all())
+    assert bool(((ids >= 0) & (ids < 64)).all()) and not bool((ids[:, 1:] == 1).any())  # never <s> again
+
+
+@FAST
+@given(encdec_calls())
+def test_encoder_decoders_with_drawn_inputs(case):
+    _check_encdec(case)
+
+
+@pytest.mark.slow
+@SLOW
+@given(encdec_calls())
+def test_encoder_decoders_with_drawn_inputs_long(case):
+    _check_encdec(case)

@@ -154,9 +154,24 @@ class Transformer(nn.Module):
         check_token_ids(ids, table.num_embeddings)
         return self.pos(table(ids) * math.sqrt(self.config.d_model), offset)  # (b, ·, d)
 
+    def source_mask(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """Check src (b, s) and its mask (default ``src != pad_id``), returned. Attention reads any mask, so the
+        padding may sit anywhere, but every sentence needs a real token."""
+        if not isinstance(src, Tensor) or src.dim() != 2 or src.size(1) == 0:
+            got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
+            raise ValueError(f"src must be token ids of shape (b, s) with s >= 1, got {got}")
+        check_token_ids(src, self.config.vocab_size)
+        mask = src != self.config.pad_id if src_mask is None else src_mask
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != src.shape:
+            got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+            raise ValueError(f"src_mask must be boolean {tuple(src.shape)}, True at real tokens; got {got}")
+        if not bool(mask.any(1).all()):
+            raise ValueError("every source sentence needs at least one real token (a mask row is all False)")
+        return mask
+
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src (b, s) -> memory (b, s, d)."""
-        src_mask = src != self.config.pad_id if src_mask is None else src_mask
+        src_mask = self.source_mask(src, src_mask)
         mask = key_padding_mask(src_mask)  # (b, 1, 1, s)
         h = self._embed(self.src_embed, src)
         for layer in self.encoder:
@@ -198,7 +213,7 @@ class Transformer(nn.Module):
         return h, new, weights
 
     def forward(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        src_mask = src != self.config.pad_id if src_mask is None else src_mask
+        src_mask = self.source_mask(src, src_mask)
         memory = self.encode(src, src_mask)
         return self.decode(tgt_in, memory, src_mask)[0]
 
@@ -260,8 +275,8 @@ class Transformer(nn.Module):
     ) -> Decoded:
         """Greedy search (``beam_size`` None) or beam search, in eval mode, through :mod:`seqlab.models.beam`."""
         c = self.config
+        src_mask = self.source_mask(src, src_mask)
         b = src.size(0)
-        src_mask = src != c.pad_id if src_mask is None else src_mask
         ids = {
             "bos_id": c.bos_id,
             "eos_id": c.eos_id,
