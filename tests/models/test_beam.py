@@ -184,16 +184,27 @@ def test_a_finished_hypothesis_pushed_out_of_the_beam_is_still_returned():
 
 
 def test_a_finished_beam_holds_one_slot_at_no_cost_and_the_search_stops_when_all_are_finished():
-    # eos after bos at 0.9 stays in the beam, one slot, at log 0.9; the other slot explores x = 0 to max_len
+    # eos after bos at 0.9 stays in the beam, one slot, at log 0.9; the other slot (x = 0, log 0.05) can never
+    # beat it (log p only falls), so the search is over after one step
     table = _table_from({(): [0.05, 0.025, 0.025, 0.9]}, [0.4, 0.3, 0.2, 0.1])
     out = _beam(table, k=2, alpha=0.0)
-    assert _sequences(out) == [(EOS,)] and out.tokens.size(1) == 1 + MAX_LEN
+    assert _sequences(out) == [(EOS,)] and out.tokens.size(1) == 1 + 1
     torch.testing.assert_close(out.scores, torch.tensor([math.log(0.9)], dtype=torch.float64))
-    # eos at 0.9 everywhere: after step 2 both beams are finished (eos; x, eos) and the search stops
+    # with a length penalty the bound is log p / lp(max_len): eos at 0.2 first, x = 0 at 0.7 then eos at 0.9
+    # beats it later (log(0.63) / lp(2) > log(0.2) / lp(1)), so the search goes on and finds it
+    table = _table_from({(): [0.7, 0.05, 0.05, 0.2], (0,): [0.05, 0.025, 0.025, 0.9]}, [0.4, 0.3, 0.2, 0.1])
+    out = _beam(table, k=2, alpha=1.0)
+    assert _sequences(out) == [(0, EOS)]
+    # eos at 0.9 everywhere, alpha 0.6: x = 0 (log 0.05) reaches at best log 0.05 / lp(4) = -2.3, below
+    # log 0.9 / lp(1) = -0.1: again one step. Where the unfinished beam can still win (x at 0.6, then eos
+    # certain), the search goes on until both beams are finished, after step 2
     table = _table_from({}, [0.05, 0.025, 0.025, 0.9])
-    out = _beam(table, k=2, alpha=0.0)
-    assert _sequences(out) == [(EOS,)] and out.tokens.size(1) == 1 + 2
+    out = _beam(table, k=2, alpha=0.6)
+    assert _sequences(out) == [(EOS,)] and out.tokens.size(1) == 1 + 1
     assert _greedy(table).tokens.tolist() == [[BOS, EOS]]
+    table = _table_from({(): [0.6, 0.0, 0.0, 0.4], (0,): [0.0, 0.0, 0.0, 1.0]}, [0.25] * 4)
+    out = _beam(table, k=2, alpha=1.0)
+    assert _sequences(out) == [(0, EOS)] and out.tokens.size(1) == 1 + 2
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

@@ -28,7 +28,9 @@ ranked higher). The result is that hypothesis, or the best by score(Y) of the be
 by score(Y) of every complete hypothesis the search has held; a beam wide enough that no candidate is ever
 pushed out (k ≥ the hypotheses alive at any step, finished ones included) is exhaustive search; k = 1 is
 greedy decoding. The search stops once every beam of every sentence is finished (or dead, at -inf), or
-after ``max_len`` steps. Compared with choosing among the k beams left at the end only (the Transformer's
+after ``max_len`` steps. A sentence is finished early once no unfinished beam can still beat its best
+finished hypothesis: log p only falls as a hypothesis grows and lp(|Y|) <= lp(max_len), so an unfinished
+beam of log p L ends at best at L / lp(max_len) (α >= 0); the result is the one the full search would give. Compared with choosing among the k beams left at the end only (the Transformer's
 loop before this module), keeping the best finished hypothesis changes no step of the search and can only
 raise the returned score.
 
@@ -225,6 +227,7 @@ def beam_search(
         done = was_done | (tok == eos_id) | score.isneginf()
         finished_now = done & ~was_done & (tok == eos_id) & ~score.isneginf()  # |Y| = t + 1
         best.update(finished_now, _penalized(score, t + 1, length_penalty), t)
+        done = done | _settled(best, score, done, max_len, length_penalty)[:, None]
         history.append((tok, parent))
         state = reorder(state, (parent + first_row).view(-1))  # (b k,): each beam continues its parent
         last = tok.view(-1)
@@ -240,6 +243,15 @@ def beam_search(
     tokens, extras = _backtrack(history, steps.extras, end_step, end_slot, k, pad_id)
     tokens = torch.cat([torch.full_like(end_step[:, None], bos_id), tokens], dim=1)  # (b, 1 + n)
     return Decoded(tokens, torch.where(use_cut, cut_score, best.score), end_step + 1, extras)
+
+
+def _settled(best: _BestFinished, score: Tensor, done: Tensor, max_len: int, alpha: float) -> Tensor:
+    """(b,) sentences whose best finished hypothesis no unfinished beam can still beat. log p only falls as a
+    hypothesis grows and lp(|Y|) <= lp(max_len) for α >= 0, so an unfinished beam of log p L <= 0 ends at
+    best at L / lp(max_len); once the best finished score reaches that for every beam, the search of that
+    sentence is over (its beams are marked finished: the result cannot change, only the work stops)."""
+    reach = _penalized(score, max_len, alpha).masked_fill(done, float("-inf")).amax(-1)  # (b,)
+    return (best.step >= 0) & (best.score >= reach)
 
 
 def _top_k(logp: Tensor, score: Tensor, done: Tensor) -> tuple[Tensor, Tensor, Tensor]:
