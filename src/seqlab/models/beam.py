@@ -132,6 +132,12 @@ class _Steps:
         self.extras.append(extra)
         return logp, state
 
+    def spread(self, rows: Tensor, n: int) -> None:
+        """Put the last step's extras (one per row called) at their ``rows`` among ``n``, zeros elsewhere."""
+        extra = self.extras[-1]
+        if extra is not None and extra.size(0) != n:
+            self.extras[-1] = extra.new_zeros(n, *extra.shape[1:]).index_copy(0, rows, extra)
+
     def _check_extra(self, extra: Tensor | None) -> None:
         first = self.extras[0] if self.extras else extra
         if first is None and extra is None:
@@ -142,7 +148,8 @@ class _Steps:
             first is None
             or not isinstance(extra, Tensor)
             or extra.dim() < 1
-            or extra.shape != (self.rows, *first.shape[1:])
+            or extra.shape[1:] != first.shape[1:]
+            or extra.size(0) != self.rows
         ):
             raise ValueError(f"step returned extra of shape {got}, expected {want} (the same at every step)")
 
@@ -212,15 +219,18 @@ def beam_search(
     with). ``length_penalty`` is GNMT's α. The rule for finished hypotheses is in the module docstring."""
     _check_sizes(batch_size=batch_size, beam_size=beam_size, max_len=max_len, length_penalty=length_penalty)
     b, k = batch_size, beam_size
-    first_row = torch.arange(b, device=device)[:, None] * k  # (b, 1): row of beam 0 of each sentence
     last = torch.full((b * k,), bos_id, dtype=torch.long, device=device)
     score = torch.zeros(b, k, device=device)  # raw log p of each beam
     score[:, 1:] = float("-inf")  # all beams start identical: only beam 0 is alive
     done = score.isneginf()  # a dead beam counts as finished: it continues with pad, at -inf
     best = _BestFinished(b, device)
     steps, history = _Steps(step, b * k), []  # history: (tokens, parents), (b, k) each, per step
+    active = torch.arange(b, device=device)  # sentences still searched; the state holds their k rows each
     for t in range(max_len):
-        logp, state = steps(last, state)  # (b k, v)
+        logp, state = steps(last, state)  # (a k, v) for the a active sentences
+        rows = (active[:, None] * k + torch.arange(k, device=device)).view(-1)  # (a k,) rows among b k
+        logp = logp.new_zeros(b * k, logp.size(1)).index_copy(0, rows, logp)  # finished rows: never read
+        steps.spread(rows, b * k)
         parent, tok, score = _top_k(logp.view(b, k, -1), score, done)  # (b, k) each
         was_done = done.gather(1, parent)
         tok = tok.masked_fill(was_done, pad_id)
@@ -229,10 +239,16 @@ def beam_search(
         best.update(finished_now, _penalized(score, t + 1, length_penalty), t)
         done = done | _settled(best, score, done, max_len, length_penalty)[:, None]
         history.append((tok, parent))
-        state = reorder(state, (parent + first_row).view(-1))  # (b k,): each beam continues its parent
-        last = tok.view(-1)
-        if bool(done.all()):
+        # a sentence whose beams are all finished leaves the batch: the step is not called for it again
+        position = torch.full((b,), -1, dtype=torch.long, device=device)
+        position[active] = torch.arange(active.numel(), device=device)
+        active = (~done.all(1)).nonzero().squeeze(1)  # (a',)
+        if active.numel() == 0:
             break
+        parents = position[active][:, None] * k + parent[active]  # (a', k) rows of the state held now
+        state = reorder(state, parents.view(-1))  # each beam continues its parent
+        last = tok[active].view(-1)
+        steps.rows = active.numel() * k
     # the beams still unfinished were cut at max_len, |Y| = n; the best of them against the best finished
     n = len(history)
     cut = _penalized(score, n, length_penalty).masked_fill(done, float("-inf"))  # (b, k)

@@ -288,14 +288,13 @@ class Transformer(nn.Module):
         self.eval()
         try:
             memory = self.encode(src, src_mask)  # (b, s, d)
+            step = self._step_fn(need_weights)
             if beam_size is None:
-                step = self._step_fn(memory, src_mask, need_weights)
-                return greedy_search(step, None, batch_size=b, **ids)
+                return greedy_search(step, (None, memory, src_mask), batch_size=b, **ids)
             rows = beam_rows(b, beam_size, src.device)  # (b k,)
-            step = self._step_fn(memory[rows], src_mask[rows], need_weights)
             return beam_search(
                 step,
-                None,
+                (None, memory[rows], src_mask[rows]),
                 self._reorder,
                 batch_size=b,
                 beam_size=beam_size,
@@ -305,28 +304,31 @@ class Transformer(nn.Module):
         finally:
             self.train(was_training)
 
-    def _step_fn(self, memory: Tensor, src_mask: Tensor, need_weights: bool) -> StepFn:
-        """The decoder as :data:`seqlab.models.beam.StepFn` over rows of ``memory`` (N, s, d): the state is the
-        layers' caches (None before the first step); the extra, with ``need_weights``, the last layer's
-        cross-attention averaged over heads (N, s). The memory is not reordered with the state: beams only
-        ever follow parents of their own sentence, whose memory rows are equal."""
+    def _step_fn(self, need_weights: bool) -> StepFn:
+        """The decoder as :data:`seqlab.models.beam.StepFn`. The state is (the layers' caches, None before the
+        first step; the memory (N, s, d); its mask (N, s)), so that the search may drop or reorder rows; the
+        extra, with ``need_weights``, is the last layer's cross-attention averaged over heads (N, s)."""
 
-        def step(last: Tensor, state: list[DecoderState] | None):
-            h, state, w = self._decoder_stack(last[:, None], memory, src_mask, state, need_weights)
+        def step(last: Tensor, state: tuple):
+            caches, memory, src_mask = state
+            h, caches, w = self._decoder_stack(last[:, None], memory, src_mask, caches, need_weights)
             logp = F.log_softmax(self.generator(h[:, -1]).float(), dim=-1)  # (N, 1, d) -> (N, v)
             logp = never(logp, self.config.pad_id, self.config.bos_id)
-            return logp, state, None if w is None else w[:, :, -1].mean(1)  # (N, h, 1, s) -> (N, s)
+            return logp, (caches, memory, src_mask), None if w is None else w[:, :, -1].mean(1)  # (N, s)
 
         return step
 
     @staticmethod
-    def _reorder(state: list[DecoderState], rows: Tensor) -> list[DecoderState]:
-        """The layers' caches of the given rows (N,): self-attention keys and values, projected memory."""
+    def _reorder(state: tuple, rows: Tensor) -> tuple:
+        """The search state of the given rows (N,): the layers' caches (self-attention keys and values,
+        projected memory), the memory and its mask."""
 
         def pick(cache: KVCache | None) -> KVCache | None:
             return None if cache is None else KVCache(cache.k[rows], cache.v[rows], cache.pos)
 
-        return [(pick(a), pick(b)) for a, b in state]
+        caches, memory, src_mask = state
+        caches = None if caches is None else [(pick(a), pick(b)) for a, b in caches]
+        return caches, memory[rows], src_mask[rows]
 
 
 # Vaswani et al. 2017, table 3: base 65M and big 213M parameters for WMT14 En-De with a shared source-target
