@@ -158,3 +158,10 @@ def test_too_long_source_for_the_model(task):
     model = create("test-seq2seq", max_src_len=4, **task.model_overrides())
     with pytest.raises(ValueError, match="at most 4"):
         translate(model, task.tokenizer, ["the cat sees the big red dog under the tree"])
+
+
+def test_a_file_whose_pairs_all_land_outside_training_is_refused(tmp_path):
+    path = tmp_path / "same.tsv"
+    path.write_text("a\tb\n" * 50, encoding="utf-8")
+    with pytest.raises(ValueError, match="training split .* is empty"):
+        create_task("translation", source=str(path))

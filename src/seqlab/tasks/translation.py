@@ -86,6 +86,12 @@ class TranslationTask(Task):
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
         self.label_smoothing = float(label_smoothing)
         self.src_lang, self.tgt_lang, splits = _read(source, src_lang, tgt_lang, seed)
+        if not splits["train"]:
+            n = sum(len(v) for v in splits.values())
+            raise ValueError(
+                f"the training split of {source!r} is empty: its {n} pairs all went to validation and test "
+                f"(identical pairs share a split); give more distinct pairs"
+            )
         self.tokenizer = TranslationTokenizer.train(
             [p.source for p in splits["train"]], [p.target for p in splits["train"]], vocab_size, shared_vocab
         )
