@@ -163,5 +163,5 @@ def test_too_long_source_for_the_model(task):
 def test_a_file_whose_pairs_all_land_outside_training_is_refused(tmp_path):
     path = tmp_path / "same.tsv"
     path.write_text("a\tb\n" * 50, encoding="utf-8")
-    with pytest.raises(ValueError, match="training split .* is empty"):
+    with pytest.raises(ValueError, match=r"training split .* is empty"):
         create_task("translation", source=str(path))
