@@ -134,3 +134,25 @@ def test_input_errors_name_what_was_expected():
         model(torch.tensor([[5, 6]]), torch.tensor([1, 4]))
     with pytest.raises(ValueError, match="src must be token ids"):
         model(torch.tensor([5, 6]), torch.tensor([[1, 4]]))
+
+
+@pytest.mark.parametrize("fields", VARIANTS[:6], ids=lambda f: "-".join(str(v) for v in f.values()))
+@pytest.mark.parametrize("beam", [1, 3])
+def test_generate_batched_equals_one_sentence_at_a_time(fields, beam):
+    """Beam search drops finished sentences from the batch and keeps per-sentence tensors across beams: the
+    result of each sentence must be what it gets alone."""
+    model = _model(**fields)
+    src, _ = _batch()
+    weights = fields["attention"] != "none"
+
+    def generate(s):
+        out = model.generate(s, max_new_tokens=6, beam_size=beam, return_attention=weights)
+        return out if weights else (out, None)
+
+    ids, attn = generate(src)
+    for row, length in enumerate([7, 5, 2]):
+        alone, w = generate(src[row : row + 1, :length])
+        n = alone.size(1)
+        assert torch.equal(ids[row, :n], alone[0]) and bool((ids[row, n:] == 0).all())
+        if weights:
+            torch.testing.assert_close(attn[row, : n - 1, :length], w[0], rtol=0, atol=1e-12)

@@ -42,6 +42,20 @@ class Seq2SeqState:
         rnn = tuple(pick(r, 1) for r in self.rnn) if isinstance(self.rnn, tuple) else pick(self.rnn, 1)
         return Seq2SeqState(pick(self.memory), pick(self.mask), rnn, pick(self.feed), pick(self.keys_proj))
 
+    def select_beams(self, rows: Tensor, k: int) -> Seq2SeqState:
+        """:meth:`select` for beam search, whose rows come in blocks of ``k`` beams per sentence: when every
+        row stays in its sentence's block, the per-sentence tensors (memory, mask, keys) are equal across the
+        block and are kept as they are; only the recurrent state and the feed follow the parents."""
+        n = rows.numel()
+        if n != self.memory.size(0) or not bool(
+            (rows // k == torch.arange(n, device=rows.device) // k).all()
+        ):
+            return self.select(rows)  # sentences left the batch: everything follows
+        rnn = tuple(r.index_select(1, rows) for r in self.rnn) if isinstance(self.rnn, tuple) else None
+        rnn = rnn if rnn is not None else self.rnn.index_select(1, rows)
+        feed = None if self.feed is None else self.feed.index_select(0, rows)
+        return Seq2SeqState(self.memory, self.mask, rnn, feed, self.keys_proj)
+
 
 class DecodeMixin:
     """Teacher-forced loop and generation for Seq2Seq (which supplies start, step, rnn, attn, global_attn)."""
@@ -139,7 +153,7 @@ class DecodeMixin:
                 out = beam_search(
                     step,
                     state.select(rows),
-                    Seq2SeqState.select,
+                    lambda st, r: st.select_beams(r, beam_size),
                     batch_size=b,
                     beam_size=beam_size,
                     max_len=max_new_tokens,
