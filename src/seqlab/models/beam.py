@@ -59,6 +59,7 @@ __all__ = [
     "greedy_search",
     "length_penalty_gnmt",
     "never",
+    "search",
 ]
 
 StepFn = Callable[[Tensor, Any], tuple[Tensor, Any, Tensor | None]]
@@ -326,6 +327,28 @@ def _backtrack(
         return torch.empty(b, 0, dtype=torch.long, device=end_step.device), None
     ex = torch.stack(collected[::-1], dim=1) if collected else None  # (b, n, ...)
     return torch.stack(tokens[::-1], dim=1), ex
+
+
+def search(
+    step: StepFn,
+    state: Any,
+    reorder: ReorderFn,
+    *,
+    batch_size: int,
+    beam_size: int,
+    expand: ReorderFn | None = None,
+    **options,
+) -> Decoded:
+    """Greedy search when ``beam_size`` is 1, else :func:`beam_search` from ``state`` (one row per sentence)
+    expanded to k rows per sentence by ``expand(state, rows)`` (default ``reorder``). ``options``: the ids,
+    ``max_len``, ``length_penalty`` and ``device`` of the two searches (greedy has no length penalty)."""
+    _check_sizes(beam_size=beam_size)
+    if beam_size == 1:
+        options.pop("length_penalty", None)
+        return greedy_search(step, state, batch_size=batch_size, **options)
+    rows = beam_rows(batch_size, beam_size, options.get("device"))  # (b k,)
+    state = (expand or reorder)(state, rows)
+    return beam_search(step, state, reorder, batch_size=batch_size, beam_size=beam_size, **options)
 
 
 def never(logp: Tensor, *ids: int) -> Tensor:

@@ -130,36 +130,33 @@ class DecodeMixin:
         ``beam_size`` 1 is greedy decoding; wider beams are batched over sentences and beams, finished
         hypotheses compared by log p / lp(|Y|) with GNMT's length penalty (``seqlab.models.beam``).
         """
-        from seqlab.models.beam import beam_search, greedy_search, never
+        from seqlab.models.beam import never, search
 
         c = self.config
         if return_attention and c.attention == "none":
             raise ValueError("this model has no attention (attention='none'): there are no weights to return")
+
+        def step(tokens: Tensor, st):
+            logits, st, w = self.step(tokens, st)
+            return never(logits.float().log_softmax(-1), c.pad_id, c.bos_id), st, w
+
         was_training = self.training
         self.eval()
         try:
-            state = self.start(src, src_mask)
-            b = src.size(0)
-
-            def step(tokens: Tensor, st):
-                logits, st, w = self.step(tokens, st)
-                return never(logits.float().log_softmax(-1), c.pad_id, c.bos_id), st, w
-
-            ids = {"bos_id": c.bos_id, "eos_id": c.eos_id, "pad_id": c.pad_id, "device": src.device}
-            if beam_size == 1:
-                out = greedy_search(step, state, batch_size=b, max_len=max_new_tokens, **ids)
-            else:
-                rows = torch.arange(b, device=src.device).repeat_interleave(beam_size)
-                out = beam_search(
-                    step,
-                    state.select(rows),
-                    lambda st, r: st.select_beams(r, beam_size),
-                    batch_size=b,
-                    beam_size=beam_size,
-                    max_len=max_new_tokens,
-                    length_penalty=length_penalty,
-                    **ids,
-                )
+            out = search(
+                step,
+                self.start(src, src_mask),
+                lambda st, rows: st.select_beams(rows, beam_size),
+                expand=Seq2SeqState.select,
+                batch_size=src.size(0),
+                beam_size=beam_size,
+                bos_id=c.bos_id,
+                eos_id=c.eos_id,
+                pad_id=c.pad_id,
+                max_len=max_new_tokens,
+                length_penalty=length_penalty,
+                device=src.device,
+            )
         finally:
             self.train(was_training)
         return (out.tokens, out.extras) if return_attention else out.tokens

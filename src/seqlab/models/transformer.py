@@ -35,7 +35,7 @@ from seqlab.layers.attention import KVCache, MultiheadAttention
 from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.positional import SinusoidalPositionalEncoding
 from seqlab.layers.transformer_blocks import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer
-from seqlab.models.beam import Decoded, StepFn, beam_rows, beam_search, greedy_search, never
+from seqlab.models.beam import Decoded, StepFn, never, search
 from seqlab.models.generation import check_token_ids
 from seqlab.validation import (
     check_choices,
@@ -236,16 +236,13 @@ class Transformer(nn.Module):
         ``beam_size`` 1 is greedy decoding; wider beams rank by log p and choose by log p / lp(|Y|) with
         GNMT's length penalty α = ``length_penalty`` (:mod:`seqlab.models.beam`).
         """
-        greedy = beam_size == 1
-        out = self._search(
-            src, src_mask, max_new_tokens, None if greedy else beam_size, length_penalty, return_attention
-        )
+        out = self._search(src, src_mask, max_new_tokens, beam_size, length_penalty, return_attention)
         return (out.tokens, out.extras) if return_attention else out.tokens
 
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, max_len: int, src_mask: Tensor | None = None) -> Tensor:
         """(b, s) -> (b, 1 + n ≤ 1 + max_len): bos, then the argmax token each step; pad after eos."""
-        return self._search(src, src_mask, max_len, beam_size=None).tokens
+        return self._search(src, src_mask, max_len, beam_size=1).tokens
 
     @torch.no_grad()
     def beam_search(
@@ -269,37 +266,29 @@ class Transformer(nn.Module):
         src: Tensor,
         src_mask: Tensor | None,
         max_len: int,
-        beam_size: int | None,
+        beam_size: int,
         length_penalty: float = 0.6,
         need_weights: bool = False,
     ) -> Decoded:
-        """Greedy search (``beam_size`` None) or beam search, in eval mode, through :mod:`seqlab.models.beam`."""
+        """Greedy search (``beam_size`` 1) or beam search, in eval mode, through :mod:`seqlab.models.beam`."""
         c = self.config
         src_mask = self.source_mask(src, src_mask)
-        b = src.size(0)
-        ids = {
-            "bos_id": c.bos_id,
-            "eos_id": c.eos_id,
-            "pad_id": c.pad_id,
-            "max_len": max_len,
-            "device": src.device,
-        }
         was_training = self.training
         self.eval()
         try:
             memory = self.encode(src, src_mask)  # (b, s, d)
-            step = self._step_fn(need_weights)
-            if beam_size is None:
-                return greedy_search(step, (None, memory, src_mask), batch_size=b, **ids)
-            rows = beam_rows(b, beam_size, src.device)  # (b k,)
-            return beam_search(
-                step,
-                (None, memory[rows], src_mask[rows]),
+            return search(
+                self._step_fn(need_weights),
+                (None, memory, src_mask),
                 self._reorder,
-                batch_size=b,
+                batch_size=src.size(0),
                 beam_size=beam_size,
+                bos_id=c.bos_id,
+                eos_id=c.eos_id,
+                pad_id=c.pad_id,
+                max_len=max_len,
                 length_penalty=length_penalty,
-                **ids,
+                device=src.device,
             )
         finally:
             self.train(was_training)
