@@ -93,7 +93,7 @@ def test_resume_continues_to_more_steps(run, tmp_path, capsys):
     "argv,message",
     [
         (["translate", "--text", ""], "give a sentence to translate"),
-        (["translate", "--text", "the cat " * 40], "this model accepts at most 64"),
+        (["translate", "--text", "the cat " * 40], "this model accepts at most max_src_len=64"),
         (["translate", "--file", "/nonexistent/file.txt"], "No such file"),
     ],
 )

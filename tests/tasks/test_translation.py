@@ -156,7 +156,7 @@ def test_bad_settings_are_refused(kwargs, message):
 
 def test_too_long_source_for_the_model(task):
     model = create("test-seq2seq", max_src_len=4, **task.model_overrides())
-    with pytest.raises(ValueError, match="at most 4"):
+    with pytest.raises(ValueError, match="at most max_src_len=4"):
         translate(model, task.tokenizer, ["the cat sees the big red dog under the tree"])
 
 
@@ -165,3 +165,11 @@ def test_a_file_whose_pairs_all_land_outside_training_is_refused(tmp_path):
     path.write_text("a\tb\n" * 50, encoding="utf-8")
     with pytest.raises(ValueError, match=r"training split .* is empty"):
         create_task("translation", source=str(path))
+
+
+def test_too_long_source_for_the_transformer(task):
+    model = create("test-transformer", max_seq_len=6, **task.model_overrides())
+    with pytest.raises(
+        ValueError, match=r"the source has .* tokens; this model accepts at most max_seq_len=6"
+    ):
+        translate(model, task.tokenizer, ["the cat", "the cat sees the big red dog under the tree"])

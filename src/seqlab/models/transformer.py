@@ -161,6 +161,11 @@ class Transformer(nn.Module):
             got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
             raise ValueError(f"src must be token ids of shape (b, s) with s >= 1, got {got}")
         check_token_ids(src, self.config.vocab_size)
+        if src.size(1) > self.config.max_seq_len:
+            raise ValueError(
+                f"the source has {src.size(1)} tokens; this model accepts at most "
+                f"max_seq_len={self.config.max_seq_len}"
+            )
         mask = src != self.config.pad_id if src_mask is None else src_mask
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != src.shape:
             got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__

@@ -267,17 +267,15 @@ def translate(
 ) -> list[str] | tuple[list[str], list[tuple[list[str], list[str], Tensor]]]:
     """Translate ``texts`` with ``model.generate``, batched by length; results in input order.
 
-    ``max_new_tokens`` defaults to twice the longest source plus 10. With ``return_attention`` also, per
-    sentence, (source tokens, target tokens, attention (n_target, n_source)) for alignment pictures.
+    The longest batch goes first, so a source longer than the model accepts is refused (by the model's own
+    check) before any other is decoded. ``max_new_tokens`` defaults to twice the batch's longest source plus
+    10. With ``return_attention`` also, per sentence, (source tokens, target tokens, attention (n_target,
+    n_source)) for alignment pictures.
     """
     if isinstance(texts, str) or not all(isinstance(t, str) and t.strip() for t in texts):
         raise ValueError("texts must be a list of non-empty strings")
     ids = tokenizer.source.encode_batch(list(texts))
-    max_src = getattr(model.config, "max_src_len", None) or getattr(model.config, "max_seq_len", None)
-    if max_src is not None and max(len(i) for i in ids) + 1 > max_src:
-        n = max(len(i) for i in ids) + 1
-        raise ValueError(f"a text has {n} source tokens (with </s>); this model accepts at most {max_src}")
-    order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
+    order = sorted(range(len(texts)), key=lambda i: len(ids[i]), reverse=True)
     out: list[str] = [""] * len(texts)
     maps: list = [None] * len(texts)
     dev = model_device(model)
