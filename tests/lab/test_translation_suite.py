@@ -53,3 +53,28 @@ def test_table_and_plot_from_records(tmp_path):
     table = write_table(tmp_path, records, 1.0).read_text(encoding="utf-8")
     assert "| Luong | 16 | 1,002 | 10 | 1.0 | 3.000 | 7.00 | 20.0 | 6.0 | 3.0 |" in table
     assert write_plot(tmp_path, records).stat().st_size > 1000
+
+
+def test_a_finished_contender_is_read_back_with_its_own_settings(tmp_path, monkeypatch):
+    """Running the suite again reuses a finished run: no new calibration that could ask for fewer steps than
+    the checkpoint holds, the same step count and the run untouched."""
+    from seqlab.lab import translation
+
+    lines = [
+        f"{' '.join(['word'] * n)} {i}\t{' '.join(['palabra'] * n)} {i}" for i in range(40) for n in (2, 5)
+    ]
+    path = tmp_path / "p.tsv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setattr(translation, "TASK", {"name": "translation", "source": str(path), "vocab_size": 300})
+    fields = {"d_model": 16, "dropout": 0.0, "max_src_len": 64}
+    first = translation._run("Bahdanau", fields, tmp_path, minutes=0.01, seed=0)
+    assert first["steps"] == 50 and first["summary"]["step"] == 50
+    latest = (tmp_path / "runs" / "bahdanau" / "latest").read_text()
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("a finished run was calibrated again")
+
+    monkeypatch.setattr(translation, "_planned", no_calibration)
+    again = translation._run("Bahdanau", fields, tmp_path, minutes=5.0, seed=0)
+    assert again["steps"] == 50 and again["summary"]["step"] == 50
+    assert (tmp_path / "runs" / "bahdanau" / "latest").read_text() == latest

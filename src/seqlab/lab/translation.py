@@ -65,26 +65,40 @@ def match_width(preset: str, fields: dict[str, Any], target: int, vocab: int) ->
 
 
 def _run(label: str, fields: dict[str, Any], out: Path, minutes: float, seed: int) -> dict[str, Any]:
-    """Train one contender for ``minutes`` in this process (one thread); its record."""
+    """Train one contender for ``minutes`` in this process (one thread); its record. A run already in
+    ``out`` continues (or, finished, is read back) with the settings it was started with."""
     from seqlab.run import build_run
     from seqlab.training import Trainer
-    from seqlab.training.checkpoint import resumable_checkpoint
+    from seqlab.training.checkpoint import load_config, resumable_checkpoint
 
     torch.set_num_threads(1)
     logging.getLogger("seqlab.train").setLevel(logging.WARNING)
+    where = out / "runs" / slug(label)
+    started = (where / "latest").is_file()
+    run = (
+        load_config(resumable_checkpoint(where))["run"] if started else _planned(label, fields, minutes, seed)
+    )
+    model, task, train = build_run(run)
+    t0 = time.perf_counter()
+    summary = Trainer(model, task, train, where, run).fit(resume=started)
+    return {"label": label, "steps": train.steps, "seconds": time.perf_counter() - t0, "summary": summary}
+
+
+def _planned(label: str, fields: dict[str, Any], minutes: float, seed: int) -> dict[str, Any]:
+    """The run dict of a contender, its steps those that a calibration says fit in ``minutes``."""
+    from seqlab.run import build_run
+
     preset = CONTENDERS[label][0]
-    lr = LR["transformer" if preset.startswith("transformer") else "seq2seq"]
     run = {
         "model": {"name": preset, **fields},
         "task": {**TASK, "seed": seed},
         "train": {"steps": 30, "seed": seed},
     }
-    model, task, train = build_run(run)
-    sec = _seconds_per_step(model, task)
-    steps = max(50, int(60 * minutes / sec))
+    model, task, _ = build_run(run)
+    steps = max(50, int(60 * minutes / _seconds_per_step(model, task)))
     run["train"] = {
         "steps": steps,
-        "lr": lr,
+        "lr": LR["transformer" if preset.startswith("transformer") else "seq2seq"],
         "warmup_steps": min(400, steps // 10),
         "eval_every": 0,
         "save_every": steps,
@@ -93,13 +107,7 @@ def _run(label: str, fields: dict[str, Any], out: Path, minutes: float, seed: in
         "seed": seed,
         "device": "cpu",
     }
-    model, task, train = build_run(run)
-    where = out / "runs" / slug(label)
-    t0 = time.perf_counter()
-    summary = Trainer(model, task, train, where, run).fit(
-        resume=resumable_checkpoint(where) if (where / "latest").is_file() else False
-    )
-    return {"label": label, "steps": steps, "seconds": time.perf_counter() - t0, "summary": summary}
+    return run
 
 
 def _seconds_per_step(model, task, n: int = 8) -> float:
