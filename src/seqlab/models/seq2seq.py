@@ -48,6 +48,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.recurrent import GRU, LSTM, RNN
 from seqlab.layers.rnn_attention import AdditiveAttention, AttentionalHidden
@@ -233,8 +234,6 @@ class Seq2Seq(DecodeMixin, nn.Module):
                 f"the source has {src.size(1)} tokens; this model accepts at most max_src_len={c.max_src_len}"
             )
         mask = src != c.pad_id if src_mask is None else src_mask
-        from seqlab.layers.masks import check_padding_mask
-
         check_padding_mask(mask, *src.shape, device=src.device)
         if not bool(mask[:, 0].all()):
             raise ValueError("every source sentence needs at least one real token (a mask row is all False)")
