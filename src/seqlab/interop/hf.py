@@ -7,7 +7,8 @@
 
 ``CONVERTERS`` maps a transformers class name to its converter; dispatch is on the name, so transformers is
 never imported here (it is an optional extra: ``pip install seqlab[hf]``), and each converter module imports
-only seqlab. Supported now: MambaForCausalLM.
+only seqlab. Supported now: MambaForCausalLM, GPT2LMHeadModel, LlamaForCausalLM, BertModel, ViTModel,
+ViTForImageClassification.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from seqlab.interop.hf_bert import convert_bert
 from seqlab.interop.hf_gpt2 import convert_gpt2
 from seqlab.interop.hf_llama import convert_llama
 from seqlab.interop.hf_mamba import convert_mamba
+from seqlab.interop.hf_vit import convert_vit
 
 __all__ = ["CONVERTERS", "from_hf"]
 
@@ -28,6 +30,8 @@ CONVERTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "GPT2LMHeadModel": convert_gpt2,
     "LlamaForCausalLM": convert_llama,
     "BertModel": convert_bert,
+    "ViTModel": convert_vit,
+    "ViTForImageClassification": convert_vit,
 }
 
 
