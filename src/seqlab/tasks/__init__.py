@@ -9,7 +9,7 @@ from seqlab.tasks.base import Task
 
 
 def _registry() -> dict[str, Any]:
-    from seqlab.tasks import images, probes, synthetic, text, translation
+    from seqlab.tasks import images, probes, synthetic, text, translation, vision
 
     return {
         "shakespeare": lambda **kw: text.CharLMTask(source="shakespeare", **kw),
@@ -21,6 +21,7 @@ def _registry() -> dict[str, Any]:
         "induction": probes.InductionHeadsTask,
         "seq_image": images.SequentialImageTask,
         "translation": translation.TranslationTask,
+        "image_classification": vision.ImageClassificationTask,
     }
 
 

@@ -1,0 +1,458 @@
+r"""Image captioning, one image to many words: Show and Tell, Show, Attend and Tell, and a ViT-to-Transformer model.
+
+Notation: ``b`` batch, ``L`` image regions (the annotation grid, g² of them), ``D`` annotation width,
+``t`` caption positions, ``e`` d_embed, ``d`` d_model (the decoder), ``v`` vocabulary.
+
+Encoder (``encoder``), an image to annotation vectors a (b, L, D):
+* 'cnn' — :class:`seqlab.layers.conv.ConvGridEncoder`, a grid of g × g regions of a small VGG-style network;
+  a learned position per region is added (see deviations);
+* 'vit' — the Vision Transformer's normalized patch tokens (:class:`seqlab.models.vit.ViT`, mean pooling, so
+  there is no class token and every token is a patch: L = (S / P)²).
+
+Decoder (``decoder`` and ``attention``):
+
+* 'lstm' + 'none' — Show and Tell (Vinyals et al. 2015, arXiv 1411.4555, eqs. 10-12): the image is the
+  LSTM's input once, before the first word, and never again (the bottleneck):
+      x_{-1} = W_I vec(a);   (h, c)_{-1} = LSTM(x_{-1}, 0);   h_t = LSTM(E y_{t-1}, h_{t-1});   logits = W_o h_t
+* 'lstm' + 'soft' — Show, Attend and Tell (Xu et al. 2015, arXiv 1502.03044), soft deterministic attention:
+      h_0, c_0 = tanh(W_h ā), tanh(W_c ā),  ā = mean_i a_i                                      (section 3.1.2)
+      e_ti = w_aᵀ tanh(W_a a_i + U_a h_{t-1}),  α_t = softmax_i(e_t)                                   (eq. 4-5)
+      β_t = σ(f_β(h_{t-1})),  ẑ_t = β_t Σ_i α_ti a_i           (the gating scalar, section 4.2.1)
+      h_t, c_t = LSTM([E y_{t-1}; ẑ_t], (h_{t-1}, c_{t-1}))                                          (eq. 1-3)
+      logits = L_o dropout(E y_{t-1} + L_h h_t + L_z ẑ_t)                      (the deep output, eq. 7)
+  and the doubly stochastic regularization λ Σ_i (1 − Σ_t α_ti)² (eq. 14), which the captioning task adds to
+  the loss with λ = ``config.attention_penalty`` from the weights ``forward(..., return_attention=True)``.
+* 'transformer' (+ 'soft') — the VLM step: a pre-norm causal Transformer decoder whose cross-attention reads
+  the image tokens (Vaswani et al. 2017's decoder over ViT patches, the shape of later vision–language
+  models); learned positions, tied output embedding. Its attention for pictures is the last layer's
+  cross-attention averaged over heads.
+
+Deviations: the paper's annotations come from a pretrained VGG's conv5_4 without position information beyond
+what the features carry; here the network trains from scratch on small images, and 'cnn' adds a learned
+position vector to every region so that the spatial relations a caption names ("left of", "above") can be
+read from what the attention picks. The ViT has its own positions. Show and Tell's image vector is the
+flattened grid through one linear map (a fully connected layer over the feature map, as a VGG's fc layers
+see it) rather than a pooled GoogLeNet feature: one vector either way, the bottleneck that attention removes.
+
+Interface: ``model(images (b, c, S, S), tgt_in (b, t), return_attention=False) -> logits (b, t, v)
+[, α (b, t, L)]``; ``start(images) -> CaptionState``; ``step(tokens (b,), state) -> (logits (b, v), state,
+α (b, L) or None)``, O(1) in the caption length for the LSTMs; ``generate(images, max_new_tokens, beam_size,
+length_penalty, return_attention)`` through the beam search every encoder–decoder shares
+(``seqlab.models.beam``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqlab.layers.attention import KVCache
+from seqlab.layers.conv import ConvGridEncoder
+from seqlab.layers.norms import LayerNorm
+from seqlab.layers.recurrent import LSTM
+from seqlab.layers.recurrent_cells import _lstm_update
+from seqlab.layers.rnn_attention import AdditiveAttention
+from seqlab.layers.transformer_blocks import TransformerDecoderLayer
+from seqlab.models.generation import check_token_ids
+from seqlab.models.vit import ViT, ViTConfig
+from seqlab.validation import check_choices, check_divisible, check_dropout, check_positive_ints
+
+__all__ = ["PRESETS", "CaptionState", "Captioner", "CaptionerConfig"]
+
+
+@dataclass
+class CaptionerConfig:
+    vocab_size: int = 64
+    image_size: int = 64
+    in_channels: int = 3
+    encoder: Literal["cnn", "vit"] = "cnn"
+    decoder: Literal["lstm", "transformer"] = "lstm"
+    attention: Literal["none", "soft"] = "soft"
+    """'none': Show and Tell (LSTM decoder only); 'soft': attention over the regions at every word."""
+    channels: list[int] = field(default_factory=lambda: [32, 64, 128])
+    """'cnn': channels of each stage; the grid side is image_size / 2^stages."""
+    patch_size: int = 8
+    """'vit': the patch side (L = (image_size / patch_size)²)."""
+    d_encoder: int = 128
+    """'vit': the ViT's width (the annotation width D); 'cnn' uses channels[-1]."""
+    n_encoder_layers: int = 4
+    n_encoder_heads: int = 4
+    d_model: int = 256
+    """The decoder's width: the LSTM's hidden size, or the Transformer decoder's d_model."""
+    d_embed: int | None = None
+    """Word embedding width for the LSTM decoders; None: d_model (the Transformer always uses d_model)."""
+    d_attn: int | None = None
+    """Hidden width of the additive attention score; None: d_model."""
+    n_decoder_layers: int = 2
+    n_heads: int = 4
+    max_len: int = 32
+    """The longest caption the Transformer decoder's positions cover, bos included."""
+    dropout: float = 0.1
+    gate: bool = True
+    """Show, Attend and Tell's gating scalar β_t on the context."""
+    attention_penalty: float = 1.0
+    """λ of the doubly stochastic regularization λ Σ_i (1 − Σ_t α_ti)² (soft LSTM attention; 0: none)."""
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self):
+        check_choices(self)
+        check_positive_ints(
+            self,
+            (
+                "vocab_size",
+                "image_size",
+                "in_channels",
+                "patch_size",
+                "d_encoder",
+                "n_encoder_layers",
+                "n_encoder_heads",
+                "d_model",
+                "n_decoder_layers",
+                "n_heads",
+                "max_len",
+            ),
+        )
+        check_positive_ints(self, ("d_embed", "d_attn"), allow_none=True)
+        check_dropout(self)
+        self.channels = list(self.channels)
+        if self.encoder == "cnn" and self.image_size % (1 << len(self.channels)):
+            raise ValueError(
+                f"image_size={self.image_size} must be divisible by 2^{len(self.channels)} "
+                f"(one halving per CNN stage of channels={self.channels})"
+            )
+        if self.encoder == "vit" and self.image_size % self.patch_size:
+            raise ValueError(
+                f"image_size={self.image_size} must be a multiple of patch_size={self.patch_size}"
+            )
+        if self.decoder == "transformer":
+            if self.attention != "soft":
+                raise ValueError(
+                    "the Transformer decoder reads the image through cross-attention: attention='soft'"
+                )
+            check_divisible(self.d_model, self.n_heads)
+        if not 0 <= self.attention_penalty < float("inf"):
+            raise ValueError(f"attention_penalty must be a number >= 0, got {self.attention_penalty!r}")
+        ids = (self.pad_id, self.bos_id, self.eos_id)
+        if len(set(ids)) != 3 or not all(0 <= i < self.vocab_size for i in ids):
+            raise ValueError(f"pad_id, bos_id, eos_id must be distinct ids below vocab_size; got {ids}")
+
+    @property
+    def grid(self) -> int:
+        if self.encoder == "cnn":
+            return self.image_size >> len(self.channels)
+        return self.image_size // self.patch_size
+
+
+@dataclass
+class CaptionState:
+    """What the decoder carries from one word to the next: the annotations (b, L, D) and their share of the
+    attention score (b, L, A) (the LSTMs), the LSTM's (h, c) (b, d) each, or the Transformer decoder's layer
+    caches (self-attention keys and values, projected memory)."""
+
+    memory: Tensor
+    keys_proj: Tensor | None = None
+    rnn: tuple[Tensor, Tensor] | None = None
+    caches: list | None = None
+
+    def select(self, rows: Tensor) -> CaptionState:
+        """The state of the given rows (N,) long (repeats allowed): beams follow their parents."""
+
+        def pick(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.index_select(0, rows)
+
+        def pick_cache(cache: KVCache | None) -> KVCache | None:
+            return None if cache is None else KVCache(cache.k[rows], cache.v[rows], cache.pos)
+
+        rnn = None if self.rnn is None else (pick(self.rnn[0]), pick(self.rnn[1]))
+        caches = None if self.caches is None else [(pick_cache(a), pick_cache(b)) for a, b in self.caches]
+        return CaptionState(pick(self.memory), pick(self.keys_proj), rnn, caches)
+
+
+class Captioner(nn.Module):
+    """An image captioner; see the module docstring.
+
+    Examples::
+
+        >>> model = Captioner(CaptionerConfig(vocab_size=20, image_size=16, channels=[8, 16], d_model=32))
+        >>> logits, alpha = model(torch.rand(2, 3, 16, 16), torch.ones(2, 5, dtype=torch.long), return_attention=True)
+        >>> logits.shape, alpha.shape
+        (torch.Size([2, 5, 20]), torch.Size([2, 5, 16]))
+    """
+
+    family = "captioner"
+
+    def __init__(self, config: CaptionerConfig, device=None, dtype=None):
+        super().__init__()
+        self.config = c = config
+        kw = {"device": device, "dtype": dtype}
+        if c.encoder == "cnn":
+            self.cnn = ConvGridEncoder(c.in_channels, c.channels, **kw)
+            self.region_pos = nn.Parameter(torch.randn(c.grid**2, c.channels[-1], **kw) * 0.02)
+            d_ann = c.channels[-1]
+        else:
+            vit = ViTConfig(
+                image_size=c.image_size,
+                patch_size=c.patch_size,
+                in_channels=c.in_channels,
+                n_classes=0,  # a backbone: the tokens, no head
+                d_model=c.d_encoder,
+                n_layers=c.n_encoder_layers,
+                n_heads=c.n_encoder_heads,
+                pool="mean",  # no class token: every token is a patch the decoder can attend to
+                position="sincos",
+                dropout=c.dropout,
+            )
+            self.vit = ViT(vit, **kw)
+            d_ann = c.d_encoder
+        self.d_ann, d, e = d_ann, c.d_model, c.d_embed or c.d_model
+        self.drop = nn.Dropout(c.dropout)
+        if c.decoder == "transformer":
+            self.embed = nn.Embedding(c.vocab_size, d, **kw)
+            self.pos = nn.Parameter(torch.randn(c.max_len, d, **kw) * 0.02)
+            self.memory_proj = nn.Linear(d_ann, d, **kw) if d_ann != d else nn.Identity()
+            self.layers = nn.ModuleList(
+                TransformerDecoderLayer(
+                    d, c.n_heads, dropout=c.dropout, activation="gelu", norm_first=True, **kw
+                )
+                for _ in range(c.n_decoder_layers)
+            )
+            self.norm = LayerNorm(d, **kw)
+            return
+        self.embed = nn.Embedding(c.vocab_size, e, **kw)
+        if c.attention == "none":  # Show and Tell
+            self.image_proj = nn.Linear(c.grid**2 * d_ann, e, **kw)  # W_I vec(a)
+            self.lstm = LSTM(e, d, **kw)
+            self.out = nn.Linear(d, c.vocab_size, **kw)
+        else:  # Show, Attend and Tell
+            self.init_h, self.init_c = nn.Linear(d_ann, d, **kw), nn.Linear(d_ann, d, **kw)
+            self.attn = AdditiveAttention(d, d_ann, c.d_attn or d, **kw)
+            self.beta = nn.Linear(d, 1, **kw) if c.gate else None
+            self.lstm = LSTM(e + d_ann, d, **kw)
+            self.out_h, self.out_z = nn.Linear(d, e, **kw), nn.Linear(d_ann, e, **kw)  # L_h, L_z
+            self.out = nn.Linear(e, c.vocab_size, **kw)  # L_o
+
+    # ---- the image ------------------------------------------------------------------------------------------
+
+    def check_images(self, images: Tensor) -> Tensor:
+        c = self.config
+        want = (c.in_channels, c.image_size, c.image_size)
+        if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != want:
+            got = (
+                f"{images.dtype} {tuple(images.shape)}"
+                if isinstance(images, Tensor)
+                else type(images).__name__
+            )
+            raise ValueError(f"expected images (b, {', '.join(map(str, want))}) as floats, got {got}")
+        if not images.is_floating_point():
+            raise ValueError(f"images must be floats (standardized pixels), got {images.dtype}")
+        return images
+
+    def encode(self, images: Tensor) -> Tensor:
+        """(b, c, S, S) -> the annotation vectors a (b, L, D)."""
+        images = self.check_images(images)
+        if self.config.encoder == "cnn":
+            return self.cnn(images) + self.region_pos  # (b, L, D) + (L, D)
+        return self.vit.features(images)  # (b, L, D)
+
+    def start(self, images: Tensor) -> CaptionState:
+        """The decoder's state before the first word (bos): the image read, the initial recurrent state."""
+        a = self.encode(images)  # (b, L, D)
+        c = self.config
+        if c.decoder == "transformer":
+            return CaptionState(self.memory_proj(a), caches=None)
+        if c.attention == "none":
+            x = self.image_proj(a.flatten(1))  # x_{-1} = W_I vec(a): (b, L D) -> (b, e)
+            _, (h, c0) = self.lstm(x.unsqueeze(1))  # the image read once: (b, 1, e) -> (1, b, d) each
+            return CaptionState(a, rnn=(h[0], c0[0]))
+        mean = a.mean(1)  # ā (b, D)
+        h0, c0 = torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (b, d) each
+        return CaptionState(a, keys_proj=self.attn.project_keys(a), rnn=(h0, c0))
+
+    # ---- one word ----------------------------------------------------------------------------------------
+
+    def _attend(self, h: Tensor, state: CaptionState) -> tuple[Tensor, Tensor]:
+        """Show, Attend and Tell's context from h_{t-1} (b, d): ẑ_t (b, D) and α_t (b, L)."""
+        z, alpha = self.attn(h, state.memory, keys_proj=state.keys_proj)  # (b, D), (b, L)
+        if self.beta is not None:
+            z = torch.sigmoid(self.beta(h)) * z  # β_t ẑ_t: (b, 1) * (b, D)
+        return z, alpha
+
+    def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor) -> Tensor:
+        return self.out(self.drop(emb + self.out_h(h) + self.out_z(z)))  # L_o(E y + L_h h + L_z z): (.., v)
+
+    def _lstm_weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        w_ih, w_hh, b_ih, b_hh = self.lstm._layer_params(0, False)
+        return w_ih, w_hh.t(), b_ih + b_hh
+
+    def step(self, tokens: Tensor, state: CaptionState) -> tuple[Tensor, CaptionState, Tensor | None]:
+        """The previous words' last token (b,) -> logits (b, v) for the next word, the new state, α (b, L)."""
+        c = self.config
+        if c.decoder == "transformer":
+            h, caches, w = self._decoder_stack(tokens[:, None], state.memory, state.caches, need_weights=True)
+            return self._head(h[:, -1]), CaptionState(state.memory, caches=caches), w[:, :, -1].mean(1)
+        emb = self.embed(tokens)  # (b, e)
+        w_ih, w_hh_t, bias = self._lstm_weights()
+        h, cell = state.rnn
+        if c.attention == "none":
+            h, cell = _lstm_update(F.linear(emb, w_ih, bias), h, cell, w_hh_t)
+            return self.out(self.drop(h)), CaptionState(state.memory, rnn=(h, cell)), None
+        z, alpha = self._attend(h, state)
+        h, cell = _lstm_update(F.linear(torch.cat([emb, z], -1), w_ih, bias), h, cell, w_hh_t)
+        logits = self._deep_output(emb, h, z)
+        return logits, CaptionState(state.memory, state.keys_proj, (h, cell)), alpha
+
+    # ---- teacher forcing -----------------------------------------------------------------------------------
+
+    def forward(
+        self, images: Tensor, tgt_in: Tensor, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """images (b, c, S, S), the caption so far tgt_in (b, t) (bos first) -> logits (b, t, v) for the next
+        words; with ``return_attention`` also α (b, t, L), each row summing to one over the regions."""
+        c = self.config
+        check_token_ids(tgt_in, c.vocab_size)
+        if tgt_in.dim() != 2 or tgt_in.size(0) != images.size(0):
+            raise ValueError(
+                f"tgt_in must be (b, t) with b = {images.size(0)} images, got {tuple(tgt_in.shape)}"
+            )
+        if return_attention and c.attention == "none":
+            raise ValueError(
+                "this captioner has no attention (attention='none'): there are no weights to return"
+            )
+        state = self.start(images)
+        if c.decoder == "transformer":
+            if tgt_in.size(1) > c.max_len:
+                raise ValueError(f"a caption of {tgt_in.size(1)} tokens exceeds max_len={c.max_len}")
+            h, _, w = self._decoder_stack(tgt_in, state.memory, None, need_weights=return_attention)
+            logits = self._head(h)
+            return (logits, w.mean(1)) if return_attention else logits
+        emb = self.embed(tgt_in)  # (b, t, e)
+        if c.attention == "none":  # the fused LSTM over the whole caption
+            top, _ = self.lstm(emb, state=tuple(s.unsqueeze(0) for s in state.rnn))  # (b, t, d)
+            return self.out(self.drop(top))
+        logits, alpha = self._attend_loop(emb, state)
+        return (logits, alpha) if return_attention else logits
+
+    def _attend_loop(self, emb: Tensor, state: CaptionState) -> tuple[Tensor, Tensor]:
+        """Show, Attend and Tell over a whole caption: the embeddings' share of the LSTM's input projection is
+        one product for all t; the context's share, the attention and the recurrence stay in the loop."""
+        e = emb.size(-1)
+        w_ih, w_hh_t, bias = self._lstm_weights()
+        gx_emb = F.linear(emb, w_ih[:, :e], bias).unbind(1)  # (b, t, e) x (e, 4d) -> t x (b, 4d)
+        w_z = w_ih[:, e:]  # (4d, D)
+        (h, cell), hs, zs, alphas = state.rnn, [], [], []
+        for gx in gx_emb:
+            z, alpha = self._attend(h, state)  # from h_{t-1}
+            h, cell = _lstm_update(gx + F.linear(z, w_z), h, cell, w_hh_t)
+            hs.append(h)
+            zs.append(z)
+            alphas.append(alpha)
+        h, z = torch.stack(hs, 1), torch.stack(zs, 1)  # (b, t, d), (b, t, D)
+        return self._deep_output(emb, h, z), torch.stack(alphas, 1)  # (b, t, v), (b, t, L)
+
+    def _decoder_stack(
+        self, tokens: Tensor, memory: Tensor, caches: list | None, need_weights: bool = False
+    ) -> tuple[Tensor, list, Tensor | None]:
+        """The Transformer decoder over tokens (b, t) after the cached positions: (b, t, d), the caches, and
+        with ``need_weights`` the last layer's cross-attention (b, h, t, L)."""
+        offset = 0 if caches is None or caches[0][0] is None else int(caches[0][0].pos)
+        t = tokens.size(1)
+        if offset + t > self.config.max_len:
+            raise ValueError(f"captions longer than max_len={self.config.max_len} tokens are not supported")
+        x = self.drop(self.embed(tokens) + self.pos[offset : offset + t])  # (b, t, d)
+        caches = [None] * len(self.layers) if caches is None else caches
+        new, weights = [], None
+        for i, (layer, cache) in enumerate(zip(self.layers, caches, strict=True)):
+            if need_weights and i == len(self.layers) - 1:
+                x, cache, weights = layer(x, memory, state=cache, need_weights=True)
+            else:
+                x, cache = layer(x, memory, state=cache)
+            new.append(cache)
+        return self.norm(x), new, weights
+
+    def _head(self, h: Tensor) -> Tensor:
+        return F.linear(h, self.embed.weight)  # tied: (.., d) x (d, v) -> (.., v)
+
+    # ---- generation (seqlab.models.beam) -------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        images: Tensor,
+        max_new_tokens: int = 24,
+        beam_size: int = 1,
+        length_penalty: float = 0.0,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """images (b, c, S, S) -> caption ids (b, 1 + n): bos, up to ``max_new_tokens`` words, pad after eos;
+        with ``return_attention`` also α (b, n, L) along the returned captions (zeros after eos).
+
+        ``beam_size`` 1 is greedy; wider beams are batched over images and beams and rank finished captions by
+        log p / lp(|Y|) with GNMT's length penalty α = ``length_penalty`` (``seqlab.models.beam``)."""
+        from seqlab.models.beam import never, search
+
+        c = self.config
+        if return_attention and c.attention == "none":
+            raise ValueError(
+                "this captioner has no attention (attention='none'): there are no weights to return"
+            )
+
+        def step(tokens: Tensor, st: CaptionState):
+            logits, st, alpha = self.step(tokens, st)
+            return never(logits.float().log_softmax(-1), c.pad_id, c.bos_id), st, alpha
+
+        was_training = self.training
+        self.eval()
+        try:
+            out = search(
+                step,
+                self.start(images),
+                CaptionState.select,
+                expand=CaptionState.select,
+                batch_size=images.size(0),
+                beam_size=beam_size,
+                bos_id=c.bos_id,
+                eos_id=c.eos_id,
+                pad_id=c.pad_id,
+                max_len=max_new_tokens,
+                length_penalty=length_penalty,
+                device=images.device,
+            )
+        finally:
+            self.train(was_training)
+        return (out.tokens, out.extras) if return_attention else out.tokens
+
+
+def _preset(**fields) -> dict:
+    return fields
+
+
+PRESETS = {
+    # the three contenders of `seqlab compare --suite captioning`, for 64×64 scenes (an 8×8 grid of regions)
+    "show-tell": _preset(encoder="cnn", decoder="lstm", attention="none", d_model=256),
+    "show-attend-tell": _preset(encoder="cnn", decoder="lstm", attention="soft", d_model=256),
+    "vit-captioner": _preset(encoder="vit", decoder="transformer", patch_size=8, d_encoder=128, d_model=128),
+    "test-show-tell": _preset(
+        vocab_size=24, image_size=16, channels=[8, 16], attention="none", d_model=32, dropout=0.0
+    ),
+    "test-show-attend-tell": _preset(vocab_size=24, image_size=16, channels=[8, 16], d_model=32, dropout=0.0),
+    "test-vit-captioner": _preset(
+        vocab_size=24,
+        image_size=16,
+        encoder="vit",
+        decoder="transformer",
+        patch_size=4,
+        d_encoder=32,
+        n_encoder_layers=1,
+        n_encoder_heads=2,
+        d_model=32,
+        n_heads=2,
+        n_decoder_layers=1,
+        dropout=0.0,
+    ),
+}

@@ -1,0 +1,261 @@
+r"""Image classification for image models (the Vision Transformer): Fashion-MNIST, scikit-learn's digits, or a
+folder of images sorted into one sub-folder per class.
+
+Notation: ``b`` batch, ``c`` channels, ``S`` image side, ``K`` classes, ``N`` examples in a split.
+
+Data (read from installed packages or the user's files, never downloaded):
+
+    fashion_mnist   Debian ``dataset-fashion-mnist`` (apt-get install -y dataset-fashion-mnist): 60,000
+                    training and 10,000 test images, 28×28 grey, 10 classes (Xiao et al. 2017, arXiv 1708.07747)
+    digits          PyPI ``scikit-learn``: 1,797 images, 8×8 grey, 10 classes (``load_digits``)
+    folder          ``data_dir/<class name>/<image>`` (PNG, JPEG, ... any mode), every image fitted into
+                    ``image_size``×``image_size`` with its aspect kept; classes are the sorted sub-folder names
+
+Splits, with no image in two of them: 'test' is the source's own test set (Fashion-MNIST's 10,000), or for
+the sources without one a fixed random 20% (seeded by ``seed``); 'val' is ``n_val`` images held out of the
+training set (the same for every seed, so validation numbers compare across runs); 'train' is the rest.
+Pixels are scaled to [0, 1] and standardized with the training split's mean and standard deviation per
+channel. Training batches are augmented when ``augment`` is set: a random shift of up to ``shift`` pixels
+(zero padding, the background of these images) and, with ``flip``, a horizontal flip with probability 1/2.
+
+Batch: ``images`` (b, c, S, S) float, ``y`` (b,) long. The model maps images to logits (b, K); the loss is
+the cross-entropy, the metrics ``loss`` and ``accuracy``. ``tokens_in`` counts images, so the trainer's
+throughput reads images per second. Batch ``i`` of 'train' holds positions ``i b .. i b + b - 1`` of an endless
+sequence of epochs, each a fresh permutation seeded by (seed, epoch); 'val' and 'test' batches run through
+their split in order and wrap around: ``evaluate(model, task.eval_batches(split), split)`` sees each once.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqlab.tasks.base import (
+    Batch,
+    MissingDependencyError,
+    Task,
+    check_choice,
+    check_index,
+    check_int,
+    check_output,
+    check_split,
+    generator_for,
+    model_device,
+)
+from seqlab.tasks.images import FASHION_MNIST_DIR, _load_fashion_mnist
+
+__all__ = ["ImageClassificationTask"]
+
+Source = Literal["fashion_mnist", "digits", "folder"]
+_AUGMENT_STREAM = 1 << 40
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"
+)  # fmt: skip
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+@lru_cache(maxsize=1)
+def _load_digits() -> tuple[Tensor, Tensor]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:
+        raise MissingDependencyError("the digits need scikit-learn: pip install scikit-learn") from e
+    d = load_digits()
+    images = torch.as_tensor(d.images * (255.0 / 16.0)).round().to(torch.uint8)  # (N, 8, 8), 0..16 -> 0..255
+    return images.unsqueeze(1), torch.as_tensor(d.target, dtype=torch.long)  # (N, 1, 8, 8), (N,)
+
+
+def _load_folder(root: str, image_size: int) -> tuple[Tensor, Tensor, list[str]]:
+    from seqlab.tasks.image_files import load_images
+
+    base = Path(root)
+    if not base.is_dir():
+        raise ValueError(f"data_dir {root!r} is not a folder of class sub-folders (data_dir/<class>/<image>)")
+    classes = sorted(p.name for p in base.iterdir() if p.is_dir())
+    files = [
+        (f, k)
+        for k, name in enumerate(classes)
+        for f in sorted((base / name).iterdir())
+        if f.suffix.lower() in IMAGE_SUFFIXES
+    ]
+    if len(classes) < 2 or not files:
+        raise ValueError(
+            f"{root!r} holds {len(classes)} class sub-folder(s) and {len(files)} image(s): image "
+            "classification needs at least two sub-folders of images (data_dir/<class>/<image>.png)"
+        )
+    images = load_images([f for f, _ in files], image_size)  # (N, 3, S, S) uint8
+    return images, torch.tensor([k for _, k in files]), classes
+
+
+class ImageClassificationTask(Task):
+    """Classify whole images; see the module docstring. Trains the families that map images to classes."""
+
+    name = "image_classification"
+    model_families = ("vit",)
+    derived = ("n_classes", "n_train", "image_size", "in_channels", "baseline_loss")
+
+    def __init__(
+        self,
+        source: Source = "fashion_mnist",
+        batch_size: int = 128,
+        seed: int = 0,
+        n_val: int = 5000,
+        augment: bool = True,
+        shift: int = 2,
+        flip: bool | None = None,
+        image_size: int = 32,
+        data_dir: str | None = None,
+    ):
+        check_choice("source", source, Source)
+        self.source, self.seed = source, check_int("seed", seed, 0)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.augment, self.shift = bool(augment), check_int("shift", shift, 0)
+        self.flip = (
+            source == "fashion_mnist" if flip is None else bool(flip)
+        )  # digits are not mirror-symmetric
+        if source == "folder" and data_dir is None:
+            raise ValueError("source='folder' needs data_dir=PATH, a folder with one sub-folder per class")
+        self.data_dir = data_dir or (FASHION_MNIST_DIR if source == "fashion_mnist" else None)
+        self.classes = [str(k) for k in range(10)]
+        if source == "fashion_mnist":
+            self.classes = list(FASHION_MNIST_CLASSES)
+            data = _load_fashion_mnist(self.data_dir)
+            train, test = data["train"], data["test"]
+            train = (train[0].unsqueeze(1), train[1])  # (N, 1, 28, 28)
+            test = (test[0].unsqueeze(1), test[1])
+        else:
+            if source == "digits":
+                images, labels = _load_digits()
+            else:
+                images, labels, self.classes = _load_folder(
+                    self.data_dir, check_int("image_size", image_size, 4)
+                )
+            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(12345))
+            cut = len(labels) // 5  # a fixed 20% test split, the same for every seed
+            test = (images[order[:cut]], labels[order[:cut]])
+            train = (images[order[cut:]], labels[order[cut:]])
+        self.image_size = train[0].shape[-1] if source != "folder" else image_size
+        self.n_val = check_int("n_val", n_val, 1)
+        if self.n_val >= len(train[1]):
+            raise ValueError(
+                f"n_val={n_val} leaves no training images: {source} has {len(train[1])} for training"
+            )
+        self._splits = {
+            "train": (train[0][self.n_val :], train[1][self.n_val :]),
+            "val": (train[0][: self.n_val], train[1][: self.n_val]),
+            "test": test,
+        }
+        pixels = self._splits["train"][0].double() / 255.0  # (N, c, S, S)
+        self._mean = pixels.mean((0, 2, 3)).float().view(1, -1, 1, 1)  # (1, c, 1, 1)
+        self._std = pixels.std((0, 2, 3)).clamp_min(1e-6).float().view(1, -1, 1, 1)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def n_train(self) -> int:
+        return len(self._splits["train"][1])
+
+    @property
+    def in_channels(self) -> int:
+        return self._splits["train"][0].shape[1]
+
+    @property
+    def baseline_loss(self) -> float:
+        return math.log(self.n_classes)
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"n_classes": self.n_classes, "in_channels": self.in_channels, "image_size": self.image_size}
+
+    def eval_batches(self, split: str = "val") -> int:
+        """Batches that cover a split once: ceil(N / batch_size)."""
+        return -(-len(self._splits[check_split(split)][1]) // self.batch_size)
+
+    def tokens_in(self, batch: Batch) -> int:
+        return batch["images"].shape[0]
+
+    def _augment(self, x: Tensor, g: torch.Generator) -> Tensor:
+        """Random shifts of up to ``shift`` pixels (zero padding) and horizontal flips, per image."""
+        b, _, h, w = x.shape
+        s = self.shift
+        if s:
+            padded = F.pad(x, (s, s, s, s))  # (b, c, h + 2s, w + 2s)
+            dy, dx = torch.randint(0, 2 * s + 1, (2, b), generator=g)
+            x = torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(b)])
+        if self.flip:
+            flip = torch.rand(b, generator=g) < 0.5
+            x = torch.where(flip.view(b, 1, 1, 1), x.flip(-1), x)
+        return x
+
+    def get_batch(self, split: str, index: int) -> Batch:
+        index, split = check_index(index), check_split(split)
+        images, labels = self._splits[split]
+        n, b = len(labels), self.batch_size
+        positions = torch.arange(index * b, index * b + b)  # (b,) positions in the endless stream
+        if split == "train":
+            epochs, within = positions // n, positions % n
+            rows = torch.empty(b, dtype=torch.long)
+            for epoch in epochs.unique().tolist():
+                order = torch.randperm(n, generator=generator_for(self.seed, "train", epoch))
+                rows[epochs == epoch] = order[within[epochs == epoch]]
+        else:
+            rows = positions % n
+        x = images[rows].float() / 255.0  # (b, c, S, S) in [0, 1]
+        if split == "train" and self.augment:
+            # a stream apart from the epochs' permutations (seeded by (seed, 'train', epoch))
+            x = self._augment(x, generator_for(self.seed + _AUGMENT_STREAM, "train", index))
+        return {"images": (x - self._mean) / self._std, "y": labels[rows].clone()}
+
+    def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
+        device = model_device(model)
+        x, y = batch["images"].to(device), batch["y"].to(device)
+        what = f"(b, n_classes={self.n_classes})"
+        logits = check_output("image_classification", model(x), (x.shape[0], self.n_classes), what).float()
+        loss = F.cross_entropy(logits, y)
+        with torch.no_grad():
+            accuracy = (logits.argmax(-1) == y).float().mean()
+        return loss, {"loss": loss.item(), "accuracy": accuracy.item()}, None
+
+    @torch.no_grad()
+    def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
+        """Loss and accuracy over the first ``max_batches`` batches of ``split``, each image counted once
+        (the last batch of a split wraps around: its repeats are left out)."""
+        check_int("max_batches", max_batches, 1)
+        n = min(len(self._splits[check_split(split)][1]), max_batches * self.batch_size)
+        was_training = model.training
+        model.eval()
+        loss = correct = seen = 0.0
+        try:
+            for index in range(max_batches):
+                batch = self.get_batch(split, index)
+                keep = min(self.batch_size, n - int(seen))
+                if keep <= 0:
+                    break
+                x, y = (
+                    batch["images"][:keep].to(model_device(model)),
+                    batch["y"][:keep].to(model_device(model)),
+                )
+                logits = model(x).float()
+                loss += F.cross_entropy(logits, y, reduction="sum").item()
+                correct += (logits.argmax(-1) == y).sum().item()
+                seen += keep
+        finally:
+            model.train(was_training)
+        return {f"{split}_loss": loss / seen, f"{split}_accuracy": correct / seen}
+
+    def mean_std(self) -> tuple[list[float], list[float]]:
+        """The per-channel standardization (training split), to apply to a user's images the same way."""
+        return self._mean.flatten().tolist(), self._std.flatten().tolist()
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["classes"] = self.classes
+        info["mean"], info["std"] = self.mean_std()
+        return info
