@@ -9,7 +9,7 @@ from seqlab.tasks.base import Task
 
 
 def _registry() -> dict[str, Any]:
-    from seqlab.tasks import images, probes, synthetic, text, translation, vision
+    from seqlab.tasks import captioning, images, probes, synthetic, text, translation, vision
 
     return {
         "shakespeare": lambda **kw: text.CharLMTask(source="shakespeare", **kw),
@@ -22,6 +22,7 @@ def _registry() -> dict[str, Any]:
         "seq_image": images.SequentialImageTask,
         "translation": translation.TranslationTask,
         "image_classification": vision.ImageClassificationTask,
+        "captioning": captioning.CaptioningTask,
     }
 
 
