@@ -23,11 +23,11 @@ from seqlab.commands import (
     add_translate,
     add_viz_alignment,
     announce,
-    compare_translation_command,
+    compare_minutes_command,
 )
+from seqlab.commands_vision import add_caption, add_viz_attention, add_viz_caption
 from seqlab.run import (
     config_fields,
-    indices,
     int_at_least,
     names,
     non_negative_float,
@@ -161,10 +161,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.suite == "translation":
-        return compare_translation_command(args)
+    if args.suite in ("translation", "captioning"):
+        return compare_minutes_command(args)
     if args.minutes is not None:
-        raise ValueError("--minutes sets the translation suite's training time; the other suites count steps")
+        raise ValueError(
+            "--minutes sets the translation and captioning suites' training time; the other suites count steps"
+        )
     paths = compare(
         args.out, args.suite, args.mixers, args.tasks, args.seed, jobs=args.jobs or default_jobs()
     )
@@ -181,17 +183,6 @@ def _cmd_viz_positions(args: argparse.Namespace) -> int:
 
     out = plot_positions(args.out, args.positions, args.d_model, args.base, args.grid)
     print(f"wrote {out}")
-    return 0
-
-
-def _cmd_viz_attention(args: argparse.Namespace) -> int:
-    from seqlab.training.checkpoint import load_model, load_tokenizer, resolve_checkpoint
-    from seqlab.viz.attention import write_attention_maps
-
-    where = resolve_checkpoint(args.checkpoint)
-    tok = load_tokenizer(where, "attention maps need a model trained on text")
-    paths = write_attention_maps(load_model(where), tok, args.text, args.out, args.layers, args.heads)
-    print(f"wrote {len(paths)} attention maps to {args.out}")
     return 0
 
 
@@ -231,14 +222,15 @@ def _add_compare(sub) -> None:
     c.add_argument(
         "--suite",
         default="quick",
-        help="quick (7-15 min on 2 cores with --jobs 2), full (40-60 min with --jobs 2), or translation "
-        "(four encoder-decoders on the Bible pairs, --minutes each; 2 at a time by default)",
+        help="quick (7-15 min on 2 cores with --jobs 2), full (40-60 min with --jobs 2), translation "
+        "(four encoder-decoders on the Bible pairs, --minutes each; 2 at a time by default) or captioning "
+        "(Show and Tell, Show-Attend-Tell and ViT + Transformer on generated scenes, --minutes each)",
     )
     c.add_argument(
         "--minutes",
         type=positive_float,
         default=None,
-        help="translation: minutes of training each (default 12)",
+        help="translation and captioning: minutes of training each (default 12)",
     )
     c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
     c.add_argument(
@@ -280,15 +272,7 @@ def _add_viz(sub) -> None:
     vg.add_argument("--threads", type=positive_int, default=None)
     vg.set_defaults(func=_cmd_viz_gradients)
 
-    va = vsub.add_parser("attention", help="heatmaps of a GPT checkpoint's attention weights on a text")
-    va.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
-    va.add_argument("--text", required=True, help="text to run through the model")
-    va.add_argument(
-        "--layers", type=indices, default=None, help="comma-separated layer indices (default: all)"
-    )
-    va.add_argument("--heads", type=indices, default=None, help="comma-separated head indices (default: all)")
-    va.add_argument("--out", default="attention-maps", help="directory for layer{L}-head{H}.png")
-    va.set_defaults(func=_cmd_viz_attention)
+    add_viz_attention(vsub)
 
     vp = vsub.add_parser(
         "positions", help="the sinusoidal table and its similarities, RoPE's relative scores, 2-D patch codes"
@@ -304,6 +288,7 @@ def _add_viz(sub) -> None:
     )
     vp.set_defaults(func=_cmd_viz_positions)
     add_viz_alignment(vsub)
+    add_viz_caption(vsub)
 
 
 def _add_list(sub) -> None:
@@ -330,6 +315,7 @@ def make_parser() -> argparse.ArgumentParser:
         _add_train,
         _add_generate,
         add_translate,
+        add_caption,
         add_eval,
         _add_compare,
         _add_viz,

@@ -20,7 +20,7 @@ __all__ = [
     "add_translate",
     "add_viz_alignment",
     "announce",
-    "compare_translation_command",
+    "compare_minutes_command",
 ]
 
 
@@ -103,9 +103,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     metrics = task.evaluate(model, args.batches, split=split)
     if hasattr(task, "score") and args.beam > 0:
         scored = task.score(model, split, beam_size=args.beam, limit=args.limit)
-        metrics.update({f"{split}_bleu": scored["bleu"], f"{split}_chrf": scored["chrf"]})
-        metrics["sacrebleu"] = scored["signature"]
-        metrics["sentences"] = scored["sentences"]
+        metrics.update({f"{split}_{k}": v for k, v in scored.items() if isinstance(v, float)})
+        others = {k: v for k, v in scored.items() if not isinstance(v, float)}
+        metrics.update({("sacrebleu" if k == "signature" else k): v for k, v in others.items()})
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     return 0
 
@@ -130,14 +130,22 @@ def add_eval(sub) -> None:
     )
     e.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
     e.add_argument(
-        "--split", choices=("val", "test"), default=None, help="default: test for translation, else val"
+        "--split",
+        choices=("val", "test", "heldout"),
+        default=None,
+        help="default: test for translation and captioning, else val; heldout: the scenes' unseen pairs",
     )
     e.add_argument(
         "--batches", type=positive_int, default=1000, help="at most this many batches for the loss"
     )
-    e.add_argument("--beam", type=non_negative_int, default=5, help="translation: beam size; 0 skips BLEU")
     e.add_argument(
-        "--limit", type=positive_int, default=None, help="translation: score the first N pairs only"
+        "--beam",
+        type=non_negative_int,
+        default=5,
+        help="translation, captioning: beam size; 0 skips decoding",
+    )
+    e.add_argument(
+        "--limit", type=positive_int, default=None, help="translation, captioning: score the first N only"
     )
     e.set_defaults(func=_cmd_eval)
 
@@ -186,15 +194,18 @@ def add_params(sub) -> None:
     pa.set_defaults(func=_cmd_params, takes_overrides=True)
 
 
-def compare_translation_command(args: argparse.Namespace) -> int:
-    from seqlab.lab.translation import compare_translation
-
+def compare_minutes_command(args: argparse.Namespace) -> int:
+    """The suites that give each contender the same minutes: translation and captioning."""
     if args.mixers or args.tasks:
         raise ValueError(
-            "--mixers and --tasks choose runs of the quick and full suites; the translation suite has none"
+            f"--mixers and --tasks choose runs of the quick and full suites; the {args.suite} suite has none"
         )
-    out = args.out if args.out != "runs/compare" else "runs/compare-translation"
-    paths = compare_translation(out, minutes=args.minutes or 12.0, jobs=args.jobs or 2, seed=args.seed)
+    if args.suite == "translation":
+        from seqlab.lab.translation import compare_translation as run_suite
+    else:
+        from seqlab.lab.captioning import compare_captioning as run_suite
+    out = args.out if args.out != "runs/compare" else f"runs/compare-{args.suite}"
+    paths = run_suite(out, minutes=args.minutes or 12.0, jobs=args.jobs or 2, seed=args.seed)
     print(Path(paths["table"]).read_text(encoding="utf-8"))
-    print(f"wrote {paths['results']}, {paths['table']} and {paths['plot']}")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

@@ -29,7 +29,8 @@ def compare(
 
     if isinstance(suite, str):
         if suite not in SUITES:
-            raise ValueError(f"unknown suite {suite!r}; choose one of {sorted(SUITES)}")
+            known = [*sorted(SUITES), "translation", "captioning"]
+            raise ValueError(f"unknown suite {suite!r}; choose one of {known}")
         suite = SUITES[suite]
     t0 = time.perf_counter()
     lab = Compare(out, suite, mixers, tasks, seed, progress, jobs)

@@ -64,9 +64,13 @@ def match_width(preset: str, fields: dict[str, Any], target: int, vocab: int) ->
     return min(range(64, 1025, 8), key=lambda d: abs(size(d) - target))
 
 
-def _run(label: str, fields: dict[str, Any], out: Path, minutes: float, seed: int) -> dict[str, Any]:
+def _run(
+    label: str, fields: dict[str, Any], out: Path, minutes: float, seed: int, planner=None
+) -> dict[str, Any]:
     """Train one contender for ``minutes`` in this process (one thread); its record. A run already in
-    ``out`` continues (or, finished, is read back) with the settings it was started with."""
+    ``out`` continues (or, finished, is read back) with the settings it was started with. ``planner(label,
+    fields, minutes, seed)`` gives a new run's dict (default: this suite's ``_planned``); other suites
+    pass their own."""
     from seqlab.run import build_run
     from seqlab.training import Trainer
     from seqlab.training.checkpoint import load_config, resumable_checkpoint
@@ -76,7 +80,9 @@ def _run(label: str, fields: dict[str, Any], out: Path, minutes: float, seed: in
     where = out / "runs" / slug(label)
     started = (where / "latest").is_file()
     run = (
-        load_config(resumable_checkpoint(where))["run"] if started else _planned(label, fields, minutes, seed)
+        load_config(resumable_checkpoint(where))["run"]
+        if started
+        else (planner or _planned)(label, fields, minutes, seed)
     )
     model, task, train = build_run(run)
     t0 = time.perf_counter()

@@ -119,7 +119,7 @@ class CaptioningTask(Task):
         # one (image, caption) pair per training caption; scenes train on their own caption only
         self._pairs = [(i, refs[0] if source == "scenes" else c) for i, refs in enumerate(self._refs["train"])
                        for c in (refs[:1] if source == "scenes" else refs)]  # fmt: skip
-        self.tokenizer = word_tokenizer([c for _, c in self._pairs])
+        self.word_tokenizer = word_tokenizer([c for _, c in self._pairs])
         pixels = self._images["train"].double() / 255.0
         self._mean = pixels.mean((0, 2, 3)).float().view(1, -1, 1, 1)  # (1, 3, 1, 1)
         self._std = pixels.std((0, 2, 3)).clamp_min(1e-6).float().view(1, -1, 1, 1)
@@ -148,7 +148,7 @@ class CaptioningTask(Task):
 
     @property
     def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size()
+        return self.word_tokenizer.get_vocab_size()
 
     @property
     def n_images(self) -> dict[str, int]:
@@ -175,13 +175,13 @@ class CaptioningTask(Task):
     # ---- text --------------------------------------------------------------------------------------------
 
     def encode(self, caption: str) -> list[int]:
-        return self.tokenizer.encode(caption).ids
+        return self.word_tokenizer.encode(caption).ids
 
     def decode(self, ids: list[int] | Tensor) -> str:
         """Caption ids -> text, stopping at eos (bos and pads skipped)."""
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         ids = ids[: ids.index(EOS)] if EOS in ids else ids
-        return self.tokenizer.decode([i for i in ids if i not in (PAD, BOS)], skip_special_tokens=False)
+        return self.word_tokenizer.decode([i for i in ids if i not in (PAD, BOS)], skip_special_tokens=False)
 
     def words(self, ids: list[int] | Tensor) -> list[str]:
         """The words of generated ids (after bos, up to and with eos), one per decoding step."""
@@ -191,7 +191,7 @@ class CaptioningTask(Task):
         for i in ids:
             if i == PAD:
                 break
-            out.append(self.tokenizer.id_to_token(i))
+            out.append(self.word_tokenizer.id_to_token(i))
             if i == EOS:
                 break
         return out
@@ -328,5 +328,5 @@ class CaptioningTask(Task):
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info["mean"], info["std"] = self._mean.flatten().tolist(), self._std.flatten().tolist()
-        info["vocabulary"] = [self.tokenizer.id_to_token(i) for i in range(self.vocab_size)]
+        info["vocabulary"] = [self.word_tokenizer.id_to_token(i) for i in range(self.vocab_size)]
         return info

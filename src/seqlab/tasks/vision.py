@@ -13,7 +13,8 @@ Data (read from installed packages or the user's files, never downloaded):
 
 Splits, with no image in two of them: 'test' is the source's own test set (Fashion-MNIST's 10,000), or for
 the sources without one a fixed random 20% (seeded by ``seed``); 'val' is ``n_val`` images held out of the
-training set (the same for every seed, so validation numbers compare across runs); 'train' is the rest.
+training set (5,000 for Fashion-MNIST, else a tenth; the same for every seed, so validation numbers compare
+across runs); 'train' is the rest.
 Pixels are scaled to [0, 1] and standardized with the training split's mean and standard deviation per
 channel. Training batches are augmented when ``augment`` is set: a random shift of up to ``shift`` pixels
 (zero padding, the background of these images) and, with ``flip``, a horizontal flip with probability 1/2.
@@ -105,7 +106,7 @@ class ImageClassificationTask(Task):
         source: Source = "fashion_mnist",
         batch_size: int = 128,
         seed: int = 0,
-        n_val: int = 5000,
+        n_val: int | None = None,
         augment: bool = True,
         shift: int = 2,
         flip: bool | None = None,
@@ -141,6 +142,8 @@ class ImageClassificationTask(Task):
             test = (images[order[:cut]], labels[order[:cut]])
             train = (images[order[cut:]], labels[order[cut:]])
         self.image_size = train[0].shape[-1] if source != "folder" else image_size
+        # None: Fashion-MNIST's customary 5,000, else a tenth of the training images
+        n_val = (5000 if source == "fashion_mnist" else len(train[1]) // 10) if n_val is None else n_val
         self.n_val = check_int("n_val", n_val, 1)
         if self.n_val >= len(train[1]):
             raise ValueError(

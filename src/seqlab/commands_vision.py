@@ -1,0 +1,216 @@
+"""Subcommands for image models that :mod:`seqlab.cli` registers: ``seqlab caption``, ``seqlab viz caption``
+and ``seqlab viz attention`` (a language model's attention over a text, a ViT's over an image).
+
+An image comes from a file (``--image``, any format Pillow reads, fitted into the model's image size on white
+with its aspect kept), or for checkpoints trained on built-in data from the data itself: ``--scene SPLIT:N``
+(the N-th generated scene of a split of the captioning task, e.g. ``heldout:3``) and ``--test-image N`` (the
+N-th test image of an image-classification task). Pixels are standardized with the statistics the checkpoint
+was trained with (saved in its task description).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from seqlab.run import indices, non_negative_int, positive_int
+
+__all__ = ["add_caption", "add_viz_attention", "add_viz_caption", "vit_attention_command"]
+
+
+def _checkpoint(path: str, family: str, what: str):
+    from seqlab.commands import announce
+    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
+
+    where = resolve_checkpoint(path)
+    model = load_model(where).eval()
+    if getattr(model, "family", None) != family:
+        raise ValueError(
+            f"{where} holds a {getattr(model, 'family', '?')!r} model; {what} needs a {family!r} model"
+        )
+    announce(where)
+    return model, load_config(where)["task"]
+
+
+def _standardize(images: Tensor, task: dict) -> Tensor:
+    """uint8 (b, c, S, S) -> the floats the checkpoint trained on, with its saved per-channel statistics."""
+    mean = torch.tensor(task["mean"]).view(1, -1, 1, 1)
+    std = torch.tensor(task["std"]).view(1, -1, 1, 1)
+    return (images.float() / 255.0 - mean) / std
+
+
+def _image(args: argparse.Namespace, task: dict, size: int, channels: int) -> Tensor:
+    """The uint8 image (c, S, S) a command was asked about; exactly one source may be given."""
+    given = [k for k in ("image", "scene", "test_image") if getattr(args, k, None) is not None]
+    if len(given) != 1:
+        raise ValueError(
+            "give exactly one image: --image FILE, --scene SPLIT:N (captioning) or --test-image N"
+        )
+    if args.image is not None:
+        from seqlab.tasks.image_files import load_image
+
+        image = load_image(args.image, size)  # (3, S, S) uint8, letterboxed on white
+        return image.float().mean(0, keepdim=True).round().to(torch.uint8) if channels == 1 else image
+    if getattr(args, "scene", None) is not None:
+        return _scene(args.scene, task)
+    return _test_image(args.test_image, task)
+
+
+def _scene(spec: str, task: dict) -> Tensor:
+    from seqlab.tasks.scenes import SPLITS, make_scenes
+
+    if task.get("name") != "captioning" or task.get("source") != "scenes":
+        raise ValueError(
+            "--scene needs a checkpoint trained on the generated scenes (task captioning, source scenes)"
+        )
+    split, _, index = spec.partition(":")
+    if split not in SPLITS or not index.isdigit():
+        raise ValueError(f"--scene must be SPLIT:N with SPLIT one of {SPLITS}, e.g. heldout:3; got {spec!r}")
+    images, _ = make_scenes(int(index) + 1, split, task["seed"], task["image_size"], task["max_objects"])
+    return images[-1]
+
+
+def _test_image(index: int, task: dict) -> Tensor:
+    from seqlab.tasks import create_task
+
+    if task.get("name") != "image_classification":
+        raise ValueError("--test-image needs a checkpoint trained on the image_classification task")
+    settings = {k: task[k] for k in ("source", "seed", "n_val", "image_size", "data_dir")}
+    data = create_task("image_classification", **settings)
+    images = data._splits["test"][0]
+    if index >= len(images):
+        raise ValueError(
+            f"--test-image {index}: the test split has {len(images)} images (0 ... {len(images) - 1})"
+        )
+    return images[index]
+
+
+class _Words:
+    """A captioning checkpoint's vocabulary (saved in its task description): ids -> text and words."""
+
+    def __init__(self, vocabulary: list[str]):
+        self.vocabulary = vocabulary
+
+    def words(self, ids: Tensor) -> list[str]:
+        out = []
+        for i in ids.tolist()[1:]:  # after bos
+            if i == 0:
+                break
+            out.append(self.vocabulary[i])
+            if self.vocabulary[i] == "</s>":
+                break
+        return out
+
+    def text(self, ids: Tensor) -> str:
+        return " ".join(w for w in self.words(ids) if w != "</s>")
+
+
+def _captioner(args: argparse.Namespace):
+    model, task = _checkpoint(args.checkpoint, "captioner", "captioning")
+    c = model.config
+    image = _image(args, task, c.image_size, c.in_channels)
+    return model, task, image, _Words(task["vocabulary"])
+
+
+def _cmd_caption(args: argparse.Namespace) -> int:
+    model, task, image, words = _captioner(args)
+    ids = model.generate(
+        _standardize(image[None], task), beam_size=args.beam, max_new_tokens=args.max_new_tokens
+    )
+    print(words.text(ids[0]))
+    return 0
+
+
+def _cmd_viz_caption(args: argparse.Namespace) -> int:
+    from seqlab.viz.captions import plot_caption_attention
+
+    model, task, image, words = _captioner(args)
+    if model.config.attention == "none":
+        raise ValueError("this captioner has no attention (Show and Tell): there is no attention to draw")
+    ids, alpha = model.generate(
+        _standardize(image[None], task),
+        beam_size=args.beam,
+        max_new_tokens=args.max_new_tokens,
+        return_attention=True,
+    )
+    said = words.words(ids[0])
+    path = plot_caption_attention(image, said, alpha[0, : len(said)], args.out, title=words.text(ids[0]))
+    print(f"{words.text(ids[0])}\nwrote {path}")
+    return 0
+
+
+def vit_attention_command(args: argparse.Namespace, model, task: dict) -> int:
+    """``seqlab viz attention`` for a ViT checkpoint: per-head maps of the last layer and the rollout."""
+    from seqlab.viz.vision import plot_vit_attention
+
+    c = model.config
+    image = _image(args, task, c.image_size, c.in_channels)
+    maps = model.attention_maps(_standardize(image[None], task))  # (L, 1, h, T, T)
+    grid = model.patch_embed.grid(image.shape[-2], image.shape[-1])
+    has_cls = model.cls_token is not None
+    query = "cls" if has_cls else (grid[0] // 2) * grid[1] + grid[1] // 2  # no class token: the central patch
+    out = Path(args.out)
+    out = out / "vit-attention.png" if out.suffix.lower() != ".png" else out
+    path = plot_vit_attention(image, maps, grid, out, has_cls=has_cls, query=query)
+    logits = model(_standardize(image[None], task))
+    label = task.get("classes", [])[int(logits.argmax())] if task.get("classes") else int(logits.argmax())
+    print(f"predicted: {label}\nwrote {path}")
+    return 0
+
+
+def _add_image_source(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
+    p.add_argument("--image", help="an image file (PNG, JPEG, ...), fitted into the model's image size")
+    p.add_argument("--scene", help="SPLIT:N, the N-th generated scene of a split (train, val, test, heldout)")
+    p.add_argument("--beam", type=positive_int, default=3, help="beam size (1: greedy)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=24, help="the longest caption, in words")
+
+
+def add_caption(sub) -> None:
+    c = sub.add_parser("caption", help="describe an image with a trained captioner")
+    _add_image_source(c)
+    c.set_defaults(func=_cmd_caption)
+
+
+def add_viz_caption(vsub) -> None:
+    v = vsub.add_parser(
+        "caption", help="where a captioner looks at each word (Show, Attend and Tell, Figure 3)"
+    )
+    _add_image_source(v)
+    v.add_argument("--out", default="caption-attention.png", help="PNG file to write")
+    v.set_defaults(func=_cmd_viz_caption)
+
+
+def _cmd_viz_attention(args: argparse.Namespace) -> int:
+    from seqlab.training.checkpoint import load_config, load_model, load_tokenizer, resolve_checkpoint
+    from seqlab.viz.attention import write_attention_maps
+
+    where = resolve_checkpoint(args.checkpoint)
+    model = load_model(where)
+    if getattr(model, "family", None) == "vit":
+        return vit_attention_command(args, model.eval(), load_config(where)["task"])
+    if args.text is None:
+        raise ValueError("--text is needed for a language model's attention (--image for a ViT checkpoint)")
+    tok = load_tokenizer(where, "attention maps need a model trained on text")
+    paths = write_attention_maps(model, tok, args.text, args.out, args.layers, args.heads)
+    print(f"wrote {len(paths)} attention maps to {args.out}")
+    return 0
+
+
+def add_viz_attention(vsub) -> None:
+    va = vsub.add_parser(
+        "attention", help="attention weights of a GPT checkpoint on a text, or a ViT's on an image"
+    )
+    va.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
+    va.add_argument("--text", help="text to run through a language model")
+    va.add_argument("--image", help="ViT: an image file (PNG, JPEG, ...)")
+    va.add_argument("--test-image", type=non_negative_int, help="ViT: the N-th test image of its task")
+    va.add_argument(
+        "--layers", type=indices, default=None, help="comma-separated layer indices (default: all)"
+    )
+    va.add_argument("--heads", type=indices, default=None, help="comma-separated head indices (default: all)")
+    va.add_argument("--out", default="attention-maps", help="directory for the PNG files (or a .png, ViT)")
+    va.set_defaults(func=_cmd_viz_attention)

@@ -1,0 +1,97 @@
+"""The image commands end to end: train a tiny captioner on generated scenes and a tiny ViT on the digits
+through `seqlab train`, then caption, draw the attention, evaluate; and the mistakes a user makes with them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from seqlab.cli import main
+
+
+def _train(out, *argv) -> None:
+    common = ["--train.steps=4", "--train.eval_batches=1", "--train.progress=false", "--out", str(out)]
+    assert main(["train", *argv, *common]) == 0
+
+
+@pytest.fixture(scope="module")
+def captioner(tmp_path_factory):
+    out = tmp_path_factory.mktemp("caption") / "run"
+    scenes = ["--task.name=captioning", "--task.image_size=32", "--task.n_train=64", "--task.n_eval=8"]
+    _train(out, "--model.name=test-show-attend-tell", *scenes, "--task.batch_size=8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def vit(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vit") / "run"
+    _train(out, "--model.name=test-vit", "--task.name=image_classification", "--task.source=digits")
+    return out
+
+
+def _vocabulary(run) -> list[str]:
+    config = json.loads(next(run.glob("checkpoints/step-*/config.json")).read_text(encoding="utf-8"))
+    return config["task"]["vocabulary"]
+
+
+def test_caption_prints_words_of_the_vocabulary(captioner, capsys, tmp_path):
+    assert main(["caption", "--checkpoint", str(captioner), "--scene", "heldout:2", "--beam", "2"]) == 0
+    words = capsys.readouterr().out.split()
+    assert set(words) <= set(_vocabulary(captioner))
+    image = tmp_path / "scene.png"
+    Image.fromarray(np.full((40, 30, 3), 60, dtype=np.uint8)).save(image)
+    assert main(["caption", "--checkpoint", str(captioner), "--image", str(image)]) == 0
+    assert set(capsys.readouterr().out.split()) <= set(_vocabulary(captioner))
+
+
+def test_viz_caption_draws_one_panel_per_word(captioner, capsys, tmp_path):
+    out = tmp_path / "fig.png"
+    argv = ["viz", "caption", "--checkpoint", str(captioner), "--scene", "test:0", "--out", str(out)]
+    assert main(argv) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_eval_scores_the_held_out_scenes(captioner, capsys):
+    argv = ["eval", "--checkpoint", str(captioner), "--split", "heldout", "--beam", "2", "--batches", "1"]
+    assert main(argv) == 0
+    scores = json.loads(capsys.readouterr().out)
+    for key in ("heldout_exact", "heldout_bleu4", "heldout_cider_d", "heldout_nll"):
+        assert 0 <= scores[key] < float("inf"), key
+
+
+def test_vit_attention_and_eval(vit, capsys, tmp_path):
+    out = tmp_path / "attention.png"
+    assert main(["viz", "attention", "--checkpoint", str(vit), "--test-image", "3", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert out.is_file() and "predicted: " in printed
+    assert main(["eval", "--checkpoint", str(vit), "--split", "test"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert 0 <= scores["test_accuracy"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["caption", "--scene", "heldout:1", "--image", "x.png"], "exactly one image"),
+        (["caption"], "exactly one image"),
+        (["caption", "--scene", "dev:1"], "SPLIT:N"),
+        (["caption", "--image", "missing.png"], "missing.png"),
+    ],
+)
+def test_caption_mistakes_get_one_error_line(captioner, capsys, argv, match):
+    assert main([*argv[:1], "--checkpoint", str(captioner), *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and match in err
+
+
+def test_commands_refuse_the_wrong_kind_of_checkpoint(captioner, vit, capsys):
+    assert main(["caption", "--checkpoint", str(vit), "--image", "x.png"]) == 2
+    assert "'captioner'" in capsys.readouterr().err
+    assert main(["viz", "attention", "--checkpoint", str(vit)]) == 2
+    assert "exactly one image" in capsys.readouterr().err
+    assert main(["viz", "attention", "--checkpoint", str(captioner), "--image", "x.png"]) == 2
+    assert "--text" in capsys.readouterr().err
