@@ -2,7 +2,8 @@ r"""Parameter and FLOP accounting for the Transformer families, on the meta devi
 
 Parameters are grouped by component: ``embeddings`` (token, position, segment tables), ``attention`` (the
 projections of every :class:`MultiheadAttention`), ``mlp`` (channel mixers), ``norms`` (LayerNorm/RMSNorm),
-``head`` (output projection, MLM head, pooler) and ``other``. A tied head is counted once, under
+``recurrent`` (RNN, LSTM, GRU layers), ``conv`` (convolutional encoders; a ViT's patch embedding counts as
+an embedding), ``head`` (output projection, MLM head, pooler) and ``other``. A tied head is counted once, under
 ``embeddings``.
 
 Forward FLOPs per token, counting one multiply-add as 2 FLOPs (Kaplan et al. 2020, arXiv 2001.08361, table 1;
@@ -10,8 +11,12 @@ Chowdhery et al. 2022, arXiv 2204.02311, appendix B):
 
     F_fwd = 2 · N_matmul + 4 · n_layers · t · d_attn
 
-* ``N_matmul``: the weights that multiply activations: every linear/attention projection and the output
-  head (also when it is tied to the embedding); embedding look-ups, biases and norms are not matmuls.
+* ``N_matmul``: the weights that multiply activations: every linear/attention projection, the output
+  head (also when it is tied to the embedding) and a ViT's patch embedding (a convolution whose stride is its
+  kernel is one matmul per patch token); embedding look-ups, biases and norms are not matmuls. For a ViT
+  the context is its tokens (197 for ViT-B/16 at 224×224) and the FLOPs are per token. A recurrent
+  layer's weights count too (W_ih x_t and W_hh h_{t-1}, once per token); convolutional encoders, whose cost
+  is per image, do not.
 * ``4 · n_layers · t · d_attn``: per layer, q kᵀ (2 · t · d_attn) and the weighted sum of values
   (2 · t · d_attn) over a context of ``t`` keys, ``d_attn = n_heads · head_dim``. As in PaLM's MFU formula,
   no discount is taken for the causal mask (a causal kernel skips about half of that work).
@@ -30,10 +35,12 @@ from torch import nn
 from seqlab.layers.attention import MultiheadAttention
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import LayerNorm, RMSNorm
+from seqlab.layers.recurrent_base import RNNBase
+from seqlab.layers.rnn_attention import AdditiveAttention, LuongAttention
 
 __all__ = ["COMPONENTS", "ModelReport", "forward_flops_per_token", "matmul_params", "report"]
 
-COMPONENTS = ("embeddings", "attention", "mlp", "norms", "head", "other")
+COMPONENTS = ("embeddings", "attention", "recurrent", "conv", "mlp", "norms", "head", "other")
 
 
 @dataclass
@@ -54,8 +61,12 @@ class ModelReport:
 def _component(module: nn.Module, name: str) -> str:
     if isinstance(module, LayerNorm | RMSNorm | nn.LayerNorm):
         return "norms"
-    if isinstance(module, MultiheadAttention):
+    if isinstance(module, MultiheadAttention | AdditiveAttention | LuongAttention):
         return "attention"
+    if isinstance(module, RNNBase):
+        return "recurrent"
+    if isinstance(module, nn.Conv2d | nn.BatchNorm2d) and "patch_embed" not in name:
+        return "conv"
     if isinstance(module, MLP | SwiGLU):
         return "mlp"
     if isinstance(module, nn.Embedding) or "embed" in name.rsplit(".", 1)[-1]:
@@ -77,7 +88,9 @@ def _classify(model: nn.Module) -> dict[int, tuple[str, str, tuple[int, ...]]]:
                 out[id(p)] = (comp, pname, tuple(p.shape))
     for pname, p in model.named_parameters():  # whatever no recognised module owns
         if id(p) not in out:
-            out[id(p)] = (_component(model, pname) if "head" in pname else "other", pname, tuple(p.shape))
+            tables = ("embed", "cls_token", "pos")  # position tables and class tokens held by the model itself
+            comp = "embeddings" if any(k in pname for k in tables) else "head" if "head" in pname else "other"
+            out[id(p)] = (comp, pname, tuple(p.shape))
     return out
 
 
@@ -87,6 +100,10 @@ def matmul_params(model: nn.Module) -> int:
     for m in model.modules():
         if isinstance(m, nn.Linear):
             n += m.weight.numel()
+        elif isinstance(m, nn.Conv2d) and m.kernel_size == m.stride:  # a patch embedding: one matmul per patch
+            n += m.weight.numel()
+        elif isinstance(m, RNNBase):  # W_ih x_t and W_hh h_{t-1}: every weight once per token
+            n += sum(p.numel() for name, p in m.named_parameters() if name.startswith("weight"))
         elif isinstance(m, MultiheadAttention):
             n += m.in_proj_weight.numel()
     return n
@@ -113,7 +130,7 @@ def report(name_or_model, context: int | None = None, **overrides) -> ModelRepor
         model = create(name, device=torch.device("meta"), **overrides)
     cfg = getattr(model, "config", None)
     if context is None:
-        context = int(getattr(cfg, "max_seq_len", 0) or 0)
+        context = int(getattr(cfg, "max_seq_len", 0) or getattr(cfg, "n_tokens", 0) or 0)
     by = dict.fromkeys(COMPONENTS, 0)
     shapes: dict[str, list[tuple[str, tuple[int, ...]]]] = {c: [] for c in COMPONENTS}
     for comp, pname, shape in _classify(model).values():
