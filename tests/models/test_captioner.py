@@ -15,6 +15,13 @@ COMBOS = [  # the other encoder/decoder pairings the config allows
     {"encoder": "vit", "decoder": "lstm", "attention": "none", "patch_size": 4, "d_encoder": 16},
     {"encoder": "cnn", "decoder": "transformer", "attention": "soft", "channels": [8, 16], "n_heads": 2},
     {"encoder": "cnn", "decoder": "lstm", "attention": "soft", "channels": [8, 16], "gate": False},
+    {
+        "encoder": "cnn",
+        "decoder": "lstm",
+        "attention": "soft",
+        "channels": [8, 16],
+        "region_position": "learned",
+    },
 ]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -51,7 +52,8 @@ LR = {"seq2seq": 2e-3, "transformer": 1e-3}
 
 
 def slug(label: str) -> str:
-    return label.lower().replace(" ", "-")
+    """A contender's folder name: lowercase words joined by hyphens ('Show, Attend and Tell' -> 'show-attend-and-tell')."""
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
 def match_width(preset: str, fields: dict[str, Any], target: int, vocab: int) -> int:

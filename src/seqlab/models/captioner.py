@@ -5,7 +5,7 @@ Notation: ``b`` batch, ``L`` image regions (the annotation grid, g² of them), `
 
 Encoder (``encoder``), an image to annotation vectors a (b, L, D):
 * 'cnn' — :class:`seqlab.layers.conv.ConvGridEncoder`, a grid of g × g regions of a small VGG-style network;
-  a learned position per region is added (see deviations);
+  a position per region is added (see deviations);
 * 'vit' — the Vision Transformer's normalized patch tokens (:class:`seqlab.models.vit.ViT`, mean pooling, so
   there is no class token and every token is a patch: L = (S / P)²).
 
@@ -28,9 +28,12 @@ Decoder (``decoder`` and ``attention``):
   cross-attention averaged over heads.
 
 Deviations: the paper's annotations come from a pretrained VGG's conv5_4 without position information beyond
-what the features carry; here the network trains from scratch on small images, and 'cnn' adds a learned
-position vector to every region so that the spatial relations a caption names ("left of", "above") can be
-read from what the attention picks. The ViT has its own positions. Show and Tell's image vector is the
+what the features carry; here the network trains from scratch on small images, and 'cnn' adds a position
+vector to every region (``region_position``: fixed 2-D sines by default, or learned) so that the spatial
+relations a caption names ("left of", "above") can be read from what the attention picks: the context ẑ_t
+then carries where it looked. (A learned table starting at N(0, 0.02) is too small beside the features to
+matter early: on the 64×64 scenes, after 450 steps, the relation was read back right for 0.27 of the
+captions with a learned table and 0.70 with the sines, colours and shapes alike.) The ViT has its own positions. Show and Tell's image vector is the
 flattened grid through one linear map (a fully connected layer over the feature map, as a VGG's fc layers
 see it) rather than a pooled GoogLeNet feature: one vector either way, the bottleneck that attention removes.
 
@@ -52,6 +55,7 @@ from torch import Tensor, nn
 
 from seqlab.layers.conv import ConvGridEncoder
 from seqlab.layers.norms import LayerNorm
+from seqlab.layers.positional import sinusoidal_2d_table
 from seqlab.layers.recurrent import LSTM
 from seqlab.layers.recurrent_cells import _lstm_update
 from seqlab.layers.rnn_attention import AdditiveAttention
@@ -75,6 +79,8 @@ class CaptionerConfig:
     """'none': Show and Tell (LSTM decoder only); 'soft': attention over the regions at every word."""
     channels: list[int] = field(default_factory=lambda: [32, 64, 128])
     """'cnn': channels of each stage; the grid side is image_size / 2^stages."""
+    region_position: Literal["sincos", "learned"] = "sincos"
+    """'cnn': the position added to each region's annotation: fixed 2-D sines (MAE's table) or learned."""
     patch_size: int = 8
     """'vit': the patch side (L = (image_size / patch_size)²)."""
     d_encoder: int = 128
@@ -168,7 +174,11 @@ class Captioner(CaptionDecodeMixin, nn.Module):
         kw = {"device": device, "dtype": dtype}
         if c.encoder == "cnn":
             self.cnn = ConvGridEncoder(c.in_channels, c.channels, **kw)
-            self.region_pos = nn.Parameter(torch.randn(c.grid**2, c.channels[-1], **kw) * 0.02)
+            if c.region_position == "learned":
+                self.region_pos = nn.Parameter(torch.randn(c.grid**2, c.channels[-1], **kw) * 0.02)
+            else:  # fixed: each region's row and column as 2-D sines, at the scale of the features from the start
+                table = sinusoidal_2d_table(c.grid, c.grid, c.channels[-1]).to(device=device, dtype=dtype)
+                self.register_buffer("region_pos", table, persistent=False)
             d_ann = c.channels[-1]
         else:
             vit = ViTConfig(

@@ -98,9 +98,8 @@ def matmul_params(model: nn.Module) -> int:
     """Weights that multiply activations: linear layers (a tied head included) and attention projections."""
     n = 0
     for m in model.modules():
-        if isinstance(m, nn.Linear):
-            n += m.weight.numel()
-        elif isinstance(m, nn.Conv2d) and m.kernel_size == m.stride:  # a patch embedding: one matmul per patch
+        # a linear layer, or a patch embedding (a convolution whose stride is its kernel: one matmul per patch)
+        if isinstance(m, nn.Linear) or (isinstance(m, nn.Conv2d) and m.kernel_size == m.stride):
             n += m.weight.numel()
         elif isinstance(m, RNNBase):  # W_ih x_t and W_hh h_{t-1}: every weight once per token
             n += sum(p.numel() for name, p in m.named_parameters() if name.startswith("weight"))
