@@ -88,7 +88,11 @@ def _classify(model: nn.Module) -> dict[int, tuple[str, str, tuple[int, ...]]]:
                 out[id(p)] = (comp, pname, tuple(p.shape))
     for pname, p in model.named_parameters():  # whatever no recognised module owns
         if id(p) not in out:
-            tables = ("embed", "cls_token", "pos")  # position tables and class tokens held by the model itself
+            tables = (
+                "embed",
+                "cls_token",
+                "pos",
+            )  # position tables and class tokens held by the model itself
             comp = "embeddings" if any(k in pname for k in tables) else "head" if "head" in pname else "other"
             out[id(p)] = (comp, pname, tuple(p.shape))
     return out
