@@ -20,7 +20,6 @@ minimum per kind over 3 alternating one-step rounds), the evidence for where the
 
     python benchmarks/bench_vit.py --profile     # writes benchmarks/results/vit-<cpu>-torch<version>.md
     python benchmarks/bench_vit.py --quick       # a smoke run that writes no file
-    python benchmarks/bench_vit.py --compile     # both through torch.compile: vit-compiled-<cpu>-torch<version>.md
 
 On a shared machine the absolute numbers move with the load; the ratios, measured alternately, move less.
 """
@@ -175,17 +174,13 @@ def profile_table(name: str, fns: dict, rounds: int = 3) -> list[str]:
     return [*lines, "", "(the total row sums the per-kind minima)", ""]
 
 
-def run_config(
-    name: str, batch: int, repeats: int, profile: bool, compile_: bool = False
-) -> tuple[str, list[str], str]:
-    """One table row, the profile lines (if asked) and a parity line for one configuration and batch; with
-    ``compile_`` both models run through ``torch.compile`` (TorchInductor's CPU code generation)."""
+def run_config(name: str, batch: int, repeats: int, profile: bool) -> tuple[str, list[str], str]:
+    """One table row, the profile lines (if asked) and a parity line for one configuration and batch."""
     hf, ours, images, labels = contenders(name, batch)
     d_logits, d_grad = agreement(hf, ours, images, labels)
-    run_ours, run_hf = (torch.compile(ours), torch.compile(hf)) if compile_ else (ours, hf)
     fns = {
-        "seqlab": train_step(run_ours, lambda m, x: m(x), images, labels),
-        "hf": train_step(run_hf, lambda m, x: m(x).logits, images, labels),
+        "seqlab": train_step(ours, lambda m, x: m(x), images, labels),
+        "hf": train_step(hf, lambda m, x: m(x).logits, images, labels),
     }
     times = alternate(fns, repeats)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -215,9 +210,6 @@ def main() -> None:
     p.add_argument("--small-batch", type=int, default=16, help="fashion's second batch size (0: none)")
     p.add_argument("--profile", action="store_true", help="add a torch.profiler breakdown of each config")
     p.add_argument("--note", default="", help="a line added to the result file (e.g. the machine's load)")
-    p.add_argument(
-        "--compile", action="store_true", help="both models through torch.compile; writes vit-compiled-*.md"
-    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     repeats, batch = (2, 16) if args.quick else (args.repeats, args.batch)
@@ -228,11 +220,11 @@ def main() -> None:
     )
     rows, profiles, parity = [], [], []
     for i, (name, b) in enumerate(runs):
-        row, prof, same = run_config(name, b, repeats, args.profile and i < 2, args.compile)
+        row, prof, same = run_config(name, b, repeats, args.profile and i < 2)
         rows.append(row), profiles.extend(prof), parity.append(same)
     lines = [
-        f"# ViT training step (forward + backward) vs HF ViTForImageClassification"
-        f"{', both through torch.compile' if args.compile else ''} ({cpu_name()}, torch {torch.__version__})",
+        f"# ViT training step (forward + backward) vs HF ViTForImageClassification ({cpu_name()}, torch "
+        f"{torch.__version__})",
         "",
         f"- CPU: {cpu_name()}; {torch.get_num_threads()} threads; fp32; torch {torch.__version__}, transformers "
         f"{transformers.__version__}; {dt.date.today()}",
@@ -255,8 +247,7 @@ def main() -> None:
     print(text)
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
-        stem = "vit-compiled" if args.compile else "vit"
-        out = RESULTS / f"{stem}-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
+        out = RESULTS / f"vit-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
         out.write_text(text, encoding="utf-8")
         print(f"wrote {out}")
 

@@ -230,7 +230,7 @@ PRESETS = {
     "vit-large-16": _vit(224, 16, 1024, 24, 16),
     "vit-huge-14": _vit(224, 14, 1280, 32, 16),
     # trainable here: Fashion-MNIST (28×28 grey, a 4×4 grid of 7×7 patches) and scikit-learn's 8×8 digits
-    "vit-fashion": _vit(28, 7, 128, 6, 4, n_classes=10, in_channels=1, pool="mean", position="sincos"),
+    "vit-fashion": _vit(28, 7, 128, 6, 4, n_classes=10, in_channels=1),
     "vit-digits": _vit(8, 2, 64, 4, 4, n_classes=10, in_channels=1, pool="mean", position="sincos"),
     "vit-tiny-p4": _vit(32, 4, 192, 12, 3, n_classes=10),
     "test-vit": _vit(16, 4, 32, 2, 2, n_classes=10),
