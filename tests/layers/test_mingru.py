@@ -76,7 +76,9 @@ def test_scan_function_equals_loop_for_any_length_chunk_and_state(b, t, e, chunk
         torch.autograd.grad((h_ref * w).sum(), [log_a, log_b, h0]),
         strict=True,
     ):
-        torch.testing.assert_close(g, g_ref, **TOL)
+        # the backward sums products of exponentials (log_b scale 3): float64 rounding reached 3.3e-10 on a
+        # few draws, so the gradients get 1e-9
+        torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9)
 
 
 @PROPERTY

@@ -38,5 +38,5 @@ def faults_per_step(mode: str) -> float:
 def test_training_steps_reuse_memory_instead_of_faulting_it_in():
     default, kept = faults_per_step("default"), faults_per_step("keep")
     assert kept < 2048, kept  # fewer than one 8 MB buffer's pages (4 kB each) per step
-    # glibc's defaults fault 19-63 MB in per step here (4,800-16,100 faults over repeated runs)
-    assert default > 2 * 2048, (default, kept)
+    # glibc's defaults fault 9-63 MB in per step here (2,300-16,100 faults over repeated runs and machines)
+    assert default > 4 * kept, (default, kept)
