@@ -178,7 +178,10 @@ def test_generate_refuses_an_encoder_decoder_and_names_the_checkpoint(run, capsy
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["compare", "--suite", "quick", "--minutes", "3"], "--minutes sets the translation and captioning suites'"),
+        (
+            ["compare", "--suite", "quick", "--minutes", "3"],
+            "--minutes sets the translation and captioning suites'",
+        ),
         (["compare", "--suite", "translation", "--mixers", "lstm"], "the translation suite has none"),
     ],
 )
