@@ -1,5 +1,5 @@
 """Subcommands that :mod:`seqlab.cli` registers: ``seqlab translate``, ``eval``, ``params``, ``viz alignment`` and
-the translation suite of ``seqlab compare``.
+the translation and captioning suites of ``seqlab compare`` (the suites timed in minutes).
 
 Part of :mod:`seqlab.cli` (which builds the parser and dispatches): each ``add_*`` adds one subcommand,
 each ``_cmd_*`` runs it from the parsed arguments.
