@@ -60,6 +60,7 @@ __all__ = [
     "length_penalty_gnmt",
     "never",
     "search",
+    "search_model",
 ]
 
 StepFn = Callable[[Tensor, Any], tuple[Tensor, Any, Tensor | None]]
@@ -356,3 +357,46 @@ def never(logp: Tensor, *ids: int) -> Tensor:
     are inputs only, however little it has been trained."""
     logp[:, list(ids)] = float("-inf")
     return logp
+
+
+def search_model(
+    model,
+    start: Callable[[], Any],
+    reorder: ReorderFn,
+    *,
+    batch_size: int,
+    beam_size: int,
+    max_len: int,
+    length_penalty: float,
+    device,
+    expand: ReorderFn | None = None,
+) -> Decoded:
+    """:func:`search` over a model whose ``step(tokens, state)`` gives (logits, state, extra) and whose config
+    names ``pad_id``, ``bos_id`` and ``eos_id``: in eval mode (the model's mode is restored afterwards), the
+    first state from ``start()`` (run in eval mode too), the logits turned into log-probabilities that never
+    choose pad or bos."""
+    c = model.config
+
+    def step(tokens: Tensor, state: Any):
+        logits, state, extra = model.step(tokens, state)
+        return never(logits.float().log_softmax(-1), c.pad_id, c.bos_id), state, extra
+
+    was_training = model.training
+    model.eval()
+    try:
+        return search(
+            step,
+            start(),
+            reorder,
+            expand=expand,
+            batch_size=batch_size,
+            beam_size=beam_size,
+            bos_id=c.bos_id,
+            eos_id=c.eos_id,
+            pad_id=c.pad_id,
+            max_len=max_len,
+            length_penalty=length_penalty,
+            device=device,
+        )
+    finally:
+        model.train(was_training)

@@ -105,35 +105,20 @@ class CaptionDecodeMixin:
 
         ``beam_size`` 1 is greedy; wider beams are batched over images and beams and rank finished captions by
         log p / lp(|Y|) with GNMT's length penalty α = ``length_penalty`` (``seqlab.models.beam``)."""
-        from seqlab.models.beam import never, search
+        from seqlab.models.beam import search_model
 
-        c = self.config
-        if return_attention and c.attention == "none":
+        if return_attention and self.config.attention == "none":
             raise ValueError(
                 "this captioner has no attention (attention='none'): there are no weights to return"
             )
-
-        def step(tokens: Tensor, st: CaptionState):
-            logits, st, alpha = self.step(tokens, st)
-            return never(logits.float().log_softmax(-1), c.pad_id, c.bos_id), st, alpha
-
-        was_training = self.training
-        self.eval()
-        try:
-            out = search(
-                step,
-                self.start(images),
-                CaptionState.select,
-                expand=CaptionState.select,
-                batch_size=images.size(0),
-                beam_size=beam_size,
-                bos_id=c.bos_id,
-                eos_id=c.eos_id,
-                pad_id=c.pad_id,
-                max_len=max_new_tokens,
-                length_penalty=length_penalty,
-                device=images.device,
-            )
-        finally:
-            self.train(was_training)
+        out = search_model(
+            self,
+            lambda: self.start(images),
+            CaptionState.select,
+            batch_size=images.size(0),
+            beam_size=beam_size,
+            max_len=max_new_tokens,
+            length_penalty=length_penalty,
+            device=images.device,
+        )
         return (out.tokens, out.extras) if return_attention else out.tokens

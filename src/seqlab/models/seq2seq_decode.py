@@ -130,33 +130,19 @@ class DecodeMixin:
         ``beam_size`` 1 is greedy decoding; wider beams are batched over sentences and beams, finished
         hypotheses compared by log p / lp(|Y|) with GNMT's length penalty (``seqlab.models.beam``).
         """
-        from seqlab.models.beam import never, search
+        from seqlab.models.beam import search_model
 
-        c = self.config
-        if return_attention and c.attention == "none":
+        if return_attention and self.config.attention == "none":
             raise ValueError("this model has no attention (attention='none'): there are no weights to return")
-
-        def step(tokens: Tensor, st):
-            logits, st, w = self.step(tokens, st)
-            return never(logits.float().log_softmax(-1), c.pad_id, c.bos_id), st, w
-
-        was_training = self.training
-        self.eval()
-        try:
-            out = search(
-                step,
-                self.start(src, src_mask),
-                lambda st, rows: st.select_beams(rows, beam_size),
-                expand=Seq2SeqState.select,
-                batch_size=src.size(0),
-                beam_size=beam_size,
-                bos_id=c.bos_id,
-                eos_id=c.eos_id,
-                pad_id=c.pad_id,
-                max_len=max_new_tokens,
-                length_penalty=length_penalty,
-                device=src.device,
-            )
-        finally:
-            self.train(was_training)
+        out = search_model(
+            self,
+            lambda: self.start(src, src_mask),
+            lambda st, rows: st.select_beams(rows, beam_size),
+            expand=Seq2SeqState.select,
+            batch_size=src.size(0),
+            beam_size=beam_size,
+            max_len=max_new_tokens,
+            length_penalty=length_penalty,
+            device=src.device,
+        )
         return (out.tokens, out.extras) if return_attention else out.tokens
