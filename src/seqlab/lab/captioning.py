@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from seqlab.lab.translation import _run, match_width, slug
+from seqlab.lab.translation import _run, match_width, slug, timed_train
 
 CNN = {"channels": [16, 32, 64]}
 CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -52,19 +52,14 @@ def _planned(label: str, fields: dict[str, Any], minutes: float, seed: int) -> d
     run = {"model": {"name": preset, **fields}, "task": {**TASK, "seed": seed}, "train": {"steps": 30}}
     model, task, _ = build_run(run)
     steps = max(50, int(60 * minutes / _seconds_per_step(model, task)))
-    run["train"] = {
-        "steps": steps,
-        "lr": LR[model.config.decoder],
-        "warmup_steps": min(300, steps // 10),
-        "weight_decay": 0.01,
-        "eval_every": 0,
-        "eval_batches": 16,
-        "save_every": steps,
-        "log_every": max(1, steps // 100),
-        "progress": False,
-        "seed": seed,
-        "device": "cpu",
-    }
+    run["train"] = timed_train(
+        steps,
+        seed,
+        lr=LR[model.config.decoder],
+        warmup_steps=min(300, steps // 10),
+        weight_decay=0.01,
+        eval_batches=16,
+    )
     return run
 
 

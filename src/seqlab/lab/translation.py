@@ -104,10 +104,17 @@ def _planned(label: str, fields: dict[str, Any], minutes: float, seed: int) -> d
     }
     model, task, _ = build_run(run)
     steps = max(50, int(60 * minutes / _seconds_per_step(model, task)))
-    run["train"] = {
+    lr = LR["transformer" if preset.startswith("transformer") else "seq2seq"]
+    run["train"] = timed_train(steps, seed, lr=lr, warmup_steps=min(400, steps // 10))
+    return run
+
+
+def timed_train(steps: int, seed: int, **settings) -> dict[str, Any]:
+    """The train section of a suite's run given its calibrated steps: evaluated and saved once, at the end,
+    on the CPU, without a progress bar, about 100 log lines; ``settings`` add the contender's own fields."""
+    return {
         "steps": steps,
-        "lr": LR["transformer" if preset.startswith("transformer") else "seq2seq"],
-        "warmup_steps": min(400, steps // 10),
+        **settings,
         "eval_every": 0,
         "save_every": steps,
         "log_every": max(1, steps // 100),
@@ -115,7 +122,6 @@ def _planned(label: str, fields: dict[str, Any], minutes: float, seed: int) -> d
         "seed": seed,
         "device": "cpu",
     }
-    return run
 
 
 def _seconds_per_step(model, task, n: int = 8) -> float:
