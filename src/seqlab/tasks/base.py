@@ -155,3 +155,17 @@ def generator_for(seed: int, split: str, index: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(((seed * 1_000_003 + split_code) * 1_000_000_007 + index) % (1 << 63))
     return g
+
+
+def epoch_rows(seed: int, n: int, index: int, batch_size: int) -> Tensor:
+    """(batch_size,) the examples of training batch ``index``: positions ``index * batch_size ...`` of an endless
+    sequence of epochs over ``n`` examples, each epoch a permutation seeded by (seed, 'train', epoch), so every
+    example is seen once per epoch and a batch is a pure function of its index."""
+    positions = torch.arange(index * batch_size, (index + 1) * batch_size)  # (b,) positions in the stream
+    epochs, within = positions // n, positions % n
+    rows = torch.empty(batch_size, dtype=torch.long)
+    for epoch in epochs.unique().tolist():
+        order = torch.randperm(n, generator=generator_for(seed, "train", epoch))  # (n,)
+        here = epochs == epoch
+        rows[here] = order[within[here]]
+    return rows

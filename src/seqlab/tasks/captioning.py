@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import Batch, Task, check_choice, check_index, check_int, generator_for, model_device
+from seqlab.tasks.base import Batch, Task, check_choice, check_index, check_int, epoch_rows, model_device
 
 __all__ = ["CaptioningTask", "word_tokenizer"]
 
@@ -205,21 +205,14 @@ class CaptioningTask(Task):
     def get_batch(self, split: str, index: int) -> Batch:
         index, split = check_index(index), self.check_split(split)
         b = self.batch_size
-        positions = torch.arange(index * b, index * b + b)
         if split == "train":
-            n = len(self._pairs)
-            epochs, within = positions // n, positions % n
-            rows = torch.empty(b, dtype=torch.long)
-            for epoch in epochs.unique().tolist():
-                order = torch.randperm(n, generator=generator_for(self.seed, "train", epoch))
-                rows[epochs == epoch] = order[within[epochs == epoch]]
-            images = self._images["train"][[self._pairs[r][0] for r in rows.tolist()]]
-            seqs = [self._ids[r] for r in rows.tolist()]
-            image_rows = torch.tensor([self._pairs[r][0] for r in rows.tolist()])
+            pairs = epoch_rows(self.seed, len(self._pairs), index, b).tolist()
+            image_rows = torch.tensor([self._pairs[r][0] for r in pairs])
+            seqs = [self._ids[r] for r in pairs]
         else:
-            image_rows = positions % len(self._refs[split])
-            images = self._images[split][image_rows]
+            image_rows = torch.arange(index * b, index * b + b) % len(self._refs[split])  # in order, wrapping
             seqs = [self.encode(self._refs[split][r][0]) for r in image_rows.tolist()]
+        images = self._images[split][image_rows]
         t = max(len(s) for s in seqs) + 1
         tgt_in, tgt_out = torch.full((b, t), PAD), torch.full((b, t), PAD)
         for i, s in enumerate(seqs):

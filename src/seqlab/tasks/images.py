@@ -45,7 +45,7 @@ from seqlab.tasks.base import (
     check_int,
     check_output,
     check_split,
-    generator_for,
+    epoch_rows,
     model_device,
 )
 
@@ -254,20 +254,12 @@ class SequentialImageTask(Task):
     def get_batch(self, split: str, index: int) -> Batch:
         index, split = check_index(index), check_split(split)
         b = self.batch_size
-        positions = torch.arange(index * b, index * b + b)  # (b,) positions in the endless stream
         if split == "train":
-            n = self.n_train
-            epochs, within = positions // n, positions % n
-            rows = torch.empty(b, dtype=torch.long)
-            for epoch in epochs.unique().tolist():
-                order = torch.randperm(n, generator=generator_for(self.seed, "train", epoch))  # (n,)
-                here = epochs == epoch
-                rows[here] = order[within[here]]
             images, labels = self._data["train"]
-            rows = self._train_rows[rows]
+            rows = self._train_rows[epoch_rows(self.seed, self.n_train, index, b)]
         else:
             images, labels = self._data["test"]
-            rows = positions % images.shape[0]
+            rows = torch.arange(index * b, index * b + b) % images.shape[0]  # in order, wrapping around
         return {"x": self._features(images[rows]), "y": labels[rows].clone()}
 
     def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:

@@ -46,6 +46,7 @@ from seqlab.tasks.base import (
     check_int,
     check_output,
     check_split,
+    epoch_rows,
     generator_for,
     model_device,
 )
@@ -201,15 +202,10 @@ class ImageClassificationTask(Task):
         index, split = check_index(index), check_split(split)
         images, labels = self._splits[split]
         n, b = len(labels), self.batch_size
-        positions = torch.arange(index * b, index * b + b)  # (b,) positions in the endless stream
         if split == "train":
-            epochs, within = positions // n, positions % n
-            rows = torch.empty(b, dtype=torch.long)
-            for epoch in epochs.unique().tolist():
-                order = torch.randperm(n, generator=generator_for(self.seed, "train", epoch))
-                rows[epochs == epoch] = order[within[epochs == epoch]]
+            rows = epoch_rows(self.seed, n, index, b)
         else:
-            rows = positions % n
+            rows = torch.arange(index * b, index * b + b) % n  # in order, wrapping around
         x = images[rows].float() / 255.0  # (b, c, S, S) in [0, 1]
         if split == "train" and self.augment:
             # a stream apart from the epochs' permutations (seeded by (seed, 'train', epoch))
