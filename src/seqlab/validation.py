@@ -17,6 +17,7 @@ __all__ = [
     "check_nonnegative",
     "check_positive_floats",
     "check_positive_ints",
+    "check_special_ids",
 ]
 
 
@@ -79,3 +80,10 @@ def check_dropout(obj: Any, name: str = "dropout", prefix: str = "") -> None:
 def check_divisible(d_model: int, n_heads: int, hint: str = "") -> None:
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}{hint}")
+
+
+def check_special_ids(obj: Any, vocab_size: int, what: str = "the vocabulary") -> None:
+    """``obj.pad_id``, ``bos_id`` and ``eos_id`` are three distinct ids in [0, vocab_size)."""
+    ids = (obj.pad_id, obj.bos_id, obj.eos_id)
+    if len(set(ids)) != 3 or min(ids) < 0 or max(ids) >= vocab_size:
+        raise ValueError(f"pad_id, bos_id and eos_id must be distinct ids of {what}, got {ids}")

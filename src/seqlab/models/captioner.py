@@ -63,7 +63,14 @@ from seqlab.layers.transformer_blocks import TransformerDecoderLayer
 from seqlab.models.captioner_decode import CaptionDecodeMixin, CaptionState
 from seqlab.models.generation import check_token_ids
 from seqlab.models.vit import ViT, ViTConfig
-from seqlab.validation import check_choices, check_divisible, check_dropout, check_positive_ints
+from seqlab.validation import (
+    check_choices,
+    check_divisible,
+    check_dropout,
+    check_nonnegative,
+    check_positive_ints,
+    check_special_ids,
+)
 
 __all__ = ["PRESETS", "CaptionState", "Captioner", "CaptionerConfig"]
 
@@ -142,11 +149,8 @@ class CaptionerConfig:
                     "the Transformer decoder reads the image through cross-attention: attention='soft'"
                 )
             check_divisible(self.d_model, self.n_heads)
-        if not 0 <= self.attention_penalty < float("inf"):
-            raise ValueError(f"attention_penalty must be a number >= 0, got {self.attention_penalty!r}")
-        ids = (self.pad_id, self.bos_id, self.eos_id)
-        if len(set(ids)) != 3 or not all(0 <= i < self.vocab_size for i in ids):
-            raise ValueError(f"pad_id, bos_id, eos_id must be distinct ids below vocab_size; got {ids}")
+        check_nonnegative(self, ("attention_penalty",), numbers=True)
+        check_special_ids(self, self.vocab_size)
 
     @property
     def grid(self) -> int:

@@ -55,7 +55,7 @@ from seqlab.layers.rnn_attention import AdditiveAttention, AttentionalHidden
 from seqlab.models.generation import check_token_ids
 from seqlab.models.lm import Block, LMConfig
 from seqlab.models.seq2seq_decode import DecodeMixin, Seq2SeqState
-from seqlab.validation import check_choices, check_dropout, check_positive_ints
+from seqlab.validation import check_choices, check_dropout, check_positive_ints, check_special_ids
 
 __all__ = ["PRESETS", "Seq2Seq", "Seq2SeqConfig", "Seq2SeqState"]
 
@@ -114,11 +114,7 @@ class Seq2SeqConfig:
                 f"a bidirectional recurrent encoder gives each direction d_model / 2 units; d_model={self.d_model} is odd"
             )
         self.encoder_config = dataclasses.asdict(make_mixer_config(spec.name, self.encoder_config))
-        ids = (self.pad_id, self.bos_id, self.eos_id)
-        if len(set(ids)) != 3 or min(ids) < 0 or max(ids) >= min(self.vocab_size, self.target_vocab):
-            raise ValueError(
-                f"pad_id, bos_id and eos_id must be distinct ids of both vocabularies, got {ids}"
-            )
+        check_special_ids(self, min(self.vocab_size, self.target_vocab), "both vocabularies")
 
     @property
     def target_vocab(self) -> int:
