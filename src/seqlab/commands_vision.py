@@ -89,20 +89,15 @@ def _test_image(index: int, task: dict) -> Tensor:
 
 
 class _Words:
-    """A captioning checkpoint's vocabulary (saved in its task description): ids -> text and words."""
+    """A captioning checkpoint's vocabulary (saved in its task description): generated ids -> words, text."""
 
     def __init__(self, vocabulary: list[str]):
         self.vocabulary = vocabulary
 
     def words(self, ids: Tensor) -> list[str]:
-        out = []
-        for i in ids.tolist()[1:]:  # after bos
-            if i == 0:
-                break
-            out.append(self.vocabulary[i])
-            if self.vocabulary[i] == "</s>":
-                break
-        return out
+        from seqlab.tasks.captioning import generated_words
+
+        return generated_words(ids, self.vocabulary.__getitem__)
 
     def text(self, ids: Tensor) -> str:
         return " ".join(w for w in self.words(ids) if w != "</s>")
@@ -148,15 +143,18 @@ def vit_attention_command(args: argparse.Namespace, model, task: dict) -> int:
 
     c = model.config
     image = _image(args, task, c.image_size, c.in_channels)
-    maps = model.attention_maps(_standardize(image[None], task))  # (L, 1, h, T, T)
+    x = _standardize(image[None], task)  # (1, c, S, S)
+    maps = model.attention_maps(x)  # (L, 1, h, T, T)
     grid = model.patch_embed.grid(image.shape[-2], image.shape[-1])
     has_cls = model.cls_token is not None
     query = "cls" if has_cls else (grid[0] // 2) * grid[1] + grid[1] // 2  # no class token: the central patch
     out = Path(args.out)
     out = out / "vit-attention.png" if out.suffix.lower() != ".png" else out
     path = plot_vit_attention(image, maps, grid, out, has_cls=has_cls, query=query)
-    logits = model(_standardize(image[None], task))
-    label = task.get("classes", [])[int(logits.argmax())] if task.get("classes") else int(logits.argmax())
+    with torch.no_grad():
+        logits = model(x)
+    k, classes = int(logits.argmax()), task.get("classes")
+    label = classes[k] if classes else k
     print(f"predicted: {label}\nwrote {path}")
     return 0
 

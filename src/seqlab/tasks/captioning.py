@@ -41,7 +41,7 @@ from torch import Tensor
 
 from seqlab.tasks.base import Batch, Task, check_choice, check_index, check_int, epoch_rows, model_device
 
-__all__ = ["CaptioningTask", "word_tokenizer"]
+__all__ = ["CaptioningTask", "generated_words", "word_tokenizer"]
 
 Source = Literal["scenes", "tuxpaint", "folder"]
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -58,6 +58,21 @@ def word_tokenizer(captions: list[str]):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator(captions, trainers.WordLevelTrainer(special_tokens=SPECIALS, show_progress=False))
     return tok
+
+
+def generated_words(ids: list[int] | Tensor, token_of) -> list[str]:
+    """The words of generated ids, one per decoding step: after bos, up to the first pad, eos included;
+    ``token_of(id)`` names an id (a tokenizer's ``id_to_token``, or a saved vocabulary's lookup)."""
+    ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+    ids = ids[1:] if ids and ids[0] == BOS else ids
+    out = []
+    for i in ids:
+        if i == PAD:
+            break
+        out.append(token_of(i))
+        if i == EOS:
+            break
+    return out
 
 
 @lru_cache(maxsize=8)
@@ -185,16 +200,7 @@ class CaptioningTask(Task):
 
     def words(self, ids: list[int] | Tensor) -> list[str]:
         """The words of generated ids (after bos, up to and with eos), one per decoding step."""
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-        ids = ids[1:] if ids and ids[0] == BOS else ids
-        out = []
-        for i in ids:
-            if i == PAD:
-                break
-            out.append(self.word_tokenizer.id_to_token(i))
-            if i == EOS:
-                break
-        return out
+        return generated_words(ids, self.word_tokenizer.id_to_token)
 
     def prepare(self, images: Tensor) -> Tensor:
         """uint8 (b, 3, S, S) -> the standardized floats the model was trained on."""
