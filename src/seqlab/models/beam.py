@@ -371,10 +371,8 @@ def search_model(
     device,
     expand: ReorderFn | None = None,
 ) -> Decoded:
-    """:func:`search` over a model whose ``step(tokens, state)`` gives (logits, state, extra) and whose config
-    names ``pad_id``, ``bos_id`` and ``eos_id``: in eval mode (the model's mode is restored afterwards), the
-    first state from ``start()`` (run in eval mode too), the logits turned into log-probabilities that never
-    choose pad or bos."""
+    """:func:`search` in eval mode (restored after) over ``model.step(tokens, state) -> (logits, state, extra)``
+    from ``start()``, never choosing pad or bos; the ids come from ``model.config`` (pad_id, bos_id, eos_id)."""
     c = model.config
 
     def step(tokens: Tensor, state: Any):
