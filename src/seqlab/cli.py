@@ -25,6 +25,7 @@ from seqlab.commands import (
     announce,
     compare_minutes_command,
 )
+from seqlab.commands_video import add_viz_video, compare_video_command
 from seqlab.commands_vision import add_caption, add_viz_attention, add_viz_caption
 from seqlab.run import (
     config_fields,
@@ -163,6 +164,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.suite in ("translation", "captioning"):
         return compare_minutes_command(args)
+    if args.suite == "video":
+        return compare_video_command(args)
     if args.minutes is not None:
         raise ValueError(
             "--minutes sets the translation and captioning suites' training time; the other suites count steps"
@@ -224,7 +227,8 @@ def _add_compare(sub) -> None:
         default="quick",
         help="quick (7-15 min on 2 cores with --jobs 2), full (40-60 min with --jobs 2), translation "
         "(four encoder-decoders on the Bible pairs, --minutes each; 2 at a time by default) or captioning "
-        "(Show and Tell, Show-Attend-Tell and ViT + Transformer on generated scenes, --minutes each)",
+        "(Show and Tell, Show-Attend-Tell and ViT + Transformer on generated scenes, --minutes each) or video "
+        "(every mixer and ViViT on actions, frame events, captions and long-range actions; 15-30 min)",
     )
     c.add_argument(
         "--minutes",
@@ -289,6 +293,7 @@ def _add_viz(sub) -> None:
     vp.set_defaults(func=_cmd_viz_positions)
     add_viz_alignment(vsub)
     add_viz_caption(vsub)
+    add_viz_video(vsub)
 
 
 def _add_list(sub) -> None:

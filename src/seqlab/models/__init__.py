@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from seqlab.layers.mixer import mixer_spec
-from seqlab.models import captioner, encoder, gpt, lm, mamba, rnn_lm, seq2seq, transformer, vit
+from seqlab.models import captioner, encoder, gpt, lm, mamba, rnn_lm, seq2seq, transformer, video, vit
 from seqlab.models.legacy import split_mixer_fields, upgrade_config
 
 FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
@@ -29,6 +29,7 @@ FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "seq2seq": (seq2seq.Seq2SeqConfig, seq2seq.Seq2Seq),
     "vit": (vit.ViTConfig, vit.ViT),
     "captioner": (captioner.CaptionerConfig, captioner.Captioner),
+    "video": (video.VideoConfig, video.VideoModel),
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("lm", fields) for name, fields in rnn_lm.PRESETS.items()},
@@ -40,6 +41,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("seq2seq", fields) for name, fields in seq2seq.PRESETS.items()},
     **{name: ("vit", fields) for name, fields in vit.PRESETS.items()},
     **{name: ("captioner", fields) for name, fields in captioner.PRESETS.items()},
+    **{name: ("video", fields) for name, fields in video.PRESETS.items()},
 }
 
 __all__ = ["FAMILIES", "PRESETS", "build", "count_parameters", "create", "list_models", "make_config"]

@@ -50,18 +50,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.conv import ConvGridEncoder
-from seqlab.layers.norms import LayerNorm
 from seqlab.layers.positional import sinusoidal_2d_table
-from seqlab.layers.recurrent import LSTM
-from seqlab.layers.recurrent_cells import _lstm_update
-from seqlab.layers.rnn_attention import AdditiveAttention
-from seqlab.layers.transformer_blocks import TransformerDecoderLayer
 from seqlab.models.captioner_decode import CaptionDecodeMixin, CaptionState
-from seqlab.models.generation import check_token_ids
 from seqlab.models.vit import ViT, ViTConfig
 from seqlab.validation import (
     check_choices,
@@ -199,32 +192,8 @@ class Captioner(CaptionDecodeMixin, nn.Module):
             )
             self.vit = ViT(vit, **kw)
             d_ann = c.d_encoder
-        self.d_ann, d, e = d_ann, c.d_model, c.d_embed or c.d_model
-        self.drop = nn.Dropout(c.dropout)
-        if c.decoder == "transformer":
-            self.embed = nn.Embedding(c.vocab_size, d, **kw)
-            self.pos = nn.Parameter(torch.randn(c.max_len, d, **kw) * 0.02)
-            self.memory_proj = nn.Linear(d_ann, d, **kw) if d_ann != d else nn.Identity()
-            self.layers = nn.ModuleList(
-                TransformerDecoderLayer(
-                    d, c.n_heads, dropout=c.dropout, activation="gelu", norm_first=True, **kw
-                )
-                for _ in range(c.n_decoder_layers)
-            )
-            self.norm = LayerNorm(d, **kw)
-            return
-        self.embed = nn.Embedding(c.vocab_size, e, **kw)
-        if c.attention == "none":  # Show and Tell
-            self.image_proj = nn.Linear(c.grid**2 * d_ann, e, **kw)  # W_I vec(a)
-            self.lstm = LSTM(e, d, **kw)
-            self.out = nn.Linear(d, c.vocab_size, **kw)
-        else:  # Show, Attend and Tell
-            self.init_h, self.init_c = nn.Linear(d_ann, d, **kw), nn.Linear(d_ann, d, **kw)
-            self.attn = AdditiveAttention(d, d_ann, c.d_attn or d, **kw)
-            self.beta = nn.Linear(d, 1, **kw) if c.gate else None
-            self.lstm = LSTM(e + d_ann, d, **kw)
-            self.out_h, self.out_z = nn.Linear(d, e, **kw), nn.Linear(d_ann, e, **kw)  # L_h, L_z
-            self.out = nn.Linear(e, c.vocab_size, **kw)  # L_o
+        self.d_ann = d_ann
+        self._build_decoder(d_ann, c.grid**2, **kw)
 
     # ---- the image ------------------------------------------------------------------------------------------
 
@@ -251,50 +220,7 @@ class Captioner(CaptionDecodeMixin, nn.Module):
 
     def start(self, images: Tensor) -> CaptionState:
         """The decoder's state before the first word (bos): the image read, the initial recurrent state."""
-        a = self.encode(images)  # (b, L, D)
-        c = self.config
-        if c.decoder == "transformer":
-            return CaptionState(self.memory_proj(a), caches=None)
-        if c.attention == "none":
-            x = self.image_proj(a.flatten(1))  # x_{-1} = W_I vec(a): (b, L D) -> (b, e)
-            _, (h, c0) = self.lstm(x.unsqueeze(1))  # the image read once: (b, 1, e) -> (1, b, d) each
-            return CaptionState(a, rnn=(h[0], c0[0]))
-        mean = a.mean(1)  # ā (b, D)
-        h0, c0 = torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))  # (b, d) each
-        return CaptionState(a, keys_proj=self.attn.project_keys(a), rnn=(h0, c0))
-
-    # ---- one word ----------------------------------------------------------------------------------------
-
-    def _attend(self, h: Tensor, state: CaptionState) -> tuple[Tensor, Tensor]:
-        """Show, Attend and Tell's context from h_{t-1} (b, d): ẑ_t (b, D) and α_t (b, L)."""
-        z, alpha = self.attn(h, state.memory, keys_proj=state.keys_proj)  # (b, D), (b, L)
-        if self.beta is not None:
-            z = torch.sigmoid(self.beta(h)) * z  # β_t ẑ_t: (b, 1) * (b, D)
-        return z, alpha
-
-    def _deep_output(self, emb: Tensor, h: Tensor, z: Tensor) -> Tensor:
-        return self.out(self.drop(emb + self.out_h(h) + self.out_z(z)))  # L_o(E y + L_h h + L_z z): (.., v)
-
-    def _lstm_weights(self) -> tuple[Tensor, Tensor, Tensor]:
-        w_ih, w_hh, b_ih, b_hh = self.lstm._layer_params(0, False)
-        return w_ih, w_hh.t(), b_ih + b_hh
-
-    def step(self, tokens: Tensor, state: CaptionState) -> tuple[Tensor, CaptionState, Tensor | None]:
-        """The previous words' last token (b,) -> logits (b, v) for the next word, the new state, α (b, L)."""
-        c = self.config
-        if c.decoder == "transformer":
-            h, caches, w = self._decoder_stack(tokens[:, None], state.memory, state.caches, need_weights=True)
-            return self._head(h[:, -1]), CaptionState(state.memory, caches=caches), w[:, :, -1].mean(1)
-        emb = self.embed(tokens)  # (b, e)
-        w_ih, w_hh_t, bias = self._lstm_weights()
-        h, cell = state.rnn
-        if c.attention == "none":
-            h, cell = _lstm_update(F.linear(emb, w_ih, bias), h, cell, w_hh_t)
-            return self.out(self.drop(h)), CaptionState(state.memory, rnn=(h, cell)), None
-        z, alpha = self._attend(h, state)
-        h, cell = _lstm_update(F.linear(torch.cat([emb, z], -1), w_ih, bias), h, cell, w_hh_t)
-        logits = self._deep_output(emb, h, z)
-        return logits, CaptionState(state.memory, state.keys_proj, (h, cell)), alpha
+        return self.start_decoder(self.encode(images))  # (b, c, S, S) -> a (b, L, D) -> the state
 
     # ---- teacher forcing -----------------------------------------------------------------------------------
 
@@ -303,29 +229,7 @@ class Captioner(CaptionDecodeMixin, nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """images (b, c, S, S), the caption so far tgt_in (b, t) (bos first) -> logits (b, t, v) for the next
         words; with ``return_attention`` also α (b, t, L), each row summing to one over the regions."""
-        c = self.config
-        check_token_ids(tgt_in, c.vocab_size)
-        if tgt_in.dim() != 2 or tgt_in.size(0) != images.size(0):
-            raise ValueError(
-                f"tgt_in must be (b, t) with b = {images.size(0)} images, got {tuple(tgt_in.shape)}"
-            )
-        if return_attention and c.attention == "none":
-            raise ValueError(
-                "this captioner has no attention (attention='none'): there are no weights to return"
-            )
-        state = self.start(images)
-        if c.decoder == "transformer":
-            if tgt_in.size(1) > c.max_len:
-                raise ValueError(f"a caption of {tgt_in.size(1)} tokens exceeds max_len={c.max_len}")
-            h, _, w = self._decoder_stack(tgt_in, state.memory, None, need_weights=return_attention)
-            logits = self._head(h)
-            return (logits, w.mean(1)) if return_attention else logits
-        emb = self.embed(tgt_in)  # (b, t, e)
-        if c.attention == "none":  # the fused LSTM over the whole caption
-            top, _ = self.lstm(emb, state=tuple(s.unsqueeze(0) for s in state.rnn))  # (b, t, d)
-            return self.out(self.drop(top))
-        logits, alpha = self._attend_loop(emb, state)
-        return (logits, alpha) if return_attention else logits
+        return self.decode(self.start(images), tgt_in, return_attention)
 
 
 def _preset(**fields) -> dict:

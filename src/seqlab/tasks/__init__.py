@@ -9,7 +9,7 @@ from seqlab.tasks.base import Task
 
 
 def _registry() -> dict[str, Any]:
-    from seqlab.tasks import captioning, images, probes, synthetic, text, translation, vision
+    from seqlab.tasks import captioning, images, probes, synthetic, text, translation, video, vision
 
     return {
         "shakespeare": lambda **kw: text.CharLMTask(source="shakespeare", **kw),
@@ -23,6 +23,7 @@ def _registry() -> dict[str, Any]:
         "translation": translation.TranslationTask,
         "image_classification": vision.ImageClassificationTask,
         "captioning": captioning.CaptioningTask,
+        "video": video.VideoTask,
     }
 
 

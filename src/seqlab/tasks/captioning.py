@@ -41,7 +41,7 @@ from torch import Tensor
 
 from seqlab.tasks.base import Batch, Task, check_choice, check_index, check_int, epoch_rows, model_device
 
-__all__ = ["CaptioningTask", "generated_words", "word_tokenizer"]
+__all__ = ["CaptioningTask", "caption_loss", "generated_words", "teacher_forcing", "word_tokenizer"]
 
 Source = Literal["scenes", "tuxpaint", "folder"]
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -73,6 +73,48 @@ def generated_words(ids: list[int] | Tensor, token_of) -> list[str]:
         if i == EOS:
             break
     return out
+
+
+def teacher_forcing(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
+    """Caption ids -> tgt_in (b, t) = bos + ids and tgt_out (b, t) = ids + eos, right-padded with 0."""
+    b, t = len(seqs), max(len(s) for s in seqs) + 1
+    tgt_in, tgt_out = torch.full((b, t), PAD), torch.full((b, t), PAD)
+    for i, s in enumerate(seqs):
+        tgt_in[i, : len(s) + 1] = torch.tensor([BOS, *s])
+        tgt_out[i, : len(s) + 1] = torch.tensor([*s, EOS])
+    return tgt_in, tgt_out
+
+
+def caption_loss(
+    model, inputs: Tensor, tgt_in: Tensor, y: Tensor, what: str
+) -> tuple[Tensor, dict[str, float]]:
+    """The captioners' loss: cross-entropy per caption token, plus λ · mean_i (1 − Σ_t α_ti)² for a model with
+    soft LSTM attention (λ its ``config.attention_penalty``); ``inputs`` are images or clips (named ``what``)."""
+    c = getattr(model, "config", None)
+    penalty = getattr(c, "attention_penalty", 0.0) if getattr(c, "decoder", None) == "lstm" else 0.0
+    penalty = penalty if getattr(c, "attention", "none") == "soft" else 0.0
+    out = model(inputs, tgt_in, return_attention=True) if penalty else model(inputs, tgt_in)
+    logits, alpha = out if penalty else (out, None)
+    if not isinstance(logits, Tensor) or logits.shape[:2] != y.shape:
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(
+            f"captioning expects model({what}, tgt_in) -> (b, t, v) with (b, t)={tuple(y.shape)}, got {got}"
+        )
+    flat, target = logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1)
+    nll = F.cross_entropy(flat, target, ignore_index=PAD)
+    metrics = {"nll": nll.item()}
+    loss = nll
+    if alpha is not None:  # Σ_t over the real words of each caption: (b, t, L) -> (b, L)
+        coverage = (alpha * (y != PAD).unsqueeze(-1)).sum(1)
+        reg = ((1.0 - coverage) ** 2).mean()
+        loss = loss + penalty * reg
+        metrics["attention_reg"] = reg.item()
+    with torch.no_grad():
+        real = target != PAD
+        metrics["acc"] = (flat.argmax(-1)[real] == target[real]).float().mean().item()
+    metrics["loss"] = loss.item()
+    metrics["ppl"] = math.exp(min(metrics["nll"], 50.0))
+    return loss, metrics
 
 
 @lru_cache(maxsize=8)
@@ -218,13 +260,9 @@ class CaptioningTask(Task):
         else:
             image_rows = torch.arange(index * b, index * b + b) % len(self._refs[split])  # in order, wrapping
             seqs = [self.encode(self._refs[split][r][0]) for r in image_rows.tolist()]
-        images = self._images[split][image_rows]
-        t = max(len(s) for s in seqs) + 1
-        tgt_in, tgt_out = torch.full((b, t), PAD), torch.full((b, t), PAD)
-        for i, s in enumerate(seqs):
-            tgt_in[i, : len(s) + 1] = torch.tensor([BOS, *s])
-            tgt_out[i, : len(s) + 1] = torch.tensor([*s, EOS])
-        return {"images": self.prepare(images), "tgt_in": tgt_in, "tgt_out": tgt_out, "index": image_rows}
+        tgt_in, tgt_out = teacher_forcing(seqs)
+        images = self.prepare(self._images[split][image_rows])
+        return {"images": images, "tgt_in": tgt_in, "tgt_out": tgt_out, "index": image_rows}
 
     def tokens_in(self, batch: Batch) -> int:
         return int((batch["tgt_out"] != PAD).sum())
@@ -232,30 +270,7 @@ class CaptioningTask(Task):
     def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
         dev = model_device(model)
         images, tgt_in, y = (batch[k].to(dev) for k in ("images", "tgt_in", "tgt_out"))
-        c = getattr(model, "config", None)
-        penalty = getattr(c, "attention_penalty", 0.0) if getattr(c, "decoder", None) == "lstm" else 0.0
-        penalty = penalty if getattr(c, "attention", "none") == "soft" else 0.0
-        out = model(images, tgt_in, return_attention=True) if penalty else model(images, tgt_in)
-        logits, alpha = out if penalty else (out, None)
-        if not isinstance(logits, Tensor) or logits.shape[:2] != y.shape:
-            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-            raise ValueError(
-                f"captioning expects model(images, tgt_in) -> (b, t, v) with (b, t)={tuple(y.shape)}, got {got}"
-            )
-        flat, target = logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1)
-        nll = F.cross_entropy(flat, target, ignore_index=PAD)
-        metrics = {"nll": nll.item()}
-        loss = nll
-        if alpha is not None:  # Σ_t over the real words of each caption: (b, t, L) -> (b, L)
-            coverage = (alpha * (y != PAD).unsqueeze(-1)).sum(1)
-            reg = ((1.0 - coverage) ** 2).mean()
-            loss = loss + penalty * reg
-            metrics["attention_reg"] = reg.item()
-        with torch.no_grad():
-            real = target != PAD
-            metrics["acc"] = (flat.argmax(-1)[real] == target[real]).float().mean().item()
-        metrics["loss"] = loss.item()
-        metrics["ppl"] = math.exp(min(metrics["nll"], 50.0))
+        loss, metrics = caption_loss(model, images, tgt_in, y, "images")
         return loss, metrics, None
 
     # ---- captions and scores -----------------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""Subcommands for frame-sequence models that :mod:`seqlab.cli` registers: ``seqlab viz video`` (a clip as a
+strip of frames with true and predicted labels, and a caption model's attention over the frames) and
+``seqlab compare --suite video``.
+
+The clip comes from the checkpoint's own task, rebuilt from the run settings saved with it (generated clips
+are a pure function of their seed; a folder is read again): ``--split`` and ``--clip N`` choose it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from seqlab.run import non_negative_int
+
+__all__ = ["add_viz_video", "compare_video_command"]
+
+
+def _video_run(path: str):
+    """(model, task) of a video checkpoint: the model in eval mode, the task rebuilt from the saved run."""
+    from seqlab.commands import announce
+    from seqlab.run import build_task
+    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
+
+    where = resolve_checkpoint(path)
+    model = load_model(where).eval()
+    if getattr(model, "family", None) != "video":
+        raise ValueError(
+            f"{where} holds a {getattr(model, 'family', '?')!r} model; viz video needs a 'video' model"
+        )
+    announce(where)
+    return model, build_task({"task": load_config(where)["run"]["task"]})
+
+
+def _cmd_viz_video(args: argparse.Namespace) -> int:
+    from seqlab.viz.video import plot_clip
+
+    model, task = _video_run(args.checkpoint)
+    clips = task.clips[task.check_split(args.split)]
+    if args.clip >= len(clips):
+        raise ValueError(
+            f"--clip {args.clip}: the {args.split} split has {len(clips)} clips (0..{len(clips) - 1})"
+        )
+    frames = clips.frames[args.clip]  # (t, c, S, S) uint8
+    names = task.class_names
+    kw: dict = {}
+    if task.label == "frames":
+        kw["true_labels"] = [names[i] for i in clips.events[args.clip].tolist()]
+        kw["predicted"] = [names[i] for i in task.predict(model, frames[None])[0].tolist()]
+        title = "frame events, true over predicted"
+    elif task.label == "action":
+        guess = names[int(task.predict(model, frames[None])[0])]
+        title = f"action: true {names[int(clips.actions[args.clip])]}, predicted {guess}"
+    else:
+        title = _caption_title(model, task, frames, clips.captions[args.clip], kw)
+    path = plot_clip(frames, args.out, title=title, **kw)
+    print(f"{title}\nwrote {path}")
+    return 0
+
+
+def _caption_title(model, task, frames, truth: str, kw: dict) -> str:
+    """The caption line of the figure; with an attentive decoder, the words and their attention into ``kw``."""
+    x = task.prepare(frames[None])
+    if model.config.attention == "soft":
+        ids, alpha = model.generate(x, max_new_tokens=task.max_caption_len + 4, return_attention=True)
+        from seqlab.tasks.captioning import generated_words
+
+        kw["words"] = generated_words(ids[0], task.word_tokenizer.id_to_token)
+        kw["attention"] = alpha[0, : len(kw["words"])]
+    else:
+        ids = model.generate(x, max_new_tokens=task.max_caption_len + 4)
+    return f"true: {truth}\npredicted: {task.decode(ids[0])}"
+
+
+def add_viz_video(vsub) -> None:
+    v = vsub.add_parser(
+        "video", help="a clip's frames with true and predicted labels (and a caption model's attention)"
+    )
+    v.add_argument(
+        "--checkpoint", required=True, help="run directory or checkpoint directory of a video model"
+    )
+    v.add_argument("--split", default="test", help="train, val or test (default: test)")
+    v.add_argument("--clip", type=non_negative_int, default=0, help="the clip's index in the split")
+    v.add_argument("--out", default="video.png", help="PNG file to write")
+    v.set_defaults(func=_cmd_viz_video)
+
+
+def compare_video_command(args: argparse.Namespace) -> int:
+    """``seqlab compare --suite video``: every mixer (or ``--mixers``) on every task (or ``--tasks``)."""
+    from seqlab.lab.video import compare_video
+
+    if args.minutes is not None:
+        raise ValueError(
+            "--minutes sets the translation and captioning suites' time; the video suite counts steps"
+        )
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = args.out if args.out != "runs/compare" else "runs/compare-video"
+    paths = compare_video(out, args.mixers, args.tasks, jobs=args.jobs or 2, seed=args.seed)
+    print(Path(paths["table"]).read_text(encoding="utf-8"))
+    print(f"wrote {paths['results']}, {paths['table']} and {paths['plot']} in {paths['minutes']:.1f} min")
+    return 0
