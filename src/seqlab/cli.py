@@ -25,6 +25,7 @@ from seqlab.commands import (
     announce,
     compare_minutes_command,
 )
+from seqlab.commands_series import add_forecast
 from seqlab.commands_video import add_viz_video, compare_video_command
 from seqlab.commands_vision import add_caption, add_viz_attention, add_viz_caption
 from seqlab.run import (
@@ -321,6 +322,7 @@ def make_parser() -> argparse.ArgumentParser:
         _add_generate,
         add_translate,
         add_caption,
+        add_forecast,
         add_eval,
         _add_compare,
         _add_viz,

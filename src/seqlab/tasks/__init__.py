@@ -10,6 +10,7 @@ from seqlab.tasks.base import Task
 
 def _registry() -> dict[str, Any]:
     from seqlab.tasks import captioning, images, probes, synthetic, text, translation, video, vision
+    from seqlab.tasks.timeseries import TASKS as SERIES_TASKS
 
     return {
         "shakespeare": lambda **kw: text.CharLMTask(source="shakespeare", **kw),
@@ -23,6 +24,7 @@ def _registry() -> dict[str, Any]:
         "translation": translation.TranslationTask,
         "image_classification": vision.ImageClassificationTask,
         "captioning": captioning.CaptioningTask,
+        **SERIES_TASKS,  # "forecast", "series_classification"
         "video": video.VideoTask,
     }
 

@@ -1,0 +1,166 @@
+"""``seqlab forecast``, which :mod:`seqlab.cli` registers with :func:`add_forecast`: a trained forecasting
+checkpoint (task ``forecast``) continues a series, printing the numbers and drawing them.
+
+    seqlab forecast --checkpoint runs/sunspots --horizon 8                         # after the series' end
+    seqlab forecast --checkpoint runs/sunspots --horizon 8 --test --out f.png      # the test span, with truth
+    seqlab forecast --checkpoint runs/mine --csv data.csv --column sales --horizon 12
+
+The series is the checkpoint's own unless ``--dataset NAME`` or ``--csv FILE --column NAME`` names another;
+it is read, split and normalized exactly as the task does in training (statistics of its own training span,
+which for the checkpoint's own series are the ones it trained with), with the checkpoint's context, mode
+and split fractions. ``--test`` forecasts from the first point of the test span, from the ``context``
+values before it, and scores the forecast against the truth beside the naive, seasonal-naive and linear
+baselines of that same origin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+
+import numpy as np
+
+from seqlab.run import positive_int
+
+__all__ = ["add_forecast", "forecast_command"]
+
+
+def _forecaster(path: str):
+    """(model, the task description saved with it) of a forecasting checkpoint; any other is an error."""
+    from seqlab.commands import announce
+    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
+
+    where = resolve_checkpoint(path)
+    task = load_config(where).get("task") or {}
+    if task.get("name") != "forecast":
+        raise ValueError(
+            f"{where} is a {task.get('name', 'unknown')!r} run, not a forecasting run: train one with "
+            "`seqlab train --task.name=forecast --task.source=sunspots --model.name=...`"
+        )
+    model = load_model(where).eval()
+    if getattr(model, "family", None) != "lm":
+        raise ValueError(
+            f"{where} holds a {getattr(model, 'family', '?')!r} model; forecasting needs an 'lm'"
+        )
+    announce(where)
+    return model, task
+
+
+def _task(saved: dict, args: argparse.Namespace):
+    """The forecasting task of the checkpoint's settings on the series the command names."""
+    from seqlab.tasks import create_task
+    from seqlab.tasks.timeseries import ForecastTask
+
+    if args.csv is not None and args.dataset is not None:
+        raise ValueError("give --csv FILE --column NAME or --dataset NAME, not both")
+    if (args.csv is None) != (args.column is None):
+        raise ValueError("--csv and --column go together: --csv FILE --column NAME")
+    settings = {k: saved[k] for k in inspect.signature(ForecastTask).parameters if k in saved}
+    source = args.csv or args.dataset
+    if source is not None and source != saved["source"]:  # another series: its own column and season
+        settings.update(source=source, column=args.column, season=None)
+    if args.interpolate:
+        settings["gaps"] = "interpolate"
+    try:
+        return create_task("forecast", **settings)
+    except ValueError as e:
+        if settings["source"] == saved["source"]:
+            raise
+        raise ValueError(f"{settings['source']} cannot be read with this checkpoint's settings: {e}") from e
+
+
+def _origin(task, args: argparse.Namespace) -> int:
+    """The index of the first forecast step, after checking that the horizon fits."""
+    h, n = args.horizon, task.n_points
+    if task.mode == "direct" and h > task.horizon:
+        raise ValueError(
+            f"--horizon {h}: this direct model was trained to forecast {task.horizon} steps at most"
+        )
+    if args.test:
+        start, end = task.spans["test"]
+        if h > end - start:
+            raise ValueError(f"--horizon {h} is longer than the test span ({end - start} points); lower it")
+        return start
+    if h > n:
+        raise ValueError(f"--horizon {h} is longer than the series itself ({n} points); lower it")
+    return n
+
+
+def _scores(task, origin: int, pred: np.ndarray, h: int) -> tuple[np.ndarray, dict[str, float]]:
+    """(truth (H,), MASE and MAE of the model and MASE of each baseline) at one test origin."""
+    from seqlab.tasks.series_data import forecast_scores, naive_forecast, seasonal_naive_forecast
+
+    o = np.array([origin])
+    truth = task.truth(o, h)  # (1, H)
+    out = forecast_scores(pred[None], truth, task.scale)
+    base = {
+        "naive": naive_forecast(task.target, o, h),
+        "seasonal naive": seasonal_naive_forecast(task.target, o, h, task.season),
+    }
+    if h <= task.horizon:
+        base["linear"] = task.linear.predict(task.target, o)[:, :h]
+    out.update({f"{k} mase": forecast_scores(v, truth, task.scale)["mase"] for k, v in base.items()})
+    return truth[0], out
+
+
+def _plot(task, origin: int, pred: np.ndarray, truth: np.ndarray | None, path: str) -> str:
+    from seqlab.viz.figures import pyplot, save_figure
+
+    plt = pyplot()
+    h = len(pred)
+    first = max(0, origin - max(3 * task.context, 2 * h))
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(np.arange(first, origin), task.target[first:origin], color="0.3", label="history")
+    steps = np.arange(origin, origin + h)
+    if truth is not None:
+        ax.plot(steps, truth, color="black", ls="--", label="truth")
+    ax.plot(steps, pred, color="tab:red", marker=".", label=f"forecast ({task.mode})")
+    ax.axvline(origin - 0.5, color="0.7", lw=0.8)
+    ax.set_xlabel(f"t ({task.unit}s since the start of the series)")
+    ax.set_ylabel(task.column)
+    ax.set_title(f"{task.source}: {h}-step forecast from t = {origin}")
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    return str(save_figure(fig, path))
+
+
+def forecast_command(args: argparse.Namespace) -> int:
+    model, saved = _forecaster(args.checkpoint)
+    task = _task(saved, args)
+    if task.model_overrides()["d_input"] != model.config.d_input:
+        raise ValueError(
+            f"the checkpoint reads {model.config.d_input} input column(s), the series gives "
+            f"{task.columns}; use the columns it was trained on ({saved.get('columns')})"
+        )
+    origin = _origin(task, args)
+    pred = task.forecast(model, np.array([origin]), args.horizon)[0]  # (H,)
+    truth, scores = _scores(task, origin, pred, args.horizon) if args.test else (None, {})
+    where = "the test span" if args.test else "the end of the series"
+    print(
+        f"{task.source} {task.column}: {args.horizon}-step {task.mode} forecast from {where} (t = {origin})"
+    )
+    print(f"{'t':>8} {'forecast':>12}" + (f" {'truth':>12}" if truth is not None else ""))
+    for i, value in enumerate(pred):
+        print(f"{origin + i:>8} {value:>12.4g}" + (f" {truth[i]:>12.4g}" if truth is not None else ""))
+    if scores:
+        print("  ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+    if args.out:
+        print(f"wrote {_plot(task, origin, pred, truth, args.out)}")
+    return 0
+
+
+def add_forecast(sub) -> None:
+    f = sub.add_parser("forecast", help="forecast a series with a trained forecasting checkpoint")
+    f.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
+    f.add_argument("--horizon", type=positive_int, required=True, help="steps to forecast")
+    f.add_argument("--csv", help="a CSV file holding the series (with --column); default: the checkpoint's")
+    f.add_argument("--column", help="the CSV column to forecast")
+    f.add_argument(
+        "--dataset", help="a built-in series (sunspots, nile, elnino, co2, sf_temps, seattle_weather)"
+    )
+    f.add_argument(
+        "--test", action="store_true", help="forecast the test span and score it against the truth"
+    )
+    f.add_argument("--interpolate", action="store_true", help="fill a CSV's interior gaps linearly")
+    f.add_argument("--out", help="PNG file: the forecast drawn after the history (and against the truth)")
+    f.set_defaults(func=forecast_command)

@@ -1,0 +1,389 @@
+r"""Time-series tasks on real series: multi-step forecasting and window classification, for any token mixer.
+
+Notation: ``b`` batch, ``t`` time, ``F`` input features (feature 0 is the forecast target), ``c`` context,
+``H`` horizon, ``K`` classes, ``z`` a value normalized with the training span's statistics.
+
+The model is the causal LM stack with float inputs (``d_input = F``) and a linear head (``d_output``), so
+every registered token mixer forecasts. Windows lie wholly inside one chronological split (train, val, test:
+the series' first 70 %, next 15 %, last 15 % by default), never across a boundary; normalization is fitted
+on the training span only. Two forecasting strategies (Ben Taieb et al. 2012, "A review and comparison of
+strategies for multi-step ahead time series forecasting", recursive and MIMO):
+
+    mode="rolling":  ẑ_{t+1} = f(z_{≤t})  (b, t, F) -> (b, t, F), trained teacher-forced on the next value at
+                     every position; an H-step forecast reads the context once (keeping the model's state),
+                     then rolls ``model.step`` H - 1 times, feeding each prediction back in: O(1) per step for
+                     the recurrent and SSM mixers, one pass over the KV cache for attention.
+    mode="direct":   [ẑ_{t+1}, ..., ẑ_{t+H}] = f(z_{≤t})  (b, t, F) -> (b, t, H), trained at every position
+                     and read at the last one.
+
+Scores, in the series' own units (``series_data`` defines them): MAE, RMSE and MASE, beside the naive,
+seasonal-naive and least-squares linear forecasts of the same windows. Classification (the Seattle weather
+of the next day, or of the window's last day, from the preceding days' numbers): accuracy and macro F1
+beside the training span's majority class.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqlab.tasks.base import (
+    Batch,
+    Task,
+    check_choice,
+    check_index,
+    check_int,
+    check_output,
+    check_split,
+    epoch_rows,
+    model_device,
+)
+from seqlab.tasks.series_data import (
+    BUILTIN,
+    LinearAR,
+    Normalizer,
+    Series,
+    forecast_scores,
+    load_series,
+    macro_f1,
+    naive_forecast,
+    season_lag_ok,
+    seasonal_naive_forecast,
+    seasonal_scale,
+    split_spans,
+    window_starts,
+)
+
+__all__ = ["TASKS", "ForecastTask", "SeriesClassificationTask", "rolling_forecast", "rolling_forecast_ref"]
+
+Mode = Literal["rolling", "direct"]
+Gaps = Literal["error", "interpolate"]
+LabelDay = Literal["next", "last"]
+CHUNK = 256
+DEFAULT_FEATURES = {"seattle_weather": "precipitation,temp_max,temp_min,wind"}
+"""The numeric columns a built-in classification series reads by default."""
+"""Windows forecast at once during evaluation."""
+
+
+# ---- forecasting with any model that speaks the LM protocol ---------------------------------------------
+
+
+@torch.no_grad()
+def rolling_forecast(model, context: Tensor, horizon: int) -> Tensor:
+    """(b, c, F) -> (b, H, F): one forward over the context keeping the state, then H - 1 calls of ``step``,
+    each fed the previous prediction."""
+    out, state = model(context, return_state=True)  # (b, c, F)
+    nxt = out[:, -1]  # (b, F) the forecast of the first step
+    preds = [nxt]
+    for _ in range(horizon - 1):
+        nxt, state = model.step(nxt, state)  # (b, F) -> (b, F)
+        preds.append(nxt)
+    return torch.stack(preds, dim=1)  # (b, H, F)
+
+
+@torch.no_grad()
+def rolling_forecast_ref(model, context: Tensor, horizon: int) -> Tensor:
+    """The reference of :func:`rolling_forecast`: the full forward re-run on the growing sequence, O(H c)."""
+    seq = context
+    for _ in range(horizon):
+        nxt = model(seq)[:, -1:]  # (b, 1, F)
+        seq = torch.cat([seq, nxt], dim=1)
+    return seq[:, context.size(1) :]  # (b, H, F)
+
+
+@torch.no_grad()
+def forecast_z(model, context: Tensor, horizon: int, mode: str) -> Tensor:
+    """(n, c, F) normalized contexts -> (n, H) normalized forecasts of the target, in chunks of CHUNK."""
+    p = next(model.parameters())
+    outs = []
+    for ctx in context.split(CHUNK):
+        ctx = ctx.to(device=p.device, dtype=p.dtype)
+        if mode == "rolling":
+            outs.append(rolling_forecast(model, ctx, horizon)[..., 0])  # (n, H)
+        else:
+            out = model(ctx)[:, -1]  # (n, H_trained)
+            if horizon > out.size(-1):
+                raise ValueError(f"this direct model forecasts {out.size(-1)} steps at most, not {horizon}")
+            outs.append(out[:, :horizon])
+    return torch.cat(outs).float().cpu()
+
+
+def _names(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def _eval_mode(model):
+    """Put ``model`` in eval mode; returns the function that restores its previous mode."""
+    was = getattr(model, "training", False)
+    model.eval()
+    return lambda: model.train(was)
+
+
+class _SeriesTask(Task):
+    """What both tasks share: the series, its spans, the normalized values and the windows of each split."""
+
+    model_families = ("lm",)
+    batch_size: int
+    seed: int
+
+    def _prepare(self, series: Series, length: int, what: str, val_frac: float, test_frac: float) -> None:
+        self.series, self.length = series, length
+        self.spans = split_spans(len(series.values), val_frac, test_frac)
+        a, b = self.spans["train"]
+        self.norm = Normalizer(series.values[a:b])  # μ, σ of the training span only
+        self.z = torch.from_numpy(self.norm(series.values)).float()  # (T, F)
+        self.starts = window_starts(self.spans, length, what)  # split -> (n,) window starts
+        self.columns, self.unit, self.n_points = list(series.columns), series.unit, len(series.values)
+        self.mean, self.std = self.norm.mean.tolist(), self.norm.std.tolist()  # reported by describe()
+
+    def _rows(self, split: str, index: int) -> np.ndarray:
+        """(b,) window starts of batch ``index``: shuffled epochs for train, the windows in order otherwise."""
+        starts, b = self.starts[check_split(split)], self.batch_size
+        if split == "train":
+            return starts[epoch_rows(self.seed, len(starts), check_index(index), b).numpy()]
+        return starts[(check_index(index) * b + np.arange(b)) % len(starts)]
+
+    def _windows(self, starts: np.ndarray, length: int) -> Tensor:
+        idx = torch.as_tensor(starts)[:, None] + torch.arange(length)[None, :]  # (n, L)
+        return self.z[idx]  # (n, L, F)
+
+
+class ForecastTask(_SeriesTask):
+    r"""Forecast the next ``horizon`` values of a real series from the ``context`` values before them.
+
+    ``source``: a built-in series (``sunspots``, ``nile``, ``elnino``, ``co2``, ``sf_temps``,
+    ``seattle_weather``) or a CSV path with ``column``; ``features``: more input columns, comma-separated
+    (in rolling mode the model forecasts them too). ``context``/``horizon``/``season``: None takes the
+    series' defaults (``series_data.BUILTIN``; a CSV: 24, 8 and 1). ``ar_order``: lags of the linear
+    baseline (None: the context). ``gaps``: a CSV's missing values are an error, or interpolated.
+
+    Batches: rolling, ``x`` (b, c + H - 1, F) and ``y`` its next values (b, c + H - 1, F); direct, ``x``
+    (b, c, F) and ``y`` (b, c, H), the target's next H values after each position. The loss is their MSE in
+    normalized units. ``evaluate`` scores every window of the split (not ``max_batches`` of them): the
+    multi-step forecasts' ``mae``, ``rmse`` and ``mase`` and the baselines' ``naive_mase``, ``snaive_mase``
+    and ``linear_mase``, with ``loss`` the teacher-forced MSE.
+
+    Examples::
+
+        >>> task = ForecastTask("sunspots", mode="direct")
+        >>> task.model_overrides()
+        {'d_input': 1, 'd_output': 8}
+    """
+
+    name = "forecast"
+    derived = ("columns", "unit", "n_points", "spans", "mean", "std", "scale")
+
+    def __init__(
+        self,
+        source: str = "sunspots",
+        column: str | None = None,
+        features: str | None = None,
+        context: int | None = None,
+        horizon: int | None = None,
+        mode: Mode = "rolling",
+        season: int | None = None,
+        ar_order: int | None = None,
+        gaps: Gaps = "error",
+        val_frac: float = 0.15,
+        test_frac: float = 0.15,
+        batch_size: int = 32,
+        seed: int = 0,
+    ):
+        self.mode, self.gaps = check_choice("mode", mode, Mode), check_choice("gaps", gaps, Gaps)
+        self.batch_size, self.seed = check_int("batch_size", batch_size, 1), check_int("seed", seed, 0)
+        self.val_frac, self.test_frac = val_frac, test_frac
+        if season is not None:
+            check_int("season", season, 1)
+        series = load_series(source, column, _names(features), gaps=gaps, season=season)
+        spec = BUILTIN.get(source)
+        self.source, self.column, self.season = source, series.columns[0], series.season
+        self.features = ",".join(series.columns[1:]) or None
+        default = (spec.context, spec.horizon) if spec else (24, 8)
+        self.context = check_int("context", default[0] if context is None else context, 1)
+        self.horizon = check_int("horizon", default[1] if horizon is None else horizon, 1)
+        self.ar_order = check_int("ar_order", self.context if ar_order is None else ar_order, 1)
+        if self.ar_order > self.context:
+            raise ValueError(f"ar_order={self.ar_order} must not exceed context={self.context}")
+        season_lag_ok(self.context, self.season)
+        what = f"context + horizon ({self.context} + {self.horizon})"
+        self._prepare(series, self.context + self.horizon, what, val_frac, test_frac)
+        self.target = series.values[:, 0]  # (T,) the target in its own units
+        a, b = self.spans["train"]
+        self.scale = seasonal_scale(self.target[a:b], self.season)
+        self.linear = LinearAR(self.ar_order, self.horizon).fit(self.target, self.origins("train"))
+
+    def model_overrides(self) -> dict[str, Any]:
+        n = len(self.series.columns)
+        return {"d_input": n, "d_output": n if self.mode == "rolling" else self.horizon}
+
+    def origins(self, split: str) -> np.ndarray:
+        """(n,) the index of the first forecast step of every window of ``split``."""
+        return self.starts[check_split(split)] + self.context
+
+    def _batch(self, starts: np.ndarray) -> Batch:
+        w = self._windows(starts, self.length)  # (b, c + H, F)
+        if self.mode == "rolling":
+            return {"x": w[:, :-1], "y": w[:, 1:]}  # each (b, c + H - 1, F): the next value at every position
+        y = w[:, 1:, 0].unfold(1, self.horizon, 1)  # (b, c + H - 1) -> (b, c, H): z_{t+1..t+H} at position t
+        return {"x": w[:, : self.context], "y": y.contiguous()}
+
+    def get_batch(self, split: str, index: int) -> Batch:
+        return self._batch(self._rows(split, index))
+
+    def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
+        device = model_device(model)
+        x, y = batch["x"].to(device), batch["y"].to(device)
+        (b, t, _), d = x.shape, y.size(-1)
+        out = check_output("ForecastTask", model(x), (b, t, d), f"(b, t, d_output={d})")
+        mse = F.mse_loss(out.float(), y.float())
+        return mse, {"mse": mse.item()}, None
+
+    def forecast(self, model, origins: np.ndarray, horizon: int | None = None) -> np.ndarray:
+        """(n, H) forecasts in the series' units from the ``context`` values before each origin."""
+        ctx = self._windows(origins - self.context, self.context)  # (n, c, F)
+        z = forecast_z(model, ctx, horizon or self.horizon, self.mode)  # (n, H)
+        return self.norm.invert(z.double().numpy())
+
+    def truth(self, origins: np.ndarray, horizon: int | None = None) -> np.ndarray:
+        return self.target[origins[:, None] + np.arange(horizon or self.horizon)[None, :]]  # (n, H)
+
+    def baseline_forecasts(self, origins: np.ndarray) -> dict[str, np.ndarray]:
+        """The naive, seasonal-naive and linear forecasts (n, H) of the windows at ``origins``."""
+        h, t = self.horizon, self.target
+        return {
+            "naive": naive_forecast(t, origins, h),
+            "snaive": seasonal_naive_forecast(t, origins, h, self.season),
+            "linear": self.linear.predict(t, origins),
+        }
+
+    def baseline_scores(self, split: str) -> dict[str, float]:
+        """MAE, RMSE and MASE of each baseline on every window of ``split``, keys ``naive_mase`` etc."""
+        origins = self.origins(split)
+        truth = self.truth(origins)
+        return {
+            f"{name}_{k}": v
+            for name, pred in self.baseline_forecasts(origins).items()
+            for k, v in forecast_scores(pred, truth, self.scale).items()
+        }
+
+    @torch.no_grad()
+    def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
+        origins = self.origins(split)
+        restore = _eval_mode(model)
+        try:
+            pred = self.forecast(model, origins)
+            chunks = np.array_split(self.starts[split], max(1, len(origins) // CHUNK))
+            sq = sum(self.loss(model, self._batch(s))[0].item() * len(s) for s in chunks)
+        finally:
+            restore()
+        scores = {"loss": sq / len(origins), **forecast_scores(pred, self.truth(origins), self.scale)}
+        base = self.baseline_scores(split)
+        scores.update({k: base[k] for k in ("naive_mase", "snaive_mase", "linear_mase")})
+        return {f"{split}_{k}": v for k, v in scores.items()}
+
+
+class SeriesClassificationTask(_SeriesTask):
+    r"""Classify windows of a multivariate series: the label of the day after the window (``target="next"``)
+    or of its last day (``"last"``) from the ``context`` preceding days' numeric columns.
+
+    Built in: ``seattle_weather``, 1,461 days, features precipitation, temp_max, temp_min and wind, label
+    ``weather`` (drizzle, fog, rain, snow, sun). A CSV needs ``label=COLUMN`` and ``features=A,B,...``.
+    The model maps ``x`` (b, c, F) to logits (b, c, K), read at the last position; cross-entropy.
+    ``evaluate`` scores every window of the split: ``accuracy``, ``macro_f1`` and ``loss``, beside the
+    training span's majority class (``majority_accuracy``, ``majority_f1``).
+    """
+
+    name = "series_classification"
+    derived = ("columns", "classes", "unit", "n_points", "spans", "mean", "std", "majority")
+
+    def __init__(
+        self,
+        source: str = "seattle_weather",
+        label: str | None = None,
+        features: str | None = None,
+        context: int = 14,
+        target: LabelDay = "next",
+        gaps: Gaps = "error",
+        val_frac: float = 0.15,
+        test_frac: float = 0.15,
+        batch_size: int = 32,
+        seed: int = 0,
+    ):
+        self.target, self.gaps = check_choice("target", target, LabelDay), check_choice("gaps", gaps, Gaps)
+        self.context, self.batch_size = (
+            check_int("context", context, 1),
+            check_int("batch_size", batch_size, 1),
+        )
+        self.seed, self.val_frac, self.test_frac = check_int("seed", seed, 0), val_frac, test_frac
+        spec = BUILTIN.get(source)
+        self.source, self.label = source, label or (spec.label if spec else None)
+        names = _names(features or DEFAULT_FEATURES.get(source))
+        if self.label is None or not names:
+            raise ValueError(
+                f"classifying {source!r} needs label=COLUMN and features=A,B,... (its numeric columns)"
+            )
+        series = load_series(source, names[0], names[1:], label=self.label, gaps=gaps)
+        self.features, self.classes = ",".join(series.columns), list(series.classes)
+        # the labelled day, counted from the window's start
+        self.offset = self.context if target == "next" else self.context - 1
+        self._prepare(series, self.offset + 1, f"the window ({self.offset + 1} days)", val_frac, test_frac)
+        a, b = self.spans["train"]
+        self.labels = torch.from_numpy(series.labels)  # (T,)
+        self.majority_id = int(np.bincount(series.labels[a:b], minlength=len(self.classes)).argmax())
+
+    @property
+    def majority(self) -> str:
+        return self.classes[self.majority_id]
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"d_input": len(self.series.columns), "d_output": len(self.classes)}
+
+    def _batch(self, starts: np.ndarray) -> Batch:
+        x = self._windows(starts, self.context)  # (b, c, F)
+        return {"x": x, "y": self.labels[torch.as_tensor(starts) + self.offset]}  # y (b,)
+
+    def get_batch(self, split: str, index: int) -> Batch:
+        return self._batch(self._rows(split, index))
+
+    def _logits(self, model, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        k = len(self.classes)
+        return check_output("SeriesClassificationTask", model(x), (b, t, k), f"logits (b, t, K={k})")[:, -1]
+
+    def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
+        device = model_device(model)
+        x, y = batch["x"].to(device), batch["y"].to(device)
+        logits = self._logits(model, x).float()  # (b, K)
+        loss = F.cross_entropy(logits, y)
+        accuracy = (logits.argmax(-1) == y).float().mean().item()
+        return loss, {"loss": loss.item(), "accuracy": accuracy}, None
+
+    @torch.no_grad()
+    def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
+        batch = self._batch(self.starts[check_split(split)])
+        restore = _eval_mode(model)
+        try:
+            logits = torch.cat(
+                [self._logits(model, x.to(model_device(model))) for x in batch["x"].split(CHUNK)]
+            )
+        finally:
+            restore()
+        y, k = batch["y"].numpy(), len(self.classes)
+        pred = logits.float().argmax(-1).cpu().numpy()
+        majority = np.full_like(y, self.majority_id)
+        scores = {
+            "loss": F.cross_entropy(logits.float().cpu(), batch["y"]).item(),
+            "accuracy": float((pred == y).mean()),
+            "macro_f1": macro_f1(pred, y, k),
+            "majority_accuracy": float((majority == y).mean()),
+            "majority_f1": macro_f1(majority, y, k),
+        }
+        return {f"{split}_{key}": v for key, v in scores.items()}
+
+
+TASKS = {"forecast": ForecastTask, "series_classification": SeriesClassificationTask}
+"""The registry entries of ``seqlab.tasks``."""

@@ -1,0 +1,250 @@
+"""Time-series tasks: splits, windows, normalization, metrics, baselines, rolling forecasts and CSV errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from seqlab.layers import list_mixers
+from seqlab.models import create
+from seqlab.models.lm import LM, LMConfig
+from seqlab.tasks import create_task
+from seqlab.tasks.series_data import BUILTIN, LinearAR
+from seqlab.tasks.timeseries import (
+    ForecastTask,
+    SeriesClassificationTask,
+    rolling_forecast,
+    rolling_forecast_ref,
+)
+from seqlab.training import TrainConfig, Trainer
+
+
+def _csv(path, columns: dict[str, list]) -> str:
+    """A CSV file with the given columns (values written as given: strings stay strings)."""
+    names = list(columns)
+    rows = zip(*(columns[n] for n in names), strict=True)
+    path.write_text(",".join(names) + "\n" + "\n".join(",".join(map(str, r)) for r in rows) + "\n")
+    return str(path)
+
+
+def _index_series(tmp_path, n: int = 200) -> str:
+    """y_t = t: a denormalized value names its own position."""
+    return _csv(tmp_path / "ramp.csv", {"y": list(range(n)), "z": [2 * t for t in range(n)]})
+
+
+# ---- splits, windows, normalization ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["rolling", "direct"])
+def test_no_window_crosses_a_split_boundary(tmp_path, mode):
+    task = ForecastTask(_index_series(tmp_path), column="y", context=10, horizon=5, mode=mode, batch_size=16)
+    mean, std = task.mean[0], task.std[0]
+    ends = [task.spans[s] for s in ("train", "val", "test")]
+    assert ends[0][1] == ends[1][0] and ends[1][1] == ends[2][0] and ends[2][1] == 200  # a partition
+    for split, (a, b) in task.spans.items():
+        seen = set()
+        for index in range(40):  # several epochs of every split
+            batch = task.get_batch(split, index)
+            for key in ("x", "y"):
+                t = (batch[key][..., 0] if key == "x" or mode == "rolling" else batch[key]) * std + mean
+                seen |= set(np.rint(t.numpy()).astype(int).ravel().tolist())
+        assert seen and min(seen) >= a and max(seen) < b, (split, min(seen), max(seen), a, b)
+        assert max(seen) == b - 1  # and the windows reach the span's last point
+
+
+def test_classification_windows_stay_inside_their_split_and_labels_line_up(tmp_path):
+    n = 120
+    src = _csv(
+        tmp_path / "c.csv",
+        {"t": list(range(n)), "parity": ["even" if t % 2 == 0 else "odd" for t in range(n)]},
+    )
+    for day, shift in (("next", 1), ("last", 0)):
+        task = SeriesClassificationTask(
+            src, label="parity", features="t", context=6, target=day, batch_size=8
+        )
+        for split, (a, b) in task.spans.items():
+            batch = task.get_batch(split, 3)
+            t = np.rint((batch["x"][..., 0] * task.std[0] + task.mean[0]).numpy()).astype(int)  # (b, c)
+            assert t.min() >= a and t.max() + shift < b
+            labelled_day = t[:, -1] + shift
+            assert (batch["y"].numpy() == labelled_day % 2).all()  # class 0 'even', 1 'odd'
+
+
+def test_normalization_and_training_batches_ignore_the_validation_and_test_spans(tmp_path):
+    rng = np.random.default_rng(0)
+    y = rng.standard_normal(300).cumsum()
+    changed = y.copy()
+    changed[210:] = 1000 + 50 * rng.standard_normal(90)  # only val (210..255) and test (255..300) differ
+    tasks = [
+        ForecastTask(_csv(tmp_path / f"{i}.csv", {"y": v.tolist()}), column="y", context=12, horizon=4)
+        for i, v in enumerate((y, changed))
+    ]
+    assert tasks[0].spans == tasks[1].spans and tasks[0].spans["train"] == (0, 210)
+    assert tasks[0].mean == tasks[1].mean and tasks[0].std == tasks[1].std
+    for index in (0, 7, 30):
+        a, b = (t.get_batch("train", index) for t in tasks)
+        assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"])
+    assert not torch.equal(tasks[0].get_batch("test", 0)["x"], tasks[1].get_batch("test", 0)["x"])
+    assert tasks[0].mean[0] == pytest.approx(y[:210].mean()) and tasks[0].std[0] == pytest.approx(
+        y[:210].std()
+    )
+
+
+def test_batches_are_a_pure_function_of_seed_split_and_index(tmp_path):
+    src = _index_series(tmp_path)
+    a, b = (ForecastTask(src, column="y", context=8, horizon=2) for _ in range(2))
+    other = ForecastTask(src, column="y", context=8, horizon=2, seed=1)
+    assert torch.equal(a.get_batch("train", 5)["x"], b.get_batch("train", 5)["x"])
+    assert not torch.equal(a.get_batch("train", 5)["x"], other.get_batch("train", 5)["x"])
+    assert torch.equal(a.get_batch("val", 2)["y"], other.get_batch("val", 2)["y"])  # val: in order
+
+
+# ---- metrics and baselines --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("season", [1, 4])
+def test_seasonal_naive_scores_mase_one_on_the_training_span(tmp_path, season):
+    y = np.random.default_rng(1).standard_normal(240).cumsum() * 3 + 50
+    src = _csv(tmp_path / "rw.csv", {"y": y.tolist()})
+    task = ForecastTask(src, column="y", context=season, horizon=1, season=season)
+    scores = task.baseline_scores("train")
+    assert scores["snaive_mase"] == pytest.approx(1.0, rel=1e-12)
+    assert (scores["naive_mase"] == pytest.approx(1.0, rel=1e-12)) == (season == 1)
+    assert task.baseline_scores("test")["snaive_mase"] != pytest.approx(1.0, rel=1e-6)
+
+
+def test_naive_mase_is_one_on_co2_training_weeks_with_m_1():
+    task = ForecastTask("co2", context=1, horizon=1, season=1)
+    assert task.n_points == 2284 and np.isfinite(task.target).all()  # the 59 gaps interpolated
+    assert task.baseline_scores("train")["naive_mase"] == pytest.approx(1.0, rel=1e-12)
+
+
+def test_the_linear_baseline_recovers_an_ar2_process(tmp_path):
+    rng = np.random.default_rng(2)
+    phi1, phi2, y = 0.6, -0.3, np.zeros(6000)
+    for t in range(2, len(y)):
+        y[t] = 5 + phi1 * y[t - 1] + phi2 * y[t - 2] + rng.standard_normal()
+    task = ForecastTask(_csv(tmp_path / "ar2.csv", {"y": y.tolist()}), column="y", context=2, horizon=1)
+    np.testing.assert_allclose(task.linear.lag_coefficients[0], [phi1, phi2], atol=0.05)
+    assert task.linear.coef[-1, 0] == pytest.approx(5, abs=0.5)  # the intercept
+    assert task.baseline_scores("test")["linear_mase"] < task.baseline_scores("test")["naive_mase"]
+
+
+def test_linear_ar_fits_an_exact_linear_recurrence_exactly():
+    y = np.zeros(50)
+    y[:2] = 1.0, 2.0
+    for t in range(2, 50):
+        y[t] = 1.5 * y[t - 1] - 0.5 * y[t - 2] + 0.1
+    origins = np.arange(2, 45)
+    ar = LinearAR(order=2, horizon=3).fit(y, origins)
+    np.testing.assert_allclose(ar.predict(y, origins), y[origins[:, None] + np.arange(3)], atol=1e-8)
+
+
+# ---- forecasting through the model ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mixer", list_mixers())
+def test_rolling_forecast_through_step_equals_the_full_forward_on_the_growing_sequence(mixer):
+    torch.manual_seed(0)
+    model = LM(
+        LMConfig(mixer=mixer, d_model=16, n_layers=2, d_input=2, d_output=2), dtype=torch.float64
+    ).eval()
+    context = torch.randn(3, 7, 2, dtype=torch.float64)
+    fast, ref = rolling_forecast(model, context, 5), rolling_forecast_ref(model, context, 5)
+    assert fast.shape == (3, 5, 2)
+    torch.testing.assert_close(fast, ref, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["rolling", "direct"])
+def test_a_tiny_lstm_beats_the_naive_forecast_of_a_sine(tmp_path, mode):
+    t = np.arange(400)
+    y = np.sin(2 * np.pi * t / 16) + 0.05 * np.random.default_rng(0).standard_normal(len(t))
+    task = ForecastTask(
+        _csv(tmp_path / "sine.csv", {"y": y.tolist()}), column="y", context=16, horizon=4, mode=mode
+    )
+    torch.manual_seed(0)
+    model = create("test-lm-lstm", **task.model_overrides())
+    before = task.evaluate(model, split="test")["test_mase"]
+    config = TrainConfig(steps=40, lr=1e-2, warmup_steps=5, eval_every=0, save_every=0, progress=False)
+    Trainer(model, task, config).fit()
+    scores = task.evaluate(model, split="test")
+    assert scores["test_mase"] < 0.5 * scores["test_naive_mase"] and scores["test_mase"] < before
+    assert scores["test_mae"] <= scores["test_rmse"]
+
+
+def test_direct_forecasts_refuse_horizons_past_the_trained_one(tmp_path):
+    task = ForecastTask(_index_series(tmp_path), column="y", context=8, horizon=3, mode="direct")
+    model = create("test-lm-lstm", **task.model_overrides())
+    assert task.forecast(model, task.origins("val")[:2], 2).shape == (2, 2)
+    with pytest.raises(ValueError, match="3 steps at most"):
+        task.forecast(model, task.origins("val")[:2], 4)
+
+
+def test_describe_is_json_and_rebuilds_the_same_task(tmp_path):
+    task = ForecastTask(_index_series(tmp_path), column="y", features="z", context=8, horizon=3)
+    info = json.loads(json.dumps(task.describe()))
+    assert info["columns"] == ["y", "z"] and task.model_overrides() == {"d_input": 2, "d_output": 2}
+    settings = {k: info[k] for k in ("source", "column", "features", "context", "horizon", "mode", "season")}
+    again = create_task("forecast", **settings)
+    assert torch.equal(again.get_batch("train", 3)["x"], task.get_batch("train", 3)["x"])
+
+
+def test_built_in_series_load_offline_with_their_defaults():
+    for name in ("sunspots", "nile", "elnino", "sf_temps", "seattle_weather"):
+        task = ForecastTask(name)
+        assert task.context == BUILTIN[name].context and np.isfinite(task.target).all()
+    assert ForecastTask("elnino").n_points == 61 * 12 and ForecastTask("sf_temps").season == 24
+
+
+def test_seattle_weather_classification_has_five_classes_and_a_majority_baseline():
+    task = SeriesClassificationTask()
+    assert task.classes == ["drizzle", "fog", "rain", "snow", "sun"] and task.majority == "sun"
+    model = create("test-lm-lstm", **task.model_overrides())
+    scores = task.evaluate(model, split="test")
+    assert 0 <= scores["test_macro_f1"] <= 1 and 0 < scores["test_majority_accuracy"] < 1
+    assert scores["test_majority_f1"] < scores["test_majority_accuracy"]  # one class predicted of five
+
+
+# ---- mistakes ---------------------------------------------------------------------------------------------
+
+
+def test_a_non_numeric_value_is_an_error_naming_its_row_and_column(tmp_path):
+    src = _csv(tmp_path / "bad.csv", {"date": ["a", "b", "c"], "y": ["1.0", "2.5", "n/a?"]})
+    with pytest.raises(ValueError, match=r"column 'y' holds 'n/a\?' at data row 3 \(line 4"):
+        ForecastTask(src, column="y")
+
+
+def test_gaps_are_an_error_unless_interpolation_is_asked_for(tmp_path, caplog):
+    y = [str(float(t)) for t in range(200)]
+    y[50] = y[51] = ""
+    src = _csv(tmp_path / "gaps.csv", {"y": y})
+    with pytest.raises(ValueError, match=r"missing a value at data row 51 \(2 missing.*gaps=interpolate"):
+        ForecastTask(src, column="y", context=8, horizon=2)
+    with caplog.at_level(logging.INFO, logger="seqlab.tasks"):
+        task = ForecastTask(src, column="y", context=8, horizon=2, gaps="interpolate")
+    np.testing.assert_allclose(task.target[48:54], [48, 49, 50, 51, 52, 53])
+    assert "2 missing value(s) filled by linear interpolation" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"column": "nope"}, r"has no column 'nope'; its columns: \['y', 'z'\]"),
+        ({}, "a CSV source needs column=NAME"),
+        ({"column": "y", "horizon": 40}, r"the val span has 30 points, fewer than context \+ horizon"),
+        ({"column": "y", "context": 4, "season": 7}, "context >= season"),
+        ({"column": "y", "mode": "recursive"}, "mode must be one of"),
+    ],
+)
+def test_mistakes_get_a_clear_error(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ForecastTask(_index_series(tmp_path), **kwargs)
+
+
+def test_an_unknown_source_says_what_a_source_is():
+    with pytest.raises(ValueError, match=r"built-in series .*sunspots.* or an existing \.csv file"):
+        ForecastTask("no-such-series")
