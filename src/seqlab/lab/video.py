@@ -37,7 +37,7 @@ TASKS: dict[str, dict[str, Any]] = {
     "caption": {"label": "caption", "setting": "short"},
     "long": {"label": "action", "setting": "long"},
 }
-STEPS = {"action": 800, "frames": 800, "caption": 1000, "long": 1200}
+STEPS = {"action": 1000, "frames": 1500, "caption": 1500, "long": 1500}
 TASK = {"name": "video", "n_train": 4000, "n_eval": 500, "batch_size": 32}
 FRAME = {"frame_encoder": "patch", "patch_size": 4, "d_patch": 16, "d_frame": 64}
 VIVIT = {
