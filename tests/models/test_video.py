@@ -108,6 +108,8 @@ def test_bad_inputs_get_clear_errors():
         model(torch.randn(2, 6, 3, 16, 16))
     with pytest.raises(ValueError, match="must be floats"):
         model(torch.zeros(2, 6, 1, 16, 16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="at least one frame"):
+        model(torch.randn(2, 0, 1, 16, 16))
     with pytest.raises(ValueError, match="takes clips only"):
         model(_clips(), torch.ones(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="generate needs head='caption'"):
