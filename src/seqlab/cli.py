@@ -11,7 +11,6 @@ shows its traceback with exit status 1. ``seqlab --debug ...`` shows the traceba
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import traceback
@@ -26,6 +25,7 @@ from seqlab.commands import (
     compare_minutes_command,
 )
 from seqlab.commands_series import add_forecast
+from seqlab.commands_train import add_train
 from seqlab.commands_video import add_viz_video, compare_video_command
 from seqlab.commands_vision import add_caption, add_viz_attention, add_viz_caption
 from seqlab.run import (
@@ -41,62 +41,7 @@ from seqlab.run import (
     split_overrides,
 )
 
-TRAIN_HELP = """\
-Train a model on a task. Settings come from an optional YAML run file, then dotted overrides:
-
-  seqlab train configs/lstm-shakespeare.yaml
-  seqlab train --model.name=gru-lm-small --task.name=shakespeare --train.steps=3000
-  seqlab train --model.name=lstm-lm-small --task.name=text --task.source=my.txt --out runs/mine
-  seqlab train configs/lstm-shakespeare.yaml --out runs/demo --resume     # continue an interrupted run
-
-Sections: model (name: a preset from `seqlab list`, then config fields), task (name: shakespeare, text,
-adding, copy, then its arguments), train (steps, lr, warmup_steps, weight_decay, grad_clip, grad_accum,
-eval_every, save_every, max_minutes, seed, device, ...).
-"""
-
 # ---- the commands -----------------------------------------------------------------------------------------
-
-
-def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
-    """The merged run dict and its directory; refuses to overwrite a run or to resume a missing one."""
-    from seqlab.run import resolve_run
-
-    run, out = resolve_run(args.run_file, args.overrides, args.out)
-    has_ckpt = (out / "latest").is_file()
-    if args.resume and not has_ckpt:
-        raise SystemExit(f"error: --resume given but {out} holds no checkpoint to resume from")
-    if has_ckpt and not args.resume:
-        raise SystemExit(
-            f"error: {out} already holds a run; pass --resume to continue it, or choose another "
-            f"--out (nothing is overwritten)"
-        )
-    return run, out
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from seqlab.models import count_parameters
-    from seqlab.run import build_run
-    from seqlab.training import Trainer
-    from seqlab.training.checkpoint import load_config, resumable_checkpoint
-
-    run, out = _load_train_run(args)
-    model, task, train = build_run(run)
-    where = resumable_checkpoint(out) if args.resume else None  # the newest complete, verified one
-    if where is not None:  # the run's own settings win, so that the continuation is exact; steps may grow
-        saved = load_config(where)["run"]
-        saved["train"].update({k: v for k, v in run["train"].items() if k == "steps"})
-        if saved != run:
-            logging.getLogger("seqlab").warning("resuming with the settings saved in %s", out)
-            run = saved
-            model, task, train = build_run(run)
-    print(
-        f"model {run['model']['name']} ({count_parameters(model):,} parameters), task {task.name}, "
-        f"{train.steps} steps -> {out}",
-        flush=True,
-    )
-    summary = Trainer(model, task, train, out, run).fit(resume=where or False)
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}), flush=True)
-    return 130 if summary.get("interrupted") else 0  # 128 + SIGINT, as a shell reports an interrupted command
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -191,21 +136,6 @@ def _cmd_viz_positions(args: argparse.Namespace) -> int:
 
 
 # ---- the parser -------------------------------------------------------------------------------------------
-
-
-def _add_train(sub) -> None:
-    t = sub.add_parser(
-        "train",
-        help="train a model on a task",
-        description=TRAIN_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    t.add_argument("run_file", nargs="?", help="YAML run file (optional)")
-    t.add_argument("--out", help="run directory (default: the run file's 'out', else runs/MODEL-TASK)")
-    t.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
-    )
-    t.set_defaults(func=_cmd_train, takes_overrides=True, trains=True)
 
 
 def _add_generate(sub) -> None:
@@ -318,7 +248,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"seqlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (
-        _add_train,
+        add_train,
         _add_generate,
         add_translate,
         add_caption,

@@ -303,3 +303,16 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
             rest.append(arg)
         i += 1
     return rest, overrides
+
+
+def settings_diff(saved: dict[str, Any], given: dict[str, Any], prefix: str = "") -> list[str]:
+    """``section.field: saved -> given`` for every setting that differs between two run dicts (nested)."""
+    out = []
+    for key in sorted(set(saved) | set(given), key=str):
+        a, b = saved.get(key, "(unset)"), given.get(key, "(unset)")
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += settings_diff(a, b, f"{name}.")
+        elif a != b:
+            out.append(f"{name}: {a!r} -> {b!r}")
+    return out

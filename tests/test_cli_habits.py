@@ -1,0 +1,48 @@
+"""First-hour CLI habits: `seqlab train` alone prints its help instead of starting a run, its help lists every
+registered task, and --resume names each given setting that the saved run overrides."""
+
+import logging
+
+from seqlab.cli import main
+from seqlab.run import settings_diff
+from seqlab.tasks import list_tasks
+
+RUN = [
+    "train",
+    "--model.name=test-lstm-lm",
+    "--task.name=adding",
+    "--task.seq_len=8",
+    "--task.batch_size=4",
+    "--train.eval_every=0",
+    "--train.progress=false",
+]
+
+
+def test_train_alone_prints_help_and_starts_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train"]) == 2
+    captured = capsys.readouterr()
+    assert "usage: seqlab train" in captured.out and "--defaults" in captured.out
+    assert "nothing to train" in captured.err
+    assert not (tmp_path / "runs").exists()
+    for name in list_tasks():
+        assert name in captured.out.replace("\n", " "), name
+
+
+def test_resume_names_the_settings_that_differ(tmp_path, caplog):
+    out = str(tmp_path / "run")
+    assert main([*RUN, "--train.steps=4", "--out", out]) == 0
+    with caplog.at_level(logging.WARNING, logger="seqlab"):
+        assert (
+            main([*RUN, "--train.steps=6", "--train.lr=0.01", "--task.seq_len=9", "--out", out, "--resume"])
+            == 0
+        )
+    text = caplog.text
+    assert "task.seq_len: 8 -> 9" in text and "train.lr:" in text and "-> 0.01" in text
+    assert "train.steps" not in text  # more steps is what a resume may change
+
+
+def test_settings_diff_is_nested_and_names_unset_fields():
+    saved = {"model": {"name": "a", "d_model": 8}, "train": {"lr": 0.1}}
+    given = {"model": {"name": "a", "d_model": 16}, "train": {"lr": 0.1, "seed": 3}}
+    assert settings_diff(saved, given) == ["model.d_model: 8 -> 16", "train.seed: '(unset)' -> 3"]
