@@ -24,6 +24,7 @@ from seqlab.commands import (
     announce,
     compare_minutes_command,
 )
+from seqlab.commands_doctor import add_doctor
 from seqlab.commands_series import add_forecast
 from seqlab.commands_train import add_train
 from seqlab.commands_video import add_viz_video, compare_video_command
@@ -258,6 +259,7 @@ def make_parser() -> argparse.ArgumentParser:
         _add_viz,
         add_params,
         _add_list,
+        add_doctor,
     ):
         add(sub)
     return p

