@@ -175,6 +175,15 @@ def _cmd_params(args: argparse.Namespace) -> int:
             if args.shapes:
                 for pname, shape in r.shapes[comp]:
                     print(f"      {pname:<48} {tuple(shape)}")
+    from seqlab.models import PRESETS
+
+    family = PRESETS[args.name][0]
+    if family in ("captioner", "video"):  # an image encoder runs once per image or frame, a decoder per word
+        print(
+            f"forward FLOPs per token: not given for the {family!r} family, whose convolutional or patch "
+            f"encoder costs per image or frame, not per token ({r.matmul_params:,} matmul weights in all)"
+        )
+        return 0
     print(
         f"forward FLOPs per token at context {r.context}: {r.flops_per_token:,} "
         f"= 2 x {r.matmul_params:,} (matmul weights) + {r.attention_flops:,} (4 n_layers t d_attn)"
