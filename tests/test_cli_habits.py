@@ -46,3 +46,11 @@ def test_settings_diff_is_nested_and_names_unset_fields():
     saved = {"model": {"name": "a", "d_model": 8}, "train": {"lr": 0.1}}
     given = {"model": {"name": "a", "d_model": 16}, "train": {"lr": 0.1, "seed": 3}}
     assert settings_diff(saved, given) == ["model.d_model: 8 -> 16", "train.seed: '(unset)' -> 3"]
+
+
+def test_params_does_not_invent_per_token_flops_for_image_encoders(capsys):
+    assert main(["params", "video-lstm"]) == 0
+    out = capsys.readouterr().out
+    assert "video-lstm: 137,304 parameters" in out and "not given for the 'video' family" in out
+    assert main(["params", "gpt-tiny"]) == 0
+    assert "forward FLOPs per token at context" in capsys.readouterr().out
