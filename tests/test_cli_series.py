@@ -62,6 +62,16 @@ def test_train_writes_a_forecasting_checkpoint_with_its_normalization(runs, sine
     assert config["task"]["mean"] == ForecastTask(str(sine), column="y", context=12, horizon=4).mean
 
 
+def test_a_checkpoint_saved_before_window_scaling_is_read_with_global_scaling(runs):
+    from seqlab.commands_series import _task
+
+    saved = json.loads(next((runs / "rolling").glob("checkpoints/step-*/config.json")).read_text())["task"]
+    args = argparse.Namespace(csv=None, dataset=None, column=None, interpolate=False)
+    assert _task(saved, args).scaling == saved["scaling"] == "window"  # the checkpoint's own
+    old = {k: v for k, v in saved.items() if k not in ("scaling", "center")}
+    assert _task(old, args).scaling == "global"  # what every forecasting run trained in before it existed
+
+
 def test_forecast_after_the_end_prints_one_row_per_step_and_draws_them(runs, capsys, tmp_path):
     png = tmp_path / "f.png"
     assert _forecast("--checkpoint", str(runs / "rolling"), "--horizon", "7", "--out", str(png)) == 0

@@ -113,6 +113,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return compare_minutes_command(args)
     if args.suite == "video":
         return compare_video_command(args)
+    if args.suite == "timeseries":
+        from seqlab.commands_series import compare_timeseries_command
+
+        return compare_timeseries_command(args)
     if args.minutes is not None:
         raise ValueError(
             "--minutes sets the translation and captioning suites' training time; the other suites count steps"
@@ -160,7 +164,9 @@ def _add_compare(sub) -> None:
         help="quick (7-15 min on 2 cores with --jobs 2), full (40-60 min with --jobs 2), translation "
         "(four encoder-decoders on the Bible pairs, --minutes each; 2 at a time by default) or captioning "
         "(Show and Tell, Show-Attend-Tell and ViT + Transformer on generated scenes, --minutes each) or video "
-        "(every mixer and ViViT on actions, frame events, captions and long-range actions; 15-30 min)",
+        "(every mixer on actions, frame events, captions and long-range actions; 15-30 min) or timeseries (every "
+        "mixer against the naive, seasonal-naive and linear forecasts on sunspots, co2, sf_temps; --tasks picks "
+        "data sets; 6-8 min)",
     )
     c.add_argument(
         "--minutes",

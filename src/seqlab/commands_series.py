@@ -1,5 +1,6 @@
 """``seqlab forecast``, which :mod:`seqlab.cli` registers with :func:`add_forecast`: a trained forecasting
-checkpoint (task ``forecast``) continues a series, printing the numbers and drawing them.
+checkpoint (task ``forecast``) continues a series, printing the numbers and drawing them; and
+``seqlab compare --suite timeseries`` (:func:`compare_timeseries_command`, :mod:`seqlab.lab.timeseries`).
 
     seqlab forecast --checkpoint runs/sunspots --horizon 8                         # after the series' end
     seqlab forecast --checkpoint runs/sunspots --horizon 8 --test --out f.png      # the test span, with truth
@@ -7,10 +8,11 @@ checkpoint (task ``forecast``) continues a series, printing the numbers and draw
 
 The series is the checkpoint's own unless ``--dataset NAME`` or ``--csv FILE --column NAME`` names another;
 it is read, split and normalized exactly as the task does in training (statistics of its own training span,
-which for the checkpoint's own series are the ones it trained with), with the checkpoint's context, mode
-and split fractions. ``--test`` forecasts from the first point of the test span, from the ``context``
-values before it, and scores the forecast against the truth beside the naive, seasonal-naive and linear
-baselines of that same origin.
+which for the checkpoint's own series are the ones it trained with), with the checkpoint's context, mode,
+scaling and split fractions (a checkpoint saved before ``scaling`` existed was trained on global z-scores).
+``--test`` forecasts from the first point of the test span, from the ``context`` values before it, and
+scores the forecast against the truth beside the naive, seasonal-naive and linear baselines of that same
+origin.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from seqlab.run import positive_int
 
-__all__ = ["add_forecast", "forecast_command"]
+__all__ = ["add_forecast", "compare_timeseries_command", "forecast_command"]
 
 
 def _forecaster(path: str):
@@ -56,6 +58,7 @@ def _task(saved: dict, args: argparse.Namespace):
     if (args.csv is None) != (args.column is None):
         raise ValueError("--csv and --column go together: --csv FILE --column NAME")
     settings = {k: saved[k] for k in inspect.signature(ForecastTask).parameters if k in saved}
+    settings.setdefault("scaling", "global")  # checkpoints saved before window scaling existed
     source = args.csv or args.dataset
     if source is not None and source != saved["source"]:  # another series: its own column and season
         settings.update(source=source, column=args.column, season=None)
@@ -146,6 +149,29 @@ def forecast_command(args: argparse.Namespace) -> int:
         print("  ".join(f"{k} {v:.4g}" for k, v in scores.items()))
     if args.out:
         print(f"wrote {_plot(task, origin, pred, truth, args.out)}")
+    return 0
+
+
+def compare_timeseries_command(args: argparse.Namespace) -> int:
+    """``seqlab compare --suite timeseries``: every mixer (or ``--mixers``) on every data set (``--tasks``:
+    sunspots, co2, sf_temps by default, or any built-in series), 250 steps each unless ``--steps``."""
+    from pathlib import Path
+
+    from seqlab.lab.timeseries import compare_timeseries
+
+    if getattr(args, "minutes", None) is not None:
+        raise ValueError(
+            "--minutes sets the translation and captioning suites' time; the timeseries suite counts steps"
+        )
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    out = args.out if args.out != "runs/compare" else "runs/compare-timeseries"
+    steps = getattr(args, "steps", None)
+    paths = compare_timeseries(out, args.mixers, args.tasks, jobs=args.jobs or 2, seed=args.seed, steps=steps)
+    print(Path(paths["table"]).read_text(encoding="utf-8"))
+    print(f"wrote {paths['results']}, {paths['table']} and {paths['plot']} in {paths['minutes']:.1f} min")
     return 0
 
 

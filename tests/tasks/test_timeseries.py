@@ -13,7 +13,7 @@ from seqlab.layers import list_mixers
 from seqlab.models import create
 from seqlab.models.lm import LM, LMConfig
 from seqlab.tasks import create_task
-from seqlab.tasks.series_data import BUILTIN, LinearAR
+from seqlab.tasks.series_data import BUILTIN, LinearAR, naive_forecast, window_frame
 from seqlab.tasks.timeseries import (
     ForecastTask,
     SeriesClassificationTask,
@@ -41,7 +41,9 @@ def _index_series(tmp_path, n: int = 200) -> str:
 
 @pytest.mark.parametrize("mode", ["rolling", "direct"])
 def test_no_window_crosses_a_split_boundary(tmp_path, mode):
-    task = ForecastTask(_index_series(tmp_path), column="y", context=10, horizon=5, mode=mode, batch_size=16)
+    # global z-scores, so that a value names its index; the windows are the same under window scaling
+    src = _index_series(tmp_path)
+    task = ForecastTask(src, column="y", context=10, horizon=5, mode=mode, batch_size=16, scaling="global")
     mean, std = task.mean[0], task.std[0]
     ends = [task.spans[s] for s in ("train", "val", "test")]
     assert ends[0][1] == ends[1][0] and ends[1][1] == ends[2][0] and ends[2][1] == 200  # a partition
@@ -74,13 +76,22 @@ def test_classification_windows_stay_inside_their_split_and_labels_line_up(tmp_p
             assert (batch["y"].numpy() == labelled_day % 2).all()  # class 0 'even', 1 'odd'
 
 
-def test_normalization_and_training_batches_ignore_the_validation_and_test_spans(tmp_path):
+@pytest.mark.parametrize("scaling", ["global", "window"])
+@pytest.mark.parametrize("mode", ["rolling", "direct"])
+def test_normalization_and_training_batches_ignore_the_validation_and_test_spans(tmp_path, scaling, mode):
     rng = np.random.default_rng(0)
     y = rng.standard_normal(300).cumsum()
     changed = y.copy()
     changed[210:] = 1000 + 50 * rng.standard_normal(90)  # only val (210..255) and test (255..300) differ
     tasks = [
-        ForecastTask(_csv(tmp_path / f"{i}.csv", {"y": v.tolist()}), column="y", context=12, horizon=4)
+        ForecastTask(
+            _csv(tmp_path / f"{i}.csv", {"y": v.tolist()}),
+            column="y",
+            context=12,
+            horizon=4,
+            mode=mode,
+            scaling=scaling,
+        )
         for i, v in enumerate((y, changed))
     ]
     assert tasks[0].spans == tasks[1].spans and tasks[0].spans["train"] == (0, 210)
@@ -95,7 +106,7 @@ def test_normalization_and_training_batches_ignore_the_validation_and_test_spans
 
 
 def test_batches_are_a_pure_function_of_seed_split_and_index(tmp_path):
-    src = _index_series(tmp_path)
+    src = _random_walk(tmp_path)  # not a ramp: every window of a ramp is the same in its own frame
     a, b = (ForecastTask(src, column="y", context=8, horizon=2) for _ in range(2))
     other = ForecastTask(src, column="y", context=8, horizon=2, seed=1)
     assert torch.equal(a.get_batch("train", 5)["x"], b.get_batch("train", 5)["x"])
@@ -147,6 +158,96 @@ def test_linear_ar_fits_an_exact_linear_recurrence_exactly():
 # ---- forecasting through the model ------------------------------------------------------------------------
 
 
+class Persistence(torch.nn.Module):
+    """A forecaster that repeats the value it was last fed, in whatever frame it is fed: rolling, every
+    feature's next value is its current one; direct, all H steps of the target are its current value."""
+
+    def __init__(self, horizon: int | None = None, dtype=torch.float64):
+        super().__init__()
+        self.horizon = horizon  # None: a rolling model
+        self.anchor = torch.nn.Parameter(torch.zeros((), dtype=dtype))  # forecast_z reads dtype and device
+
+    def forward(self, x, return_state=False):
+        out = x if self.horizon is None else x[..., :1].expand(*x.shape[:2], self.horizon)
+        return (out, None) if return_state else out
+
+    def step(self, x, state):
+        return x, state
+
+
+def _random_walk(tmp_path, n: int = 300, level: float = 1000.0) -> str:
+    y = level + np.random.default_rng(3).standard_normal(n).cumsum()  # far from 0: rounding would show
+    return _csv(tmp_path / "rw.csv", {"y": [repr(v) for v in y.tolist()]})
+
+
+@pytest.mark.parametrize("center", ["mean", "last"])
+@pytest.mark.parametrize("mode", ["rolling", "direct"])
+def test_window_scaling_maps_the_scaled_last_value_back_to_the_naive_forecast(tmp_path, mode, center):
+    task = ForecastTask(_random_walk(tmp_path), column="y", context=8, horizon=4, mode=mode, center=center)
+    assert task.scaling == "window"  # the default
+    model = Persistence(None if mode == "rolling" else 4)  # float64: the frame reaches it unrounded
+    for split in ("train", "val", "test"):
+        origins = task.origins(split)
+        pred, naive = task.forecast(model, origins), naive_forecast(task.target, origins, 4)
+        if center == "last":  # the last value is 0 in its frame: 0 * scale + y_{o-1} is y_{o-1} bit for bit
+            np.testing.assert_array_equal(pred, naive)
+        else:  # (y - mean) / scale * scale + mean: one float64 rounding or two
+            np.testing.assert_allclose(pred, naive, rtol=1e-14, atol=0)
+    float32 = task.forecast(
+        Persistence(None if mode == "rolling" else 4, torch.float32), task.origins("test")
+    )
+    np.testing.assert_allclose(float32, naive_forecast(task.target, task.origins("test"), 4), rtol=1e-6)
+
+
+def test_window_scaling_scores_mase_one_for_the_naive_forecast_on_the_training_span(tmp_path):
+    task = ForecastTask(_random_walk(tmp_path), column="y", context=1, horizon=1, season=1, mode="direct")
+    scores = task.evaluate(Persistence(1), split="train")
+    assert scores["train_mase"] == scores["train_naive_mase"] == pytest.approx(1.0, rel=1e-12)
+
+
+def test_window_scaling_carries_a_level_the_training_span_never_saw(tmp_path):
+    y = 10 + np.sin(2 * np.pi * np.arange(300) / 12) + 0.1 * np.random.default_rng(4).standard_normal(300)
+    shifted = y.copy()
+    shifted[210:] += 50.0  # val and test 50 units up: far outside the training range
+    tasks = {
+        (scaling, name): ForecastTask(
+            _csv(tmp_path / f"{name}.csv", {"y": v.tolist()}),
+            column="y",
+            context=12,
+            horizon=3,
+            mode="direct",
+            scaling=scaling,
+        )
+        for scaling in ("global", "window")
+        for name, v in (("y", y), ("shifted", shifted))
+    }
+    torch.manual_seed(0)
+    model = create("test-lm-lstm", **tasks["window", "y"].model_overrides()).eval()
+    origins = tasks["window", "y"].origins("test")
+    a, b = (tasks["window", name].forecast(model, origins) for name in ("y", "shifted"))
+    np.testing.assert_allclose(b - a, 50.0, atol=1e-5)  # the same forecast, 50 units up
+    a, b = (tasks["global", name].forecast(model, origins) for name in ("y", "shifted"))
+    assert np.abs(b - a - 50.0).max() > 1  # global z-scores: the model meets a level it never saw
+
+
+@pytest.mark.parametrize("mixer", list_mixers())
+def test_rolling_forecasts_under_window_scaling_equal_the_reference_in_the_context_frame(
+    tmp_path, mixer, monkeypatch
+):
+    task = ForecastTask(_random_walk(tmp_path), column="y", context=10, horizon=5)
+    torch.manual_seed(0)
+    model = LM(LMConfig(mixer=mixer, d_model=16, n_layers=2, d_input=1, d_output=1), dtype=torch.float64)
+    origins = task.origins("test")[::7]
+    fast = task.forecast(model.eval(), origins)
+    ctx = task.target[(origins - 10)[:, None] + np.arange(10)][..., None]  # (n, c, 1) in the series' units
+    loc, scale = window_frame(ctx, task.center, task.floor)  # the frame of the context, for all 5 steps
+    frame = torch.from_numpy((ctx - loc) / scale)
+    ref = rolling_forecast_ref(model, frame, 5)[..., 0].numpy() * scale[:, :, 0] + loc[:, :, 0]
+    np.testing.assert_allclose(fast, ref, rtol=1e-10, atol=1e-9)
+    monkeypatch.setattr("seqlab.tasks.timeseries.rolling_forecast", rolling_forecast_ref)
+    np.testing.assert_allclose(task.forecast(model, origins), fast, rtol=1e-10, atol=1e-9)
+
+
 @pytest.mark.parametrize("mixer", list_mixers())
 def test_rolling_forecast_through_step_equals_the_full_forward_on_the_growing_sequence(mixer):
     torch.manual_seed(0)
@@ -188,7 +289,8 @@ def test_describe_is_json_and_rebuilds_the_same_task(tmp_path):
     task = ForecastTask(_index_series(tmp_path), column="y", features="z", context=8, horizon=3)
     info = json.loads(json.dumps(task.describe()))
     assert info["columns"] == ["y", "z"] and task.model_overrides() == {"d_input": 2, "d_output": 2}
-    settings = {k: info[k] for k in ("source", "column", "features", "context", "horizon", "mode", "season")}
+    keys = ("source", "column", "features", "context", "horizon", "mode", "season", "scaling", "center")
+    settings = {k: info[k] for k in keys}
     again = create_task("forecast", **settings)
     assert torch.equal(again.get_batch("train", 3)["x"], task.get_batch("train", 3)["x"])
 
@@ -238,6 +340,7 @@ def test_gaps_are_an_error_unless_interpolation_is_asked_for(tmp_path, caplog):
         ({"column": "y", "horizon": 40}, r"the val span has 30 points, fewer than context \+ horizon"),
         ({"column": "y", "context": 4, "season": 7}, "context >= season"),
         ({"column": "y", "mode": "recursive"}, "mode must be one of"),
+        ({"column": "y", "scaling": "revin"}, "scaling must be one of"),
     ],
 )
 def test_mistakes_get_a_clear_error(tmp_path, kwargs, match):

@@ -45,6 +45,7 @@ INSTALL_HINT = "pip install statsmodels vega_datasets"
 
 __all__ = [
     "BUILTIN",
+    "WINDOW_STD_FLOOR",
     "LinearAR",
     "Series",
     "forecast_scores",
@@ -53,6 +54,7 @@ __all__ = [
     "seasonal_naive_forecast",
     "seasonal_scale",
     "split_spans",
+    "window_frame",
     "window_starts",
 ]
 
@@ -276,6 +278,23 @@ class Normalizer:
 
     def invert(self, z: np.ndarray, feature: int = 0) -> np.ndarray:
         return z * self.std[feature] + self.mean[feature]
+
+
+WINDOW_STD_FLOOR = 0.1
+"""The least scale of a window frame, in the training span's σ: a flat context (a week without rain) must
+not blow its forecast up by 1 / std → ∞. It binds on no target window of the built-in series at their
+default contexts (the smallest context std is 0.15 σ, co2's)."""
+
+
+def window_frame(context: np.ndarray, center: str, floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""(loc, scale), each (n, 1, F), of contexts (n, c, F) in the series' own units, per window and feature:
+
+        loc = x_{c-1} (``center="last"``)  or  1/c Σ_t x_t (``"mean"``);   scale = max(std_t x_t, floor)
+
+    A window then enters the model as (x - loc) / scale and a forecast ẑ leaves it as ẑ scale + loc.
+    """
+    loc = context[:, -1:] if center == "last" else context.mean(axis=1, keepdims=True)  # (n, 1, F)
+    return loc, np.maximum(context.std(axis=1, keepdims=True), floor)  # (n, 1, F) each
 
 
 # ---- metrics --------------------------------------------------------------------------------------------
