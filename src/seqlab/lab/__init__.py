@@ -29,7 +29,7 @@ def compare(
 
     if isinstance(suite, str):
         if suite not in SUITES:
-            known = [*sorted(SUITES), "translation", "captioning", "video", "timeseries"]
+            known = [*sorted(SUITES), "translation", "captioning", "video", "timeseries", "speech"]
             raise ValueError(f"unknown suite {suite!r}; choose one of {known}")
         suite = SUITES[suite]
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from seqlab.layers.mixer import mixer_spec
-from seqlab.models import captioner, encoder, gpt, lm, mamba, rnn_lm, seq2seq, transformer, video, vit
+from seqlab.models import captioner, encoder, gpt, lm, mamba, rnn_lm, seq2seq, speech, transformer, video, vit
 from seqlab.models.legacy import split_mixer_fields, upgrade_config
 
 FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
@@ -30,6 +30,7 @@ FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "vit": (vit.ViTConfig, vit.ViT),
     "captioner": (captioner.CaptionerConfig, captioner.Captioner),
     "video": (video.VideoConfig, video.VideoModel),
+    "speech": (speech.SpeechConfig, speech.SpeechModel),
 }
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("lm", fields) for name, fields in rnn_lm.PRESETS.items()},
@@ -42,6 +43,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("vit", fields) for name, fields in vit.PRESETS.items()},
     **{name: ("captioner", fields) for name, fields in captioner.PRESETS.items()},
     **{name: ("video", fields) for name, fields in video.PRESETS.items()},
+    **{name: ("speech", fields) for name, fields in speech.PRESETS.items()},
 }
 
 __all__ = ["FAMILIES", "PRESETS", "build", "count_parameters", "create", "list_models", "make_config"]

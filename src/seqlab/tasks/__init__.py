@@ -9,7 +9,7 @@ from seqlab.tasks.base import Task
 
 
 def _registry() -> dict[str, Any]:
-    from seqlab.tasks import captioning, images, probes, synthetic, text, translation, video, vision
+    from seqlab.tasks import captioning, images, probes, speech, synthetic, text, translation, video, vision
     from seqlab.tasks.timeseries import TASKS as SERIES_TASKS
 
     return {
@@ -26,6 +26,8 @@ def _registry() -> dict[str, Any]:
         "captioning": captioning.CaptioningTask,
         **SERIES_TASKS,  # "forecast", "series_classification"
         "video": video.VideoTask,
+        "keywords": speech.KeywordTask,
+        "speech_ctc": speech.SpeechCTCTask,
     }
 
 
