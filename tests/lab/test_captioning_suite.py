@@ -45,12 +45,13 @@ def test_a_tiny_suite_trains_scores_and_reports(tmp_path, monkeypatch):
             "ViT + Transformer": ("test-vit-captioner", {"patch_size": 8}),
         },
     )
+    from seqlab.lab.translation import _run
     from seqlab.run import build_task
 
     task = build_task({"task": {**tiny, "seed": 0}})
     records = []
     for label, (_, fields) in captioning.CONTENDERS.items():
-        trained = captioning._run(label, fields, tmp_path, 0.001, 0, captioning._planned)
+        trained = _run(label, fields, tmp_path, 0.001, 0, captioning._planned)  # in process: the patches hold
         assert trained["steps"] == 50 == trained["summary"]["step"]
         records.append(captioning._score(label, fields, trained, task, tmp_path, beam_size=2))
     for r in records:

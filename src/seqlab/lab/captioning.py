@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from seqlab.lab.translation import _run, match_width, slug, timed_train
+from seqlab.lab.translation import match_width, slug, timed_train, train_all
 
 CNN = {"channels": [16, 32, 64]}
 CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -100,7 +99,6 @@ def compare_captioning(
     out: str | Path, minutes: float = 12.0, jobs: int = 2, seed: int = 0, beam_size: int = 3
 ) -> dict[str, Path]:
     """Train the three contenders (``jobs`` at a time, one thread each), score them, write the report."""
-    import multiprocessing as mp
 
     from seqlab.run import build_task
 
@@ -110,11 +108,7 @@ def compare_captioning(
     print(
         f"captioning suite: {len(CONTENDERS)} models x {minutes:g} min, {jobs} at a time -> {out}", flush=True
     )
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = [
-            pool.submit(_run, label, fields[label], out, minutes, seed, _planned) for label in CONTENDERS
-        ]
-        trained = {r["label"]: r for r in (f.result() for f in futures)}
+    trained = train_all({label: fields[label] for label in CONTENDERS}, out, minutes, seed, jobs, _planned)
     task = build_task({"task": {**TASK, "seed": seed}})
     records = [_score(label, fields[label], trained[label], task, out, beam_size) for label in CONTENDERS]
     (out / "results.json").write_text(json.dumps(records, indent=1), encoding="utf-8")

@@ -20,13 +20,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from seqlab.lab.translation import _run, slug, timed_train
+from seqlab.lab.translation import slug, timed_train, train_all
 
 log = logging.getLogger("seqlab.lab")
 
@@ -119,7 +118,6 @@ def compare_speech(
     """Train every (task, mixer) run (``jobs`` at a time, one thread each), score it on the test voices, write
     the report. ``steps`` overrides STEPS per task and ``data`` the corpus settings (``n_train``, ``n_eval``,
     ``batch_size``, ``cache_dir``: a smaller suite). The corpora are built first, here, once."""
-    import multiprocessing as mp
 
     from seqlab.run import build_task
 
@@ -132,9 +130,7 @@ def compare_speech(
         for t in dict.fromkeys(r["task"] for r in runs.values())
     }
     log.info("speech suite: %d runs, %d at a time -> %s", len(runs), jobs, out)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {label: pool.submit(_run, label, f, out, 0.0, seed, _planned) for label, f in runs.items()}
-        trained = {label: f.result() for label, f in futures.items()}
+    trained = train_all(runs, out, 0.0, seed, jobs, _planned)
     records = _score_all(runs, trained, out, built)
     minutes = (time.perf_counter() - t0) / 60
     (out / "results.json").write_text(json.dumps(records, indent=1), encoding="utf-8")

@@ -21,13 +21,12 @@ import functools
 import inspect
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from seqlab.lab.translation import _run, slug, timed_train
+from seqlab.lab.translation import slug, timed_train, train_all
 from seqlab.tasks.timeseries import ForecastTask
 
 DATASETS = ("sunspots", "co2", "sf_temps")
@@ -144,7 +143,6 @@ def compare_timeseries(
     on the test span, write results.json, table.md and timeseries.png to ``out``. ``steps`` per run
     (default STEPS); ``task`` more ForecastTask fields for every data set (e.g. ``{"scaling": "global"}``);
     ``command`` the line the table names as its source (default: the ``seqlab compare`` call)."""
-    import multiprocessing as mp
 
     out, t0 = Path(out), time.perf_counter()
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -155,11 +153,7 @@ def compare_timeseries(
         f"timeseries suite: {len(todo)} of {len(runs)} runs to train, {jobs} at a time -> {out}", flush=True
     )
     if todo:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = {
-                label: pool.submit(_run, label, s, out, 0.0, seed, _planned) for label, s in todo.items()
-            }
-            trained.update({label: f.result() for label, f in futures.items()})
+        trained.update(train_all(todo, out, 0.0, seed, jobs, _planned))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # scoring is small: one thread, as each run trained, spares a shared machine
     try:

@@ -92,6 +92,20 @@ def _run(
     return {"label": label, "steps": train.steps, "seconds": time.perf_counter() - t0, "summary": summary}
 
 
+def train_all(
+    runs: dict[str, dict[str, Any]], out: Path, minutes: float, seed: int, jobs: int, planner=None
+) -> dict[str, dict[str, Any]]:
+    """Each run's record from :func:`_run` (label -> the fields its planner reads), ``jobs`` spawned processes
+    at a time; every suite trains its runs through this."""
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {
+            label: pool.submit(_run, label, f, out, minutes, seed, planner) for label, f in runs.items()
+        }
+        return {label: f.result() for label, f in futures.items()}
+
+
 def _planned(label: str, fields: dict[str, Any], minutes: float, seed: int) -> dict[str, Any]:
     """The run dict of a contender, its steps those that a calibration says fit in ``minutes``."""
     from seqlab.run import build_run
@@ -187,7 +201,6 @@ def compare_translation(
     out: str | Path, minutes: float = 8.0, jobs: int = 2, seed: int = 0, limit: int | None = None
 ) -> dict[str, Path]:
     """Train the four contenders (``jobs`` at a time, one thread each), score them, write the report."""
-    import multiprocessing as mp
 
     from seqlab.models import count_parameters
     from seqlab.training.checkpoint import load_model, load_tokenizer_json, resolve_checkpoint
@@ -199,9 +212,7 @@ def compare_translation(
         f"translation suite: {len(CONTENDERS)} models x {minutes:g} min, {jobs} at a time -> {out}",
         flush=True,
     )
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_run, label, fields[label], out, minutes, seed) for label in CONTENDERS]
-        trained = {r["label"]: r for r in (f.result() for f in futures)}
+    trained = train_all({label: fields[label] for label in CONTENDERS}, out, minutes, seed, jobs)
     records = []
     for label, (preset, _) in CONTENDERS.items():
         where = resolve_checkpoint(out / "runs" / slug(label))

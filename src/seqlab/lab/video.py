@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from seqlab.lab.translation import _run, slug, timed_train
+from seqlab.lab.translation import slug, timed_train, train_all
 
 TASKS: dict[str, dict[str, Any]] = {
     "action": {"label": "action", "setting": "short"},
@@ -122,16 +121,13 @@ def compare_video(
     """Train every (task, contender) run (``jobs`` at a time, one thread each), score it on the test clips,
     write the report. ``steps`` overrides STEPS per task and ``data`` the clips' settings (``n_train``,
     ``n_eval``, ``batch_size``: a smaller suite)."""
-    import multiprocessing as mp
 
     out = Path(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     runs = {k: {**v, "data": dict(data or {})} for k, v in plan(mixers, tasks, steps).items()}
     t0 = time.perf_counter()
     print(f"video suite: {len(runs)} runs, {jobs} at a time -> {out}", flush=True)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {label: pool.submit(_run, label, f, out, 0.0, seed, _planned) for label, f in runs.items()}
-        trained = {label: f.result() for label, f in futures.items()}
+    trained = train_all(runs, out, 0.0, seed, jobs, _planned)
     records = _score_all(runs, trained, out, seed)
     minutes = (time.perf_counter() - t0) / 60
     (out / "results.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
