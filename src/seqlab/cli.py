@@ -25,6 +25,7 @@ from seqlab.commands import (
     compare_minutes_command,
 )
 from seqlab.commands_doctor import add_doctor
+from seqlab.commands_export import add_export
 from seqlab.commands_series import add_forecast
 from seqlab.commands_speech import add_transcribe, add_viz_speech, compare_speech_command
 from seqlab.commands_train import add_train
@@ -269,6 +270,7 @@ def make_parser() -> argparse.ArgumentParser:
         _add_compare,
         _add_viz,
         add_params,
+        add_export,
         _add_list,
         add_doctor,
     ):
