@@ -25,6 +25,7 @@ def compare(
     throughput and memory measurements that follow always run alone.
     """
     from seqlab.lab.report import write_plots, write_results, write_table
+    from seqlab.lab.report_html import write_report_html
     from seqlab.lab.runner import Compare
 
     if isinstance(suite, str):
@@ -43,6 +44,7 @@ def compare(
     if gradients:
         plots += _gradient_plot(lab.out, suite, lab.mixers, seed)
     paths["plots"] = plots
+    paths["report"] = write_report_html(lab.out, suite, lab.mixers, jobs)  # reads the files written above
     paths["minutes"] = (time.perf_counter() - t0) / 60
     return paths
 
