@@ -75,6 +75,15 @@ def test_same_outputs_and_round_trip(name, overrides, hf_class):
         assert torch.equal(back[k], t), k
 
 
+@pytest.mark.parametrize("name", ["test-gpt", "test-gpt-llama", "test-mamba"])
+def test_greedy_generation_matches(name):
+    model = _tiny(name).float()
+    hf = to_hf(model)
+    prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(2))
+    ref = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False)
+    assert torch.equal(model.generate(prompt, 12, temperature=0), ref)
+
+
 def test_mode_dtype_and_tying_follow_the_model():
     model = create("test-gpt").train()
     hf = to_hf(model)

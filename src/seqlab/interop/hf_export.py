@@ -41,7 +41,7 @@ from seqlab.interop.hf_export_lm import export_lm
 from seqlab.interop.hf_export_tokenizer import hf_tokenizer
 from seqlab.training.manifest import umask
 
-__all__ = ["EXPORTERS", "HFExport", "save_hf", "to_hf"]
+__all__ = ["EXPORTABLE", "EXPORTERS", "HFExport", "check_out_dir", "save_hf", "to_hf"]
 
 log = logging.getLogger(__name__)
 

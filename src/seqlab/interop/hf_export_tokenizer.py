@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 
+from seqlab.interop.hf_export_lm import transformers_lib
+
 __all__ = ["hf_tokenizer"]
 
 _WORDPIECE_SPECIALS = {
@@ -44,8 +46,6 @@ def _specials(backend, wanted: dict[str, str]) -> dict[str, str]:
 
 def hf_tokenizer(tokenizer, model_max_length: int | None = None) -> tuple[object | None, str | None]:
     """``(PreTrainedTokenizerFast, None)`` for a seqlab tokenizer, or ``(None, why it cannot be exported)``."""
-    from transformers import PreTrainedTokenizerFast
-
     data = json.loads(tokenizer.to_json())
     kind = data.get("type")
     if kind == "char":
@@ -63,7 +63,7 @@ def hf_tokenizer(tokenizer, model_max_length: int | None = None) -> tuple[object
     else:
         return None, f"seqlab does not know how to export a {kind!r} tokenizer"
     extra = {} if model_max_length is None else {"model_max_length": model_max_length}
-    hf = PreTrainedTokenizerFast(
+    hf = transformers_lib().PreTrainedTokenizerFast(
         tokenizer_object=backend, clean_up_tokenization_spaces=False, **specials, **extra
     )
     if kind == "char" and hf(data["chars"])["input_ids"] != list(range(len(data["chars"]))):
