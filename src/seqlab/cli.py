@@ -319,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if overrides and not args.takes_overrides:
         parser.error(f"unrecognized arguments: {' '.join(overrides)}")
     args.overrides = overrides
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # `train --nproc` hands it to torchrun
     if args.trains:  # a training process: keep freed memory for the next step
         from seqlab.training.allocator import keep_freed_memory
 

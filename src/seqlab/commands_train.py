@@ -19,10 +19,12 @@ Train a model on a task. Settings come from an optional YAML run file, then dott
   seqlab train --model.name=gru-lm-small --task.name=shakespeare --train.steps=3000
   seqlab train --model.name=lstm-lm-small --task.name=text --task.source=my.txt --out runs/mine
   seqlab train configs/lstm-shakespeare.yaml --out runs/demo --resume     # continue an interrupted run
+  seqlab train configs/lstm-shakespeare.yaml --nproc 2                    # 2 processes (DDP, torchrun)
+  torchrun --nproc_per_node 2 -m seqlab train configs/lstm-shakespeare.yaml    # the same, launched by hand
 
 Sections: model (name: a preset from `seqlab list`, then config fields), task (name: {tasks}; then its
 arguments), train (steps, lr, warmup_steps, weight_decay, grad_clip, grad_accum, eval_every, save_every,
-max_minutes, seed, device, ...). With neither a run file nor overrides, `--defaults` trains lstm-lm-small on
+max_minutes, seed, device, strategy, precision, loggers, ...). With neither a run file nor overrides, `--defaults` trains lstm-lm-small on
 Shakespeare (about 17 minutes on 2 cores).
 """
 
@@ -43,7 +45,46 @@ def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
     return run, out
 
 
+def _launch(args: argparse.Namespace) -> int:
+    """``--nproc N``: the same command in N processes through torchrun's launcher (torch.distributed.run)."""
+    from torch.distributed.run import main as torchrun
+
+    argv = [a for a in args.argv if a != f"--nproc={args.nproc}"]
+    if "--nproc" in argv:
+        i = argv.index("--nproc")
+        del argv[i : i + 2]
+    cmd = ["--nproc_per_node", str(args.nproc), "-m", "seqlab", *argv]
+    print(f"torchrun {' '.join(cmd)}", flush=True)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        torchrun(cmd)
+    except ChildFailedError as e:  # the failing rank printed its own error line above
+        ranks = ", ".join(str(f.local_rank) for f in e.failures.values())
+        print(f"error: rank {ranks} of {args.nproc} failed (its error is above)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
+    import os
+
+    if args.nproc is not None and "WORLD_SIZE" not in os.environ:
+        return _launch(args)
+    if args.device is not None:
+        args.overrides = [*args.overrides, f"--train.device={args.device}"]
+    main = int(os.environ.get("RANK", 0)) == 0
+    if not main:  # one voice: rank 0 reports, the others only warn
+        logging.getLogger("seqlab").setLevel(logging.WARNING)
+    try:
+        return _train(args, main)
+    finally:
+        from seqlab.training.distributed import teardown
+
+        teardown()
+
+
+def _train(args: argparse.Namespace, main: bool) -> int:
     from seqlab.models import count_parameters
     from seqlab.run import build_run
     from seqlab.training import Trainer
@@ -71,17 +112,25 @@ def _cmd_train(args: argparse.Namespace) -> int:
             )
             run = saved
             model, task, train = build_run(run)
-    print(
-        f"model {run['model']['name']} ({count_parameters(model):,} parameters), task {task.name}, "
-        f"{train.steps} steps -> {out}",
-        flush=True,
-    )
-    summary = Trainer(model, task, train, out, run).fit(resume=where or False)
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}), flush=True)
+    trainer = Trainer(model, task, train, out, run)
+    if main:
+        world = f", {trainer.world.size} processes ({train.strategy})" if trainer.world.size > 1 else ""
+        print(
+            f"model {run['model']['name']} ({count_parameters(model):,} parameters), task {task.name}, "
+            f"{train.steps} steps on {trainer.device}{world} -> {out}",
+            flush=True,
+        )
+    summary = trainer.fit(resume=where or False)
+    if main:
+        print(
+            json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}),
+            flush=True,
+        )
     return 130 if summary.get("interrupted") else 0  # 128 + SIGINT, as a shell reports an interrupted command
 
 
 def add_train(sub) -> None:
+    from seqlab.run import positive_int
     from seqlab.tasks import list_tasks
 
     t = sub.add_parser(
@@ -96,4 +145,10 @@ def add_train(sub) -> None:
         "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
     )
     t.add_argument("--defaults", action="store_true", help="train the defaults when nothing else is given")
+    t.add_argument(
+        "--nproc",
+        type=positive_int,
+        help="train in N processes with DDP (train.strategy=fsdp shards instead), launched through torchrun",
+    )
+    t.add_argument("--device", choices=("auto", "cpu", "cuda"), help="shorthand for --train.device")
     t.set_defaults(func=_cmd_train, takes_overrides=True, trains=True, parser=t)

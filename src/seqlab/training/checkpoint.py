@@ -75,12 +75,14 @@ def save_checkpoint(
     trainer_state: dict[str, Any] | None = None,
     tokenizer_json: str | None = None,
     keep: int = 2,
+    shards: Path | None = None,
 ) -> Path:
     """Write ``RUN/checkpoints/step-NNNNNNNN`` atomically, record it in the manifest, point ``latest`` at it,
     then keep the newest ``keep`` checkpoints the manifest names (:func:`prune`).
 
     A directory of that name that the manifest does not name is not seqlab's: a FileExistsError, and it is
-    left as it is.
+    left as it is. ``model`` is a module or its state dict (FSDP's gathered weights); ``shards``, a directory of
+    torch.distributed.checkpoint files (FSDP), is moved into the checkpoint and checksummed with it.
     """
     run_dir = Path(run_dir)
     ckpt_root = run_dir / "checkpoints"
@@ -96,6 +98,10 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=f".tmp-{name}-"))
     try:
         _write_files(tmp, step, model, config, trainer_state, tokenizer_json)
+        if shards is not None:
+            for f in sorted(shards.iterdir()):
+                os.replace(f, tmp / f.name)
+            shards.rmdir()
         entries[name] = {"step": step, "files": digest_dir(tmp)}
         _move_into_place(tmp, final, entries)
     except BaseException:
@@ -112,7 +118,7 @@ def _write_files(tmp: Path, step: int, model, config, trainer_state, tokenizer_j
     # tied parameters are stored once, under their first name; load_state_dict(strict=False) re-ties them
     state = {}
     seen: dict[int, str] = {}
-    for k, v in model.state_dict().items():
+    for k, v in (model if isinstance(model, dict) else model.state_dict()).items():
         if v.data_ptr() in seen and v.numel() > 0:
             continue
         seen[v.data_ptr()] = k

@@ -47,6 +47,12 @@ class TrainConfig:
     """Seeds torch's RNG before the model is built (seqlab.run): the initial weights and dropout follow."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1', ..."""
+    strategy: str = "ddp"
+    """With several processes (torchrun): 'ddp' replicates the model and averages gradients; 'fsdp' shards
+    parameters, gradients and optimizer state (FSDP2), for models that do not fit one process."""
+    precision: str = "auto"
+    """'auto' (bf16 autocast and TF32 matmuls on CUDA, fp32 on CPU), 'fp32', or 'bf16' (CUDA only: bf16
+    matmuls are hundreds of times slower than fp32 on most CPUs)."""
     threads: int | None = None
     """torch.set_num_threads for this run; None leaves PyTorch's default."""
     progress: bool = True
@@ -74,6 +80,7 @@ class TrainConfig:
             raise ValueError(f"train.seed must be an integer, got {self.seed!r}")
         self._check_device()
         self._check_loggers()
+        self._check_strategy()
         check_nonnegative(self, ("warmup_steps", "save_every", "eval_every", "keep_checkpoints"), "train.")
         check_nonnegative(self, ("min_lr", "weight_decay"), "train.", numbers=True)
 
@@ -86,6 +93,23 @@ class TrainConfig:
             from seqlab.training.tensorboard import check_available
 
             check_available()
+
+    def _check_strategy(self) -> None:
+        if self.strategy not in ("ddp", "fsdp"):
+            raise ValueError(f"train.strategy must be 'ddp' or 'fsdp', got {self.strategy!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"train.precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
+        if self.precision == "bf16" and self.resolved_device().type != "cuda":
+            raise ValueError(
+                "train.precision='bf16' needs a CUDA device: on CPU, bf16 matmuls are hundreds of times slower "
+                "than fp32; use 'auto' or 'fp32'"
+            )
+
+    def autocast_dtype(self) -> torch.dtype | None:
+        """bf16 under 'auto' or 'bf16' on CUDA; None (fp32, no autocast) otherwise."""
+        if self.precision != "fp32" and self.resolved_device().type == "cuda":
+            return torch.bfloat16
+        return None
 
     def _check_device(self) -> None:
         """A device torch knows and this machine has; checked before any model is built or step taken."""

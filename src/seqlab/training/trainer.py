@@ -26,39 +26,26 @@ The run directory (``out_dir``):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from seqlab.training import checkpoint as ckpt
+from seqlab.training import distributed
 from seqlab.training import manifest as run_files
 from seqlab.training.config import TrainConfig
 from seqlab.training.interrupt import stop_on_interrupt
+from seqlab.training.loop_state import Window, detach_state, move_to, to_device
 from seqlab.training.optim import lr_at, make_optimizer
 
 log = logging.getLogger("seqlab.train")
-
-
-def detach_state(state: Any) -> Any:
-    """Cut the graph behind a carried recurrent state (truncated BPTT), keeping its values."""
-    if isinstance(state, Tensor):
-        return state.detach()
-    if isinstance(state, tuple) and hasattr(state, "_fields"):  # a NamedTuple such as a KV cache
-        return type(state)(*(detach_state(s) for s in state))
-    if isinstance(state, tuple | list):
-        return type(state)(detach_state(s) for s in state)
-    return state
-
-
-def _to(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 class Trainer:
@@ -75,14 +62,18 @@ class Trainer:
         self.model, self.task, self.config = model, task, config
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.run_config = run_config or {}
-        self.device = config.resolved_device()
+        self.world = distributed.setup(config.strategy, config.resolved_device())
+        self.device = distributed.local_device(config.resolved_device(), self.world)
         self.model.to(self.device)
+        if self.world.size > 1:  # before any work: the batch must split over the ranks
+            distributed.check_divisible(task.get_batch("train", 0), self.world)
+        self.net = distributed.wrap(model, self.world, config.strategy, self.device)  # what training calls
         self.optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
         self.step = 0
         self.elapsed = 0.0  # seconds of training, summed over resumed segments
         self.carry: Any = None  # recurrent state carried between batches (stateful tasks only)
         self.history: list[dict[str, Any]] = []  # every metrics record of this process
-        self.window = _Window()  # loss since the last train record (saved), tokens and time (this process)
+        self.window = Window()  # loss since the last train record (saved), tokens and time (this process)
         self.last: dict[str, Any] = {"train_loss": None}  # the newest train loss and eval metrics
         self.grad_norm: float | None = None  # the last step's gradient norm before clipping
         self.tb = None  # the TensorBoard writer, with train.loggers: [tensorboard]
@@ -101,42 +92,63 @@ class Trainer:
             "run": self.run_config,
         }
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """Write a checkpoint (rank 0; under FSDP every rank writes its shards). Returns its path on rank 0."""
         if self.out_dir is None:
             raise ValueError("this trainer has no out_dir to save to")
+        fsdp = self.config.strategy == "fsdp"
         state = {
             "step": self.step,
             "elapsed": self.elapsed,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": None if fsdp else self.optimizer.state_dict(),  # FSDP: in the shards
             "rng_cpu": torch.get_rng_state(),
             "carry": self.carry,
             "log_window": {"loss": self.window.loss, "n": self.window.n},
         }
         if torch.cuda.is_available():
             state["rng_cuda"] = torch.cuda.get_rng_state_all()
-        tok = getattr(self.task, "tokenizer", None)
-        return ckpt.save_checkpoint(
-            self.out_dir,
-            self.step,
-            self.model,
-            self._checkpoint_config(),
-            state,
-            tok.to_json() if tok is not None else None,
-            self.config.keep_checkpoints,
-        )
+        if self.world.size > 1 and self.task.stateful:  # every rank's streams, for a resume on as many ranks
+            state["carry_ranks"] = distributed.gather_objects(
+                move_to(self.carry, torch.device("cpu")), self.world
+            )
+        state["world_size"] = self.world.size
+        shards = self.out_dir / "checkpoints" / f".tmp-step-{self.step:08d}-shards" if fsdp else None
+        weights = distributed.full_model_state(self.model) if fsdp else self.model
+        if fsdp:
+            distributed.save_shards(self.model, self.optimizer, shards)
+        path = None
+        if self.world.main:
+            tok = getattr(self.task, "tokenizer", None)
+            path = ckpt.save_checkpoint(
+                self.out_dir,
+                self.step,
+                weights,
+                self._checkpoint_config(),
+                state,
+                tok.to_json() if tok is not None else None,
+                self.config.keep_checkpoints,
+                shards=shards,
+            )
+        distributed.barrier(self.world)
+        return path
 
     def resume(self, path: str | Path | None = None) -> None:
         """Load weights and trainer state from ``path`` (a checkpoint, or a run directory: its newest complete,
         verified checkpoint; default: this run's) and cut ``metrics.jsonl`` back to the checkpoint's step."""
         where = ckpt.resumable_checkpoint(path or self.out_dir)
-        ckpt.load_weights(self.model, where / "model.safetensors")
         state = ckpt.load_trainer_state(where, verified=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.config.strategy == "fsdp":
+            distributed.load_shards(self.model, self.optimizer, where)
+        elif state["optimizer"] is None:
+            raise ValueError(f"{where} was saved with train.strategy=fsdp; resume it with that strategy")
+        else:
+            ckpt.load_weights(self.model, where / "model.safetensors")
+            self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng_cpu"])
         if "rng_cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(list(state["rng_cuda"]))
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
-        self.carry = _move(state["carry"], self.device)
+        self.carry = self._restored_carry(state)
         self.window.restore(**state.get("log_window", {}))  # older checkpoints: an empty window
         if self.step > self.config.steps:
             raise ValueError(
@@ -146,6 +158,20 @@ class Trainer:
         if self.out_dir is not None:
             self._cut_metrics()
         log.info("resumed from %s at step %d", where, self.step)
+
+    def _restored_carry(self, state: dict[str, Any]) -> Any:
+        """This rank's carried recurrent state; a change of world size starts the streams afresh (said)."""
+        saved = state.get("carry_ranks") or [state["carry"]]
+        if len(saved) == self.world.size:
+            return move_to(saved[self.world.rank], self.device)
+        if any(c is not None for c in saved):
+            log.warning(
+                "the recurrent state carried between batches was saved by %d process(es) and is resumed by %d: "
+                "it starts afresh at the next batch (the loss is not exactly the uninterrupted run's)",
+                len(saved),
+                self.world.size,
+            )
+        return None
 
     def _cut_metrics(self) -> None:
         """Cut ``metrics.jsonl`` back to the resumed step; the newest train loss and eval metrics it keeps
@@ -162,6 +188,8 @@ class Trainer:
         """Append one record to ``metrics.jsonl`` as strict JSON (non-finite numbers as null)."""
         rec = run_files.finite_or_none(rec)
         self.history.append(rec)
+        if not self.world.main:
+            return
         if self.out_dir is not None:
             with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, allow_nan=False) + "\n")
@@ -181,6 +209,11 @@ class Trainer:
             return "No checkpoint was saved before it."
         return f"The last good checkpoint is {self.out_dir / latest.read_text().strip()} (--resume starts there)."
 
+    def _autocast(self):
+        """bf16 autocast on CUDA (train.precision 'auto' or 'bf16'); nothing on CPU."""
+        dtype = self.config.autocast_dtype()
+        return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype)
+
     def train_step(self) -> tuple[float, int]:
         """One optimizer step over ``grad_accum`` batches. Returns (mean loss, tokens seen)."""
         c, task = self.config, self.task
@@ -189,27 +222,31 @@ class Trainer:
             group["lr"] = lr
         total, tokens = 0.0, 0
         for micro in range(c.grad_accum):
-            batch = _to(task.get_batch("train", self.step * c.grad_accum + micro), self.device)
+            batch = task.get_batch("train", self.step * c.grad_accum + micro)
+            batch = to_device(distributed.shard_batch(batch, self.world), self.device)
             state = None
             if task.stateful:
                 reset = batch.pop("reset", None)
                 state = None if reset is None or bool(reset) else detach_state(self.carry)
-            loss, _, new_state = task.loss(self.model, batch, state)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss is {loss.item()} at step {self.step + 1}; lower train.lr or set train.grad_clip. "
-                    + self._last_good()
-                )
-            (loss / c.grad_accum).backward()
+            with distributed.no_sync(self.net, micro == c.grad_accum - 1):
+                with self._autocast():
+                    loss, _, new_state = task.loss(self.net, batch, state)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(
+                        f"loss is {loss.item()} at step {self.step + 1}; lower train.lr or set train.grad_clip. "
+                        + self._last_good()
+                    )
+                (loss / c.grad_accum).backward()
             self.carry = detach_state(new_state) if task.stateful else None
             total += loss.item()
             tokens += task.tokens_in(batch)
-        if c.grad_clip is not None:  # the norm before clipping, for the records
-            self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip))
+        if c.grad_clip is not None:  # the norm before clipping, for the records (a DTensor under FSDP)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+            self.grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return total / c.grad_accum, tokens
+        return distributed.reduce_step(total / c.grad_accum, tokens, self.world)
 
     def fit(self, resume: bool | str | Path = False, until: int | None = None) -> dict[str, Any]:
         """Train to ``config.steps`` (or stop early at step ``until``, saving there, as a pause point).
@@ -250,7 +287,7 @@ class Trainer:
         t0 = time.perf_counter()
         window.add(*self.train_step())
         self.elapsed += time.perf_counter() - t0
-        stop = "interrupted" if interrupted.set else self._stop_reason(until)
+        stop = self._stop_reason(until, interrupted.set)
         done = self.step >= c.steps or stop is not None
         finish = (
             done and stop != "interrupted"
@@ -270,34 +307,42 @@ class Trainer:
         aside on a fresh start), the checkpoint to resume from, training mode."""
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
-        if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.out_dir is not None and self.world.main:
+            (self.out_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
             run_files.remove_leftovers(self.out_dir)
             if not resume:  # never append to an earlier run's metrics
                 run_files.set_aside(self.out_dir / "metrics.jsonl")
+        distributed.barrier(self.world)
+        if self.device.type == "cuda" and self.config.precision != "fp32":  # TF32 matmuls (Ampere and later)
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         if resume is not False:
             self.resume(None if resume is True else resume)
-        if "tensorboard" in self.config.loggers and self.out_dir is not None:
+        if "tensorboard" in self.config.loggers and self.out_dir is not None and self.world.main:
             from seqlab.training.tensorboard import TensorBoardLog
 
             self.tb = TensorBoardLog(self.out_dir / "tb", purge_step=self.step + 1 if self.step else None)
         self.model.train()
 
     def _progress_bar(self):
-        if not self.config.progress:
+        if not self.config.progress or not self.world.main:
             return None
         from tqdm.auto import tqdm
 
         return tqdm(total=self.config.steps, initial=self.step, desc="train", dynamic_ncols=True, leave=True)
 
-    def _stop_reason(self, until: int | None) -> str | None:
-        """'paused' at step ``until``, 'budget' past train.max_minutes, else None (go on)."""
+    def _stop_reason(self, until: int | None, interrupted: bool = False) -> str | None:
+        """'interrupted' after a Ctrl-C, 'paused' at step ``until``, 'budget' past train.max_minutes, else None
+        (go on); with several processes, a stop one rank sees is taken by all."""
         c = self.config
+        over = c.max_minutes is not None and self.elapsed > 60 * c.max_minutes
+        interrupted, over = distributed.any_rank((interrupted, over), self.world)
+        if interrupted:
+            return "interrupted"
         if until is not None and self.step >= until:
             return "paused"
-        return "budget" if c.max_minutes is not None and self.elapsed > 60 * c.max_minutes else None
+        return "budget" if over else None
 
-    def _log_train(self, window: _Window, bar) -> float:
+    def _log_train(self, window: Window, bar) -> float:
         """Record the mean training loss since the last multiple of ``log_every`` and the throughput since
         the last record; returns the loss."""
         now = time.perf_counter()
@@ -316,7 +361,7 @@ class Trainer:
             bar.set_postfix(loss=f"{rec['loss']:.3f}", refresh=False)
         return rec["loss"]
 
-    def _log_eval(self, window: _Window, bar, train_loss: float) -> dict[str, float]:
+    def _log_eval(self, window: Window, bar, train_loss: float) -> dict[str, float]:
         """Evaluate, record the metrics and return them; evaluation time does not count against throughput."""
         t_eval = time.perf_counter()
         metrics = self.evaluate()
@@ -328,38 +373,3 @@ class Trainer:
             )
         log.info("step %d: %s", self.step, metrics)
         return metrics
-
-
-@dataclass
-class _Window:
-    """Training loss summed over the ``n`` steps since the last multiple of ``log_every`` (saved with a
-    checkpoint, so that a resumed run's records equal the uninterrupted run's), and the tokens since this
-    process's last record with when that started (throughput, which a resume does not carry over)."""
-
-    loss: float = 0.0
-    n: int = 0
-    tokens: int = 0
-    start: float = dataclasses.field(default_factory=time.perf_counter)
-
-    def add(self, loss: float, tokens: int) -> None:
-        self.loss, self.tokens, self.n = self.loss + loss, self.tokens + tokens, self.n + 1
-
-    def reset(self, now: float, keep_loss: bool = False) -> None:
-        """Start a new window; ``keep_loss`` (a record between two multiples of log_every) keeps the loss."""
-        if not keep_loss:
-            self.loss, self.n = 0.0, 0
-        self.tokens, self.start = 0, now
-
-    def restore(self, loss: float = 0.0, n: int = 0) -> None:
-        """Take up the loss sums of a window saved with a checkpoint."""
-        self.loss, self.n = float(loss), int(n)
-
-
-def _move(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, Tensor):
-        return obj.to(device)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_move(o, device) for o in obj))
-    if isinstance(obj, tuple | list):
-        return type(obj)(_move(o, device) for o in obj)
-    return obj

@@ -1,0 +1,208 @@
+"""Distributed training on CPU with gloo: real processes started by torch.distributed's launcher (torchrun).
+
+W processes with B/W rows each must give the loss sequence of one process with B rows; a run must resume on
+another number of processes; FSDP's sharded checkpoints must reshard. Each launch is bounded in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from seqlab.cli import main
+from seqlab.training import distributed
+from seqlab.training.config import TrainConfig
+
+TEXT = "".join(
+    f"Line {i}: the quick brown fox jumps over the lazy dog, {i * 7 % 13} times.\n" for i in range(300)
+)
+LAUNCH_TIMEOUT = 120  # seconds per launch: a hung collective fails the test instead of the suite
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / "text.txt"
+    p.write_text(TEXT, encoding="utf-8")
+    return p
+
+
+def _args(text_file, model: str, steps: int, *extra: str) -> list[str]:
+    return [
+        "train",
+        f"--model.name={model}",
+        "--task.name=text",
+        f"--task.source={text_file}",
+        "--task.seq_len=16",
+        "--task.batch_size=4",
+        f"--train.steps={steps}",
+        "--train.eval_every=0",
+        "--train.eval_batches=1",
+        "--train.progress=false",
+        "--train.warmup_steps=2",
+        "--train.log_every=1",
+        "--train.save_every=3",
+        *extra,
+    ]
+
+
+def _env() -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _launch(args: list[str], *launcher: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "seqlab", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _torchrun(args: list[str], nproc: int = 2) -> None:
+    _launch(args, "--nproc_per_node", str(nproc), "--master_port", str(_free_port()))
+
+
+def _seqlab_nproc(args: list[str], nproc: int = 2) -> None:
+    """``seqlab train --nproc N``: the same launch through seqlab's hand-over to torchrun."""
+    cmd = [sys.executable, "-m", "seqlab", *args, "--nproc", str(nproc)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(f"torchrun --nproc_per_node {nproc} -m seqlab train")
+
+
+def _one_process(args: list[str]) -> None:
+    """One process, outside torchrun; in a subprocess when it needs a process group (FSDP)."""
+    if any(a == "--train.strategy=fsdp" for a in args):
+        done = subprocess.run(
+            [sys.executable, "-m", "seqlab", *args], capture_output=True, text=True, timeout=60, env=_env()
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:
+        assert main(args) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _losses(run_dir) -> list[float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["split"] == "train"]
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_two_processes_give_one_process_losses(text_file, tmp_path, grad_accum):
+    """Stateful truncated-BPTT streams (an LSTM on contiguous text): each rank keeps its rows' streams."""
+    args = _args(text_file, "test-lstm-lm", 6, f"--train.grad_accum={grad_accum}")
+    _one_process([*args, "--out", str(tmp_path / "one")])
+    _torchrun([*args, "--out", str(tmp_path / "two")])
+    one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert len(one) == len(two) == 6
+    assert two == pytest.approx(one, rel=1e-5, abs=1e-6)  # float32: the sums run in another order
+    assert one[-1] < one[0]  # it trained
+
+
+@pytest.mark.parametrize("world", [(2, 1), (1, 2)])
+def test_resume_on_another_number_of_processes(text_file, tmp_path, world):
+    args = _args(text_file, "test-gpt", 6, "--task.sampling=random")
+    _one_process([*args, "--out", str(tmp_path / "whole")])
+    first, second = world
+    half = [a if not a.startswith("--train.steps") else "--train.steps=3" for a in args]
+    for nproc, run_args in ((first, half), (second, [*args, "--resume"])):
+        run_args = [*run_args, "--out", str(tmp_path / "cut")]
+        _seqlab_nproc(run_args, nproc) if nproc > 1 else _one_process(run_args)
+    assert _losses(tmp_path / "cut") == pytest.approx(_losses(tmp_path / "whole"), rel=1e-5, abs=1e-6)
+
+
+def test_fsdp_shards_and_reshards_on_resume(text_file, tmp_path):
+    """FSDP on 2 processes writes torch.distributed.checkpoint shards; one process resumes from them."""
+    args = _args(text_file, "test-gpt", 6, "--task.sampling=random", "--train.strategy=fsdp")
+    _one_process([*_args(text_file, "test-gpt", 6, "--task.sampling=random"), "--out", str(tmp_path / "ddp")])
+    half = [a if not a.startswith("--train.steps") else "--train.steps=3" for a in args]
+    _torchrun([*half, "--out", str(tmp_path / "fsdp")])
+    step3 = tmp_path / "fsdp" / "checkpoints" / "step-00000003"
+    assert (step3 / ".metadata").is_file() and len(list(step3.glob("*.distcp"))) == 2
+    _one_process([*args, "--resume", "--out", str(tmp_path / "fsdp")])
+    assert _losses(tmp_path / "fsdp") == pytest.approx(_losses(tmp_path / "ddp"), rel=1e-5, abs=1e-6)
+    # the consolidated weights read like any checkpoint's
+    from seqlab.training.checkpoint import load_model
+
+    assert sum(p.numel() for p in load_model(tmp_path / "fsdp").parameters()) > 0
+    # shards of another model's shape: a clear error, not DCP's planner trace
+    run = {
+        "model": {"name": "test-gpt", "n_layers": 3},
+        "task": {"name": "text", "source": str(text_file), "seq_len": 16, "batch_size": 4},
+        "train": {"strategy": "fsdp", "progress": False},
+    }
+    script = (
+        "from seqlab.run import build_run; from seqlab.training import Trainer;"
+        f"m, t, c = build_run({run!r}); Trainer(m, t, c).resume({str(step3)!r})"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=_env()
+    )
+    assert done.returncode != 0
+    assert "does not fit this model" in done.stderr, done.stderr[-2000:]
+
+
+def test_two_nodes_over_loopback(text_file, tmp_path):
+    """The multi-machine command (c10d rendezvous) with two 'nodes' of one process each on this machine."""
+    args = [*_args(text_file, "test-gpt", 4, "--task.sampling=random"), "--out", str(tmp_path / "nodes")]
+    _one_process([*_args(text_file, "test-gpt", 4, "--task.sampling=random"), "--out", str(tmp_path / "one")])
+    endpoint = f"127.0.0.1:{_free_port()}"
+    launcher = [
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "seqlab", *args]
+    nodes = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=LAUNCH_TIMEOUT) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert _losses(tmp_path / "nodes") == pytest.approx(_losses(tmp_path / "one"), rel=1e-5, abs=1e-6)
+
+
+def test_batch_rows_split_without_overlap():
+    batch = {"x": torch.arange(12).view(4, 3), "y": torch.arange(4), "reset": torch.tensor(True)}
+    parts = [distributed.shard_batch(batch, distributed.World(r, 2)) for r in range(2)]
+    assert torch.equal(torch.cat([p["x"] for p in parts]), batch["x"])
+    assert [p["y"].tolist() for p in parts] == [[0, 1], [2, 3]]
+    assert all(p["reset"] is batch["reset"] for p in parts)  # a flag is kept whole
+    with pytest.raises(ValueError, match="4 rows cannot be split over 3 processes"):
+        distributed.check_divisible(batch, distributed.World(0, 3))
+
+
+def test_device_and_precision_errors(text_file, tmp_path, capsys):
+    if not torch.cuda.is_available():
+        assert main([*_args(text_file, "test-gpt", 2), "--device", "cuda", "--out", str(tmp_path / "c")]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+        with pytest.raises(ValueError, match="bf16 matmuls are hundreds of times slower"):
+            TrainConfig(precision="bf16", device="cpu")
+    assert TrainConfig(device="cpu").autocast_dtype() is None  # fp32 on CPU
+    with pytest.raises(ValueError, match=r"train\.strategy must be 'ddp' or 'fsdp'"):
+        TrainConfig(strategy="zero3")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_autocast_is_bf16():
+    assert TrainConfig(device="cuda").autocast_dtype() == torch.bfloat16
+    assert TrainConfig(device="cuda", precision="fp32").autocast_dtype() is None
