@@ -193,7 +193,29 @@ def build_run(run: dict[str, Any]):
 
     torch.manual_seed(train.seed)  # the initial weights depend on the seed only
     model = create(name, **overrides)
+    _check_carried_state(model, task)
     return model, task, train
+
+
+def _check_carried_state(model, task) -> None:
+    """A stateful task (truncated BPTT) carries each layer's state from batch to batch: full attention's state
+    is a KV cache that would grow every batch (and run past the positions the model has). Said before step 1."""
+    cfg = getattr(model, "config", None)
+    mixer_config = getattr(cfg, "mixer_config", None) or {}
+    if not task.stateful or getattr(cfg, "mixer", None) != "attention":
+        return
+    if getattr(cfg, "position", "none") != "none":
+        raise ValueError(
+            f"task.sampling='stream' carries the model's state from batch to batch, and the positions of a "
+            f"carried KV cache keep growing past the learned table's max_seq_len={cfg.max_seq_len}; use "
+            f"task.sampling='random' (independent windows, as GPT is trained)"
+        )
+    if mixer_config.get("window") is None:
+        raise ValueError(
+            "task.sampling='stream' carries the model's state from batch to batch, and full attention's state "
+            "is a KV cache that grows every batch; use task.sampling='random' (independent windows, as GPT "
+            "is trained) or a sliding window (model.mixer_config={window: N})"
+        )
 
 
 def default_out(run: dict[str, Any]) -> Path:
