@@ -1,4 +1,4 @@
-"""Imports flow one way: layers -> models -> training -> lab/cli; tasks never import models."""
+"""Imports flow one way: kernels -> layers -> models -> training -> lab/cli; tasks never import models."""
 
 import ast
 from pathlib import Path
@@ -6,7 +6,21 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "seqlab"
+_ABOVE_KERNELS = (
+    "layers",
+    "models",
+    "tasks",
+    "training",
+    "lab",
+    "cli",
+    "run",
+    "commands",
+    "interop",
+    "viz",
+    "validation",
+)
 FORBIDDEN = {
+    "kernels": tuple(f"seqlab.{name}" for name in _ABOVE_KERNELS),  # the lowest layer: torch only
     "layers": ("seqlab.models", "seqlab.training", "seqlab.tasks", "seqlab.lab", "seqlab.cli", "seqlab.run"),
     "models": ("seqlab.training", "seqlab.lab", "seqlab.cli", "seqlab.run", "seqlab.tasks"),
     "tasks": ("seqlab.models", "seqlab.training", "seqlab.lab", "seqlab.cli", "seqlab.run"),

@@ -1,0 +1,164 @@
+"""Compiling seqlab's C++ kernels on first use, once per machine kind, and saying what it cost.
+
+``load_kernel()`` builds ``selective_scan.cpp`` with ``torch.utils.cpp_extension.load`` (g++ and ninja) the
+first time a process needs it and loads it as a library of torch operators (``torch.ops.seqlab_scan``, no
+Python binding to compile). The build is cached on disk, so later processes only load it:
+
+* where: ``$TORCH_EXTENSIONS_DIR/seqlab`` if that is set, else ``$XDG_CACHE_HOME/seqlab/kernels`` (by default
+  ``~/.cache/seqlab/kernels``), one folder per build name;
+* the build name is the cache key: the kernel, the vector instruction set, the Python and torch versions
+  (``seqlab_scan_avx2_py311_torch2_13_0``); ninja rebuilds inside that folder when the source changes.
+
+Instruction set: ``-O3`` plus the vector extensions torch itself dispatches to on this CPU
+(``torch.backends.cpu.get_cpu_capability()``: ``-mavx2 -mfma`` for AVX2, the AVX-512 subsets for AVX512,
+nothing beyond the baseline otherwise), never ``-march=native``. A cache shared between machines (a home
+directory on NFS, a container image) then holds one build per instruction set, each of which runs on every
+CPU that reports that capability, instead of a binary tuned for whichever CPU built it first, which can die
+with SIGILL on another. The loops are written for the compiler's auto-vectorizer (``#pragma omp simd``).
+
+A missing compiler or ninja, or a failed build, is reported once as a warning with the reason, and the
+callers take their PyTorch path (:func:`kernel_unavailable` gives the reason). ``build_info()`` tells how long
+the build or load took and whether it came from the cache, for benchmarks to print.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["BuildInfo", "build_info", "cache_root", "kernel_unavailable", "load_kernel"]
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("selective_scan.cpp")
+_ISA_FLAGS = {
+    "AVX2": ["-mavx2", "-mfma"],
+    "AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw"],
+}
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """How the kernel library was obtained in this process."""
+
+    name: str
+    """The build name, which is the cache key (kernel, instruction set, Python and torch versions)."""
+    loaded: bool
+    cached: bool
+    """True when an earlier process's build was loaded without compiling."""
+    seconds: float
+    """Wall time of the build (or of the load alone, when cached)."""
+    flags: tuple[str, ...]
+    path: str
+    reason: str | None = None
+    """Why the kernel is unavailable; None when it loaded."""
+
+
+_lock = threading.Lock()
+_info: BuildInfo | None = None  # set once per process by load_kernel
+
+
+def cache_root() -> Path:
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"]) / "seqlab"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "seqlab" / "kernels"
+
+
+def _build_name_and_flags() -> tuple[str, list[str]]:
+    capability = torch.backends.cpu.get_cpu_capability()
+    version = torch.__version__.split("+")[0].replace(".", "_")
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    isa = "".join(ch for ch in capability.lower() if ch.isalnum()) or "default"
+    # -fno-tree-pre: GCC's partial redundancy elimination turns the clamp in the kernel's exp into branches,
+    # which stops the vectorizer (other compilers ignore the flag with a warning)
+    flags = ["-O3", "-fopenmp", "-fno-tree-pre", *_ISA_FLAGS.get(capability, [])]
+    return f"seqlab_scan_{isa}_{py}_torch{version}", flags
+
+
+def _missing_tool() -> str | None:
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler: {compiler!r} is not on PATH (install g++, or set CXX)"
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+def _compile(name: str, flags: list[str], folder: Path) -> None:
+    """Build (or find up to date) and load the operator library; raises on any failure."""
+    from torch.utils.cpp_extension import load
+
+    folder.mkdir(parents=True, exist_ok=True)
+    load(
+        name=name,
+        sources=[str(SOURCE)],
+        extra_cflags=flags,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        is_python_module=False,
+        verbose=False,
+    )
+
+
+def _first_error(e: Exception) -> str:
+    """The compiler's first error line if the message has one (cpp_extension puts the whole log in it)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    return next((line for line in lines if "error:" in line), lines[0])[:300]
+
+
+def _mtime(path: Path) -> int | None:
+    return path.stat().st_mtime_ns if path.exists() else None
+
+
+def _build() -> BuildInfo:
+    name, flags = _build_name_and_flags()
+    folder = cache_root() / name
+    library = folder / f"{name}.so"
+    start, before = time.perf_counter(), _mtime(library)
+    reason = _missing_tool()
+    if reason is None:
+        try:
+            _compile(name, flags, folder)
+        except Exception as e:  # a compiler error, a linker error, a bad cache folder: all mean "no kernel"
+            log.debug("building %s failed", name, exc_info=True)
+            reason = f"the build failed ({_first_error(e)})"
+    seconds = time.perf_counter() - start
+    cached = reason is None and before is not None and _mtime(library) == before
+    return BuildInfo(name, reason is None, cached, seconds, tuple(flags), str(library), reason)
+
+
+def load_kernel() -> bool:
+    """Build or load the kernels once per process; True when they are usable. Logs the cost (info) or, once,
+    why they are not (warning)."""
+    global _info
+    with _lock:
+        if _info is None:
+            _info = _build()
+            if _info.loaded:
+                how = "loaded from the cache" if _info.cached else "compiled"
+                log.info("seqlab kernels %s in %.1f s (%s): %s", how, _info.seconds, _info.name, _info.path)
+            else:
+                log.warning(
+                    "seqlab's C++ selective-scan kernel is unavailable: %s; the chunked PyTorch scan is used",
+                    _info.reason,
+                )
+    return _info.loaded
+
+
+def kernel_unavailable() -> str | None:
+    """None when the kernels load (building them on first call), else the reason."""
+    return None if load_kernel() else _info.reason
+
+
+def build_info() -> BuildInfo | None:
+    """How this process got the kernels; None before anything asked for them."""
+    return _info

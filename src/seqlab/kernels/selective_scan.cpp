@@ -1,0 +1,526 @@
+// seqlab's fused CPU selective scan (Mamba, Gu & Dao 2023, arXiv 2312.00752, Algorithm 2): forward and backward.
+//
+// Notation as in seqlab/layers/scan.py: b batch, t time, d channels, n state size. Every tensor is contiguous
+// and batch-first: u, delta, z (b, t, d); A (d, n); B, C (b, t, n); D, delta_bias (d); h0 (b, d, n).
+//
+//   Δ_i = softplus(delta_i + delta_bias)          (bias and softplus optional)
+//   Ā_i = exp(Δ_i A)                               (d, n), elementwise
+//   h_i = Ā_i ⊙ h_{i-1} + Δ_i u_i B_i              (d, n)
+//   y_i = (⟨h_i, C_i⟩_n + D u_i) ⊙ silu(z_i)       (d)
+//
+// The work is cut into tasks of one batch row × W channels (one cache line of each input row). A task walks
+// the whole sequence with its state, n × W values with the channels innermost, in a local buffer, so that
+// every inner loop is a W-wide vector loop over contiguous channels; tasks run on at::parallel_for's threads.
+// The forward keeps only the state entering each chunk of L positions, (b, ⌈t/L⌉, n, d); the backward walks
+// the chunks last to first, recomputes a chunk's states and Ā from its saved state, then runs the adjoint
+// recurrence backwards through it (the derivation: docs/scan.md). Memory is never O(b·t·d·n).
+//
+// exp, softplus and sigmoid are written out below as branch-free polynomials so that the vector loops
+// vectorize without -ffast-math; they are accurate to a few ulps in float and in double.
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Vectorizable elementary functions
+// ---------------------------------------------------------------------------------------------------------------
+
+template <typename T>
+struct Num;
+template <>
+struct Num<float> {
+  using U = uint32_t;
+  static constexpr float lo = -87.33f, hi = 88.0f;  // exp's range: 2^round(x / ln 2) stays a normal float
+  static constexpr float log2e = 1.44269504f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+  static constexpr float round = 12582912.0f;  // 1.5·2^23: (x + round) - round rounds x to an integer
+  static constexpr U round_bits = 0x4B400000u, bias = 127;
+  static constexpr int mantissa = 23, exp_degree = 7, log_terms = 8;
+};
+template <>
+struct Num<double> {
+  using U = uint64_t;
+  static constexpr double lo = -708.39, hi = 709.0;
+  static constexpr double log2e = 1.4426950408889634, ln2_hi = 6.93145751953125e-1;
+  static constexpr double ln2_lo = 1.42860682030941723212e-6, round = 6755399441055744.0;  // 1.5·2^52
+  static constexpr U round_bits = 0x4338000000000000ull, bias = 1023;
+  static constexpr int mantissa = 52, exp_degree = 13, log_terms = 17;
+};
+
+// exp's Taylor series by Horner, 1 + r(1 + r/2(1 + r/3(… (1 + r/N)))), unrolled at compile time so that the
+// vector loops that call it stay free of inner loops
+template <typename T, int K, int N>
+inline T exp_series(T r) {
+  if constexpr (K > N) {
+    return T(1);
+  } else {
+    constexpr T inv = T(1) / T(K);
+    return T(1) + r * inv * exp_series<T, K + 1, N>(r);
+  }
+}
+
+// Σ_{k ≥ K} s2^(k - K) / (2k + 1), the series of atanh(s) / s in s2 = s², unrolled likewise
+template <typename T, int K, int N>
+inline T atanh_series(T s2) {
+  constexpr T inv = T(1) / T(2 * K + 1);
+  if constexpr (K + 1 >= N) {
+    return inv;
+  } else {
+    return inv + s2 * atanh_series<T, K + 1, N>(s2);
+  }
+}
+
+// exp(x) = 2^m · exp(r), m = round(x / ln 2), r = x - m ln 2 ∈ [-ln 2/2, ln 2/2]; exp(r) by its Taylor series
+// (degree 7 in float, 13 in double: truncation below half an ulp); 2^m built in the exponent bits. x is
+// clamped to the range where 2^m is a normal number (e^-87.3 ≈ 1e-38 stands for 0).
+template <typename T>
+inline T exp_(T x) {
+  using K = Num<T>;
+  x = x < K::lo ? K::lo : x;  // (not std::min/max: their by-reference constants defeat the vectorizer)
+  x = x > K::hi ? K::hi : x;
+  const T v = x * K::log2e + K::round;  // round's low mantissa bits now hold m
+  const T m = v - K::round;
+  const T r = (x - m * K::ln2_hi) - m * K::ln2_lo;
+  const T p = exp_series<T, 1, K::exp_degree>(r);
+  using U = typename K::U;
+  const U bits = (__builtin_bit_cast(U, v) - K::round_bits + K::bias) << K::mantissa;  // the bits of 2^m
+  return p * __builtin_bit_cast(T, bits);
+}
+
+// log(1 + e) for e ∈ [0, 1] = 2 atanh(s) = 2 Σ_k s^(2k+1) / (2k+1), s = e / (2 + e) ≤ 1/3
+template <typename T>
+inline T log1p_unit(T e) {
+  const T s = e / (2 + e);
+  return 2 * s * atanh_series<T, 0, Num<T>::log_terms>(s * s);
+}
+
+// softplus(x) = log(1 + e^x) = max(x, 0) + log(1 + e^-|x|). torch returns x itself past 20; this differs from
+// that by log(1 + e^-x) < 2.1e-9 there, which is below float's resolution and what lets the loop vectorize.
+template <typename T>
+inline T softplus_(T x) {
+  const T ax = x < 0 ? -x : x;
+  return (x > 0 ? x : T(0)) + log1p_unit(exp_(-ax));
+}
+
+template <typename T>
+inline T sigmoid_(T x) {
+  return T(1) / (T(1) + exp_(-x));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// One call's inputs and one task's channel block
+// ---------------------------------------------------------------------------------------------------------------
+
+template <typename T>
+struct Scan {  // raw pointers into contiguous tensors; D, z, bias null when not given
+  const T *u, *delta, *A, *B, *C, *D, *z, *bias;
+  int64_t b, t, d, n, L, nc;  // L positions per chunk, nc = ⌈t / L⌉ chunks
+  bool softplus;
+};
+
+// `rows` rows of W values, `stride` apart in the source, zero past the m valid channels (and back)
+template <typename T, int W>
+inline void load_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
+  for (int64_t k = 0; k < rows; ++k) {
+    std::copy(src + k * stride, src + k * stride + m, dst + k * W);
+    std::fill(dst + k * W + m, dst + (k + 1) * W, T(0));
+  }
+}
+
+template <typename T, int W>
+inline void store_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
+  for (int64_t k = 0; k < rows; ++k) std::copy(src + k * W, src + k * W + m, dst + k * stride);
+}
+
+// (W channels, n) of a (b, d, n) state, transposed into (n, W) and back
+template <typename T, int W>
+inline void load_state(const T* src, int64_t n, int64_t m, T* h) {
+  std::fill(h, h + n * W, T(0));
+  for (int64_t c = 0; c < m; ++c)
+    for (int64_t k = 0; k < n; ++k) h[k * W + c] = src[c * n + k];
+}
+
+template <typename T, int W>
+inline void store_state(const T* h, int64_t n, int64_t m, T* dst) {
+  for (int64_t c = 0; c < m; ++c)
+    for (int64_t k = 0; k < n; ++k) dst[c * n + k] = h[k * W + c];
+}
+
+
+template <typename T, int W>
+inline void load_row(const T* src, int64_t m, T* dst) {
+  load_rows<T, W>(src, 0, 1, m, dst);
+}
+
+template <typename T>
+constexpr int kWidth = 64 / sizeof(T);  // channels per task: one 64-byte cache line of each (b, t, d) row
+
+template <typename T, int W>
+struct Block {  // one task: batch row bi, channels c0 .. c0 + m - 1 (block j of ⌈d / W⌉), constants padded to W
+  int64_t bi, j, c0, m;
+  std::vector<T> At;  // Aᵀ of these channels, (n, W); zero past m, so that the padded lanes keep h = 0
+  T Dv[W] = {}, bias[W] = {};
+
+  Block(const Scan<T>& s, int64_t task) : At(s.n * W, T(0)) {
+    const int64_t blocks = (s.d + W - 1) / W;
+    bi = task / blocks, j = task % blocks, c0 = j * W, m = std::min<int64_t>(W, s.d - c0);
+    for (int64_t c = 0; c < m; ++c) {
+      for (int64_t k = 0; k < s.n; ++k) At[k * W + c] = s.A[(c0 + c) * s.n + k];
+      if (s.D) Dv[c] = s.D[c0 + c];
+      if (s.bias) bias[c] = s.bias[c0 + c];
+    }
+  }
+  int64_t row(const Scan<T>& s, int64_t i) const { return (bi * s.t + i) * s.d + c0; }  // (bi, i, c0) in (b, t, d)
+  int64_t bt(const Scan<T>& s, int64_t i) const { return (bi * s.t + i) * s.n; }       // (bi, i, 0) in (b, t, n)
+};
+
+// Δ_i = softplus(delta_i + bias) (or without softplus) and u_i for the block's channels; zero past m
+template <typename T, int W>
+inline void load_position(const Scan<T>& s, const Block<T, W>& k, int64_t i, T* dt, T* uv) {
+  load_row<T, W>(s.delta + k.row(s, i), k.m, dt);
+  load_row<T, W>(s.u + k.row(s, i), k.m, uv);
+  if (s.softplus) {
+#pragma omp simd
+    for (int c = 0; c < W; ++c) dt[c] = softplus_(dt[c] + k.bias[c]);
+  } else {
+#pragma omp simd
+    for (int c = 0; c < W; ++c) dt[c] += k.bias[c];
+  }
+  std::fill(dt + k.m, dt + W, T(0));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------------------------------
+
+// One position of one block, for each state index k (vectors over the W channels):
+//   Ā = exp(Δ A_k),  h_k = Ā ⊙ hprev_k + Δ u B_k,  y += h_k C_k
+// hprev may be h (in place). With Store, Ā is kept in abar (n, W) for the backward.
+template <typename T, int W, bool Store>
+inline void forward_position(const Scan<T>& s, const T* At, const T* dt, const T* uv, int64_t bt, const T* hprev,
+                             T* h, T* abar, T* y) {
+  const T *Bi = s.B + bt, *Ci = s.C + bt;
+  T du[W];
+#pragma omp simd
+  for (int c = 0; c < W; ++c) du[c] = dt[c] * uv[c], y[c] = 0;
+  for (int64_t k = 0; k < s.n; ++k) {
+    const T bk = Bi[k], ck = Ci[k];
+    const T *ak = At + k * W, *hp = hprev + k * W;
+    T* hk = h + k * W;
+#pragma omp simd
+    for (int c = 0; c < W; ++c) {
+      const T a = exp_(dt[c] * ak[c]);  // every exponent Δ A ≤ 0 for Δ ≥ 0, A ≤ 0
+      hk[c] = a * hp[c] + du[c] * bk;
+      y[c] += hk[c] * ck;
+      if constexpr (Store) abar[k * W + c] = a;
+    }
+  }
+}
+
+// out_i = (y + D u) ⊙ silu(z) for the m valid channels; y becomes y + D u
+template <typename T, int W>
+inline void finish_output(const Scan<T>& s, const Block<T, W>& k, int64_t i, const T* uv, T* y, T* out) {
+  T o[W];
+#pragma omp simd
+  for (int c = 0; c < W; ++c) y[c] += k.Dv[c] * uv[c], o[c] = y[c];
+  if (s.z) {
+    T zv[W];
+    load_row<T, W>(s.z + k.row(s, i), k.m, zv);
+#pragma omp simd
+    for (int c = 0; c < W; ++c) o[c] *= zv[c] * sigmoid_(zv[c]);
+  }
+  std::copy(o, o + k.m, out + k.row(s, i));
+}
+
+// One task's whole sequence: y (b, t, d), the last state (b, d, n), the state entering each chunk (b, nc, n, d)
+template <typename T, int W>
+void forward_task(const Scan<T>& s, const T* h0, int64_t task, T* y, T* h_last, T* bounds) {
+  const Block<T, W> k(s, task);
+  std::vector<T> h(s.n * W, T(0));
+  if (h0) load_state<T, W>(h0 + (k.bi * s.d + k.c0) * s.n, s.n, k.m, h.data());
+  T dt[W], uv[W], yv[W];
+  for (int64_t i = 0; i < s.t; ++i) {
+    if (i % s.L == 0)
+      store_rows<T, W>(h.data(), s.d, s.n, k.m, bounds + (k.bi * s.nc + i / s.L) * s.n * s.d + k.c0);
+    load_position(s, k, i, dt, uv);
+    forward_position<T, W, false>(s, k.At.data(), dt, uv, k.bt(s, i), h.data(), h.data(), nullptr, yv);
+    finish_output(s, k, i, uv, yv, y);
+  }
+  store_state<T, W>(h.data(), s.n, k.m, h_last + (k.bi * s.d + k.c0) * s.n);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------------------------------
+
+template <typename T>
+struct Grads {  // incoming gradients and the outputs of the backward
+  const T *dy, *dh_last, *bounds;  // dh_last null: no gradient reaches the last state
+  T *du, *ddelta, *dz, *dh0;       // dz null when there is no gate
+  T *dB_part, *dC_part;            // (⌈d / W⌉, b, t, n): each channel block's share of the sums over d
+  T *dA_part, *dD_part, *dbias_part;  // (b, n, d), (b, d), (b, d): each batch row's share of the sums over b, t
+};
+
+template <typename T, int W>
+struct Work {  // one thread's buffers: a chunk's states H, Ā, Δ and y + D u, and a task's running sums
+  std::vector<T> H, Ab, DT, Y, h0, g, dA;  // g: Ā_{i+1} ⊙ G_{i+1}, the adjoint carried to position i
+  T dD[W], dbias[W];
+  explicit Work(const Scan<T>& s)
+      : H(s.L * s.n * W), Ab(s.L * s.n * W), DT(s.L * W), Y(s.L * W), h0(s.n * W), g(s.n * W), dA(s.n * W) {}
+};
+
+// The chunk's positions again from the state that entered it: H_i, Ā_i, Δ_i and y_i + D u_i
+template <typename T, int W>
+void recompute_chunk(const Scan<T>& s, const Block<T, W>& k, const T* bounds, int64_t chunk, Work<T, W>& w) {
+  const int64_t s0 = chunk * s.L, e = std::min(s0 + s.L, s.t), nW = s.n * W;
+  load_rows<T, W>(bounds + (k.bi * s.nc + chunk) * s.n * s.d + k.c0, s.d, s.n, k.m, w.h0.data());
+  T uv[W];
+  for (int64_t i = s0; i < e; ++i) {
+    const int64_t l = i - s0;
+    T *dt = w.DT.data() + l * W, *y = w.Y.data() + l * W;
+    load_position(s, k, i, dt, uv);
+    const T* hprev = l ? w.H.data() + (l - 1) * nW : w.h0.data();
+    forward_position<T, W, true>(s, k.At.data(), dt, uv, k.bt(s, i), hprev, w.H.data() + l * nW,
+                                 w.Ab.data() + l * nW, y);
+#pragma omp simd
+    for (int c = 0; c < W; ++c) y[c] += k.Dv[c] * uv[c];
+  }
+}
+
+// The gate: gy = ∂L/∂(⟨h, C⟩ + D u) = dy silu(z), ∂L/∂z = dy (⟨h, C⟩ + D u) silu'(z), silu' = σ (1 + z (1 - σ));
+// ∂L/∂D += gy u
+template <typename T, int W>
+inline void gate_backward(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& k, int64_t i, const T* ypre,
+                          const T* uv, T* gy, Work<T, W>& w) {
+  load_row<T, W>(g.dy + k.row(s, i), k.m, gy);
+  if (s.z) {
+    T zv[W], dz[W];
+    load_row<T, W>(s.z + k.row(s, i), k.m, zv);
+#pragma omp simd
+    for (int c = 0; c < W; ++c) {
+      const T sg = sigmoid_(zv[c]);
+      dz[c] = gy[c] * ypre[c] * sg * (1 + zv[c] * (1 - sg));
+      gy[c] *= zv[c] * sg;
+    }
+    std::copy(dz, dz + k.m, g.dz + k.row(s, i));
+  }
+#pragma omp simd
+  for (int c = 0; c < W; ++c) w.dD[c] += gy[c] * uv[c];
+}
+
+template <typename T>
+struct Position {  // what the adjoint step reads at one position (vectors over the W channels)
+  const T *Bi, *Ci, *dt, *uv, *gy, *h, *hprev, *abar;
+};
+
+// The adjoint at one position, for each state index k (vectors over the W channels; docs/scan.md):
+//   G = gy C_k + g_k                      ∂L/∂h_i, with g = Ā_{i+1} ⊙ G_{i+1} carried from position i + 1
+//   ∂L/∂C_k = Σ_c gy h_k,  ∂L/∂B_k = Σ_c Δ u G,  ⟨G, B⟩ += G B_k
+//   ∂L/∂(Δ A_k) = G ⊙ h_{i-1,k} ⊙ Ā:  ∂L/∂Δ += it A_k,  ∂L/∂A_k += it Δ
+//   g_k ← Ā ⊙ G                           carried to position i - 1
+template <typename T, int W>
+inline void adjoint_position(const Scan<T>& s, const T* At, const Position<T>& p, Work<T, W>& w, T* dBrow,
+                             T* dCrow, T* gb, T* ddt) {
+  T du[W];
+#pragma omp simd
+  for (int c = 0; c < W; ++c) du[c] = p.dt[c] * p.uv[c], gb[c] = 0, ddt[c] = 0;
+  for (int64_t k = 0; k < s.n; ++k) {
+    const T bk = p.Bi[k], ck = p.Ci[k];
+    const T *ak = p.abar + k * W, *hk = p.h + k * W, *hp = p.hprev + k * W, *Ak = At + k * W;
+    T *gk = w.g.data() + k * W, *dAk = w.dA.data() + k * W;
+    T sC = 0, sB = 0;
+#pragma omp simd reduction(+ : sC, sB)
+    for (int c = 0; c < W; ++c) {
+      const T G = p.gy[c] * ck + gk[c];
+      sC += p.gy[c] * hk[c];
+      sB += du[c] * G;
+      gb[c] += G * bk;
+      const T dl = G * hp[c] * ak[c];
+      ddt[c] += dl * Ak[c];
+      dAk[c] += dl * p.dt[c];
+      gk[c] = ak[c] * G;
+    }
+    dCrow[k] = sC, dBrow[k] = sB;
+  }
+}
+
+// ∂L/∂u = gy D + Δ ⟨G, B⟩;  ∂L/∂Δ += u ⟨G, B⟩;  ∂L/∂delta = ∂L/∂Δ σ(delta + bias) after a softplus;
+// ∂L/∂delta_bias += ∂L/∂delta
+template <typename T, int W>
+inline void input_grads(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& k, int64_t i, const Position<T>& p,
+                        const T* gb, T* ddt, Work<T, W>& w) {
+  T du[W];
+#pragma omp simd
+  for (int c = 0; c < W; ++c) du[c] = p.gy[c] * k.Dv[c] + p.dt[c] * gb[c], ddt[c] += p.uv[c] * gb[c];
+  if (s.softplus) {
+    T raw[W];
+    load_row<T, W>(s.delta + k.row(s, i), k.m, raw);
+#pragma omp simd
+    for (int c = 0; c < W; ++c) ddt[c] *= sigmoid_(raw[c] + k.bias[c]);
+  }
+#pragma omp simd
+  for (int c = 0; c < W; ++c) w.dbias[c] += ddt[c];
+  std::copy(du, du + k.m, g.du + k.row(s, i));
+  std::copy(ddt, ddt + k.m, g.ddelta + k.row(s, i));
+}
+
+// One chunk backwards, last position first; w.g enters as ∂L/∂h after the chunk and leaves as ∂L/∂h before it
+template <typename T, int W>
+void backward_chunk(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& k, int64_t chunk, Work<T, W>& w) {
+  recompute_chunk(s, k, g.bounds, chunk, w);
+  const int64_t s0 = chunk * s.L, e = std::min(s0 + s.L, s.t), nW = s.n * W;
+  T uv[W], gy[W], gb[W], ddt[W];
+  for (int64_t i = e - 1; i >= s0; --i) {
+    const int64_t l = i - s0, bt = k.bt(s, i), part = k.j * s.b * s.t * s.n + bt;
+    load_row<T, W>(s.u + k.row(s, i), k.m, uv);
+    gate_backward(s, g, k, i, w.Y.data() + l * W, uv, gy, w);
+    const T* hprev = l ? w.H.data() + (l - 1) * nW : w.h0.data();
+    const Position<T> p{s.B + bt, s.C + bt, w.DT.data() + l * W, uv, gy, w.H.data() + l * nW, hprev,
+                        w.Ab.data() + l * nW};
+    adjoint_position(s, k.At.data(), p, w, g.dB_part + part, g.dC_part + part, gb, ddt);
+    input_grads(s, g, k, i, p, gb, ddt, w);
+  }
+}
+
+// One task's whole sequence backwards; then ∂L/∂h0 = Ā_1 ⊙ G_1 and the task's shares of ∂L/∂A, ∂L/∂D, ∂L/∂bias
+template <typename T, int W>
+void backward_task(const Scan<T>& s, const Grads<T>& g, int64_t task, Work<T, W>& w) {
+  const Block<T, W> k(s, task);
+  std::fill(w.g.begin(), w.g.end(), T(0));
+  std::fill(w.dA.begin(), w.dA.end(), T(0));
+  std::fill(w.dD, w.dD + W, T(0));
+  std::fill(w.dbias, w.dbias + W, T(0));
+  if (g.dh_last) load_state<T, W>(g.dh_last + (k.bi * s.d + k.c0) * s.n, s.n, k.m, w.g.data());
+  for (int64_t chunk = s.nc - 1; chunk >= 0; --chunk) backward_chunk(s, g, k, chunk, w);
+  store_state<T, W>(w.g.data(), s.n, k.m, g.dh0 + (k.bi * s.d + k.c0) * s.n);
+  store_rows<T, W>(w.dA.data(), s.d, s.n, k.m, g.dA_part + k.bi * s.n * s.d + k.c0);
+  std::copy(w.dD, w.dD + k.m, g.dD_part + k.bi * s.d + k.c0);
+  std::copy(w.dbias, w.dbias + k.m, g.dbias_part + k.bi * s.d + k.c0);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The operators
+// ---------------------------------------------------------------------------------------------------------------
+
+void check(const Tensor& x, const Tensor& like, std::vector<int64_t> shape, const char* name) {
+  TORCH_CHECK(x.sizes() == at::IntArrayRef(shape), name, " has shape ", x.sizes(), ", expected ", shape);
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.scalar_type() == like.scalar_type(), name,
+              " must be a contiguous CPU tensor of u's dtype");
+}
+
+void check_optional(const OptTensor& x, const Tensor& like, std::vector<int64_t> shape, const char* name) {
+  if (x && x->defined()) check(*x, like, std::move(shape), name);
+}
+
+void check_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
+                  const OptTensor& D, const OptTensor& z, const OptTensor& bias, int64_t chunk) {
+  TORCH_CHECK(u.dim() == 3 && A.dim() == 2, "u must be (b, t, d) and A (d, n)");
+  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = A.size(1);
+  TORCH_CHECK(chunk >= 1, "chunk must be positive, got ", chunk);
+  check(u, u, {b, t, d}, "u");
+  check(delta, u, {b, t, d}, "delta");
+  check(A, u, {d, n}, "A");
+  check(B, u, {b, t, n}, "B");
+  check(C, u, {b, t, n}, "C");
+  check_optional(D, u, {d}, "D");
+  check_optional(z, u, {b, t, d}, "z");
+  check_optional(bias, u, {d}, "delta_bias");
+}
+
+template <typename T>
+const T* ptr(const OptTensor& x) {
+  return x && x->defined() ? x->data_ptr<T>() : nullptr;
+}
+
+template <typename T>
+Scan<T> make_scan(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
+                  const OptTensor& D, const OptTensor& z, const OptTensor& bias, bool softplus, int64_t chunk) {
+  const int64_t t = u.size(1);
+  return Scan<T>{u.data_ptr<T>(), delta.data_ptr<T>(), A.data_ptr<T>(), B.data_ptr<T>(), C.data_ptr<T>(),
+                 ptr<T>(D),       ptr<T>(z),           ptr<T>(bias),    u.size(0),       t,
+                 u.size(2),       A.size(1),           chunk,           (t + chunk - 1) / chunk, softplus};
+}
+
+int64_t tasks(const Tensor& u, int width) {
+  return u.size(0) * ((u.size(2) + width - 1) / width);
+}
+
+// -> y (b, t, d), the last state (b, d, n), the state entering each chunk (b, ⌈t / chunk⌉, n, d)
+std::vector<Tensor> scan_fwd(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
+                             const OptTensor& D, const OptTensor& z, const OptTensor& bias, const OptTensor& h0,
+                             bool softplus, int64_t chunk) {
+  check_inputs(u, delta, A, B, C, D, z, bias, chunk);
+  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = A.size(1);
+  check_optional(h0, u, {b, d, n}, "h0");
+  Tensor y = at::empty({b, t, d}, u.options()), h_last = at::empty({b, d, n}, u.options());
+  Tensor bounds = at::empty({b, (t + chunk - 1) / chunk, n, d}, u.options());
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "seqlab_scan_fwd", [&] {
+    constexpr int W = kWidth<scalar_t>;
+    const Scan<scalar_t> s = make_scan<scalar_t>(u, delta, A, B, C, D, z, bias, softplus, chunk);
+    at::parallel_for(0, tasks(u, W), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t task = lo; task < hi; ++task)
+        forward_task<scalar_t, W>(s, ptr<scalar_t>(h0), task, y.data_ptr<scalar_t>(), h_last.data_ptr<scalar_t>(),
+                                  bounds.data_ptr<scalar_t>());
+    });
+  });
+  return {y, h_last, bounds};
+}
+
+// -> ∂L/∂ u, delta, A, B, C, D, z (empty without a gate), delta_bias, h0
+std::vector<Tensor> scan_bwd(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
+                             const OptTensor& D, const OptTensor& z, const OptTensor& bias, const Tensor& bounds,
+                             const Tensor& dy, const OptTensor& dh_last, bool softplus, int64_t chunk) {
+  check_inputs(u, delta, A, B, C, D, z, bias, chunk);
+  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = A.size(1), W = u.element_size() == 4 ? 16 : 8;
+  check(bounds, u, {b, (t + chunk - 1) / chunk, n, d}, "bounds");
+  check(dy, u, {b, t, d}, "dy");
+  check_optional(dh_last, u, {b, d, n}, "dh_last");
+  const auto o = u.options();
+  Tensor du = at::empty({b, t, d}, o), ddelta = at::empty({b, t, d}, o), dh0 = at::empty({b, d, n}, o);
+  const bool gated = z && z->defined();
+  Tensor dz = at::empty({gated ? b : 0, t, d}, o), dA = at::empty({b, n, d}, o), dD = at::empty({b, d}, o);
+  Tensor dbias = at::empty({b, d}, o), dB = at::empty({(d + W - 1) / W, b, t, n}, o), dC = at::empty(dB.sizes(), o);
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "seqlab_scan_bwd", [&] {
+    constexpr int Wt = kWidth<scalar_t>;
+    TORCH_CHECK(Wt == W, "channel block width mismatch");
+    const Scan<scalar_t> s = make_scan<scalar_t>(u, delta, A, B, C, D, z, bias, softplus, chunk);
+    auto p = [](Tensor& x) { return x.numel() ? x.data_ptr<scalar_t>() : nullptr; };
+    const Grads<scalar_t> g{dy.data_ptr<scalar_t>(), ptr<scalar_t>(dh_last), bounds.data_ptr<scalar_t>(),
+                            p(du), p(ddelta), p(dz), p(dh0), p(dB), p(dC), p(dA), p(dD), p(dbias)};
+    at::parallel_for(0, tasks(u, Wt), 1, [&](int64_t lo, int64_t hi) {
+      Work<scalar_t, Wt> w(s);
+      for (int64_t task = lo; task < hi; ++task) backward_task<scalar_t, Wt>(s, g, task, w);
+    });
+  });
+  return {du, ddelta, dA.sum(0).t().contiguous(), dB.sum(0), dC.sum(0), dD.sum(0), dz, dbias.sum(0), dh0};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(seqlab_scan, m) {
+  m.def(
+      "fwd(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, "
+      "Tensor? h0, bool softplus, int chunk) -> Tensor[]");
+  m.def(
+      "bwd(Tensor u, Tensor delta, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, "
+      "Tensor bounds, Tensor dy, Tensor? dh_last, bool softplus, int chunk) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(seqlab_scan, CPU, m) {
+  m.impl("fwd", &scan_fwd);
+  m.impl("bwd", &scan_bwd);
+}

@@ -1,0 +1,133 @@
+r"""The fused CPU selective scan: the C++ operators of ``selective_scan.cpp`` behind a ``torch.autograd.Function``.
+
+Same contract and numbers as ``seqlab.layers.scan.selective_scan_ref`` (Gu & Dao 2023, arXiv 2312.00752,
+Algorithm 2); ``b`` batch, ``t`` time, ``d`` channels, ``n`` state size:
+
+    Δ_t = softplus(delta_t + delta_bias)                 # bias and softplus optional
+    h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t              # (b, d, n)
+    y_t = (⟨h_t, C_t⟩ + D u_t) ⊙ silu(z_t)                # (b, d); D and the gate optional
+
+One pass over the sequence per (batch row, block of channels) does all of it, softplus and gate included.
+Autograd saves the inputs and the state entering each chunk of ``chunk_size`` positions, (b, t / chunk, n, d);
+the backward recomputes one chunk at a time and runs the adjoint recurrence through it (docs/scan.md), so
+memory stays O(b·t·d + b·(t / chunk)·d·n). Inputs in half precision are computed in float32, like the
+reference; y comes back in u's dtype, the last state in the computing dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from seqlab.kernels.build import kernel_unavailable
+
+__all__ = ["DEFAULT_CHUNK", "selective_scan_kernel", "why_not_kernel"]
+
+DEFAULT_CHUNK = 64
+"""Positions between saved states. The backward's buffers per thread are 2·chunk·n·W values (W = 16 float32
+or 8 float64 channels: 128 KiB at n = 16); the saved states (b, t / chunk, n, d) are 1/4 of u's size at n = 16."""
+
+
+def why_not_kernel(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None = None,
+    z: Tensor | None = None,
+    delta_bias: Tensor | None = None,
+    initial_state: Tensor | None = None,
+) -> str | None:
+    """None when :func:`selective_scan_kernel` takes these inputs (building the kernel on first call), else why
+    not. The inputs are checked first, so that inputs the kernel never takes do not trigger a build."""
+    given = [x for x in (u, delta, A, B, C, D, z, delta_bias, initial_state) if x is not None]
+    if any(x.device.type != "cpu" for x in given):
+        return "the inputs are not all on the CPU"
+    if not u.is_floating_point():
+        return f"u has dtype {u.dtype}; the kernel computes in float32 or float64"
+    if u.dim() != 3 or u.size(1) == 0:
+        return "u is not a non-empty (b, t, d) sequence"
+    b, t, d = u.shape
+    expected = {"D": (D, (d,)), "z": (z, (b, t, d)), "delta_bias": (delta_bias, (d,))}
+    for name, (x, shape) in expected.items():
+        if x is not None and tuple(x.shape) != shape:
+            return f"{name} has shape {tuple(x.shape)}, the kernel takes {shape} only"
+    return kernel_unavailable()
+
+
+class _KernelScan(torch.autograd.Function):
+    """u, delta, A, B, C, D?, z?, delta_bias?, h0? (contiguous, one dtype) -> y (b, t, d), last state (b, d, n)."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, chunk: int):
+        y, h_last, bounds = torch.ops.seqlab_scan.fwd(
+            u, delta, A, B, C, D, z, delta_bias, h0, softplus, chunk
+        )
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, bounds)  # bounds: (b, t / chunk, n, d)
+        ctx.softplus, ctx.chunk = softplus, chunk
+        ctx.given = (D is not None, z is not None, delta_bias is not None, h0 is not None)
+        return y, h_last
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dh_last):
+        u, delta, A, B, C, D, z, delta_bias, bounds = ctx.saved_tensors
+        du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = torch.ops.seqlab_scan.bwd(
+            u,
+            delta,
+            A,
+            B,
+            C,
+            D,
+            z,
+            delta_bias,
+            bounds,
+            dy.contiguous(),
+            dh_last.contiguous(),
+            ctx.softplus,
+            ctx.chunk,
+        )
+        has_D, has_z, has_bias, has_h0 = ctx.given
+        optional = (
+            dD if has_D else None,
+            dz if has_z else None,
+            dbias if has_bias else None,
+            dh0 if has_h0 else None,
+        )
+        return du, ddelta, dA, dB, dC, *optional, None, None
+
+
+def selective_scan_kernel(
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None = None,
+    z: Tensor | None = None,
+    delta_bias: Tensor | None = None,
+    delta_softplus: bool = False,
+    initial_state: Tensor | None = None,
+    return_last_state: bool = False,
+    chunk_size: int | None = None,
+):
+    r"""The selective scan through the C++ kernel; the signature of ``seqlab.layers.scan.selective_scan``.
+
+    Shapes: u, delta, z (b, t, d); A (d, n); B, C (b, t, n); D, delta_bias (d,); initial_state (b, d, n).
+    Returns y (b, t, d), and the last state (b, d, n) when ``return_last_state``. ``chunk_size``: positions
+    between the states saved for backward (None: :data:`DEFAULT_CHUNK`). Raises RuntimeError when the kernel
+    cannot be built; :func:`why_not_kernel` says beforehand whether it takes the inputs.
+    """
+    chunk_size = DEFAULT_CHUNK if chunk_size is None else chunk_size
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    if (reason := kernel_unavailable()) is not None:
+        raise RuntimeError(f"the selective-scan kernel is unavailable: {reason}")
+    dtype, wide = u.dtype, torch.promote_types(u.dtype, torch.float32)
+    inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
+    ready = [None if x is None else x.to(wide).contiguous() for x in inputs]
+    y, h = _KernelScan.apply(*ready, bool(delta_softplus), int(chunk_size))
+    y = y.to(dtype)
+    return (y, h) if return_last_state else y
