@@ -3,13 +3,15 @@ r"""The machinery shared by seqlab's RNN, LSTM and GRU (``seqlab.layers.recurren
 Notation: ``b`` batch, ``t`` time, ``H`` hidden size, ``L`` layers, ``D`` directions (1 or 2), ``G`` gates.
 
 Parameters are torch.nn's (``weight_ih_l{k}[_reverse]`` ...), the state is torch.nn's ``(L * D, b, H)``.
-Two paths (``seqlab.layers.fastpath``): ``_forward_fast`` calls the fused kernel that torch.nn calls (through
-``pack_padded_sequence`` when some sequence is padded); ``_forward_ref`` loops over time, holding the state at
-padded positions.
+Two paths (``seqlab.layers.fastpath``): ``_forward_fast`` runs seqlab's fused CPU kernel for the GRU and the RNN
+(``seqlab.kernels.recurrent``; ``why_not_kernel`` says when it cannot) and otherwise the fused kernel that
+torch.nn calls (through ``pack_padded_sequence`` when some sequence is padded); ``_forward_ref`` loops over
+time, holding the state at padded positions.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -17,6 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from seqlab.kernels.recurrent import MODES, load_recurrent_kernel, recurrent_layer
+from seqlab.layers import fastpath
 from seqlab.layers.checks import check_dtype, check_input, check_state
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
@@ -229,7 +233,29 @@ class RNNBase(FastPathMixin, nn.Module):
         x, state, lengths, unbatched = self._prepare(x, state, mask, lengths)
         return self._finish(*self._forward_ref(x, state, lengths), unbatched)
 
+    def why_not_kernel(self, x: Tensor, lengths: Tensor | None = None) -> str | None:
+        """Why the fast path would call torch.nn's fused kernel rather than seqlab's (GRU and RNN on CPU), or
+        None when it calls seqlab's."""
+        if self.mode not in MODES:
+            return "seqlab's recurrent kernel covers GRU and RNN; the LSTM's fast path is torch.nn's (oneDNN)"
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+            return f"seqlab's recurrent kernel takes float32 or float64 on CPU, got {x.dtype} on {x.device}"
+        if lengths is not None:
+            return "padded batches (mask or lengths) take torch.nn's packed-sequence kernel"
+        if load_recurrent_kernel() is None:
+            return "seqlab's recurrent kernel could not be built (see the warning)"
+        return None
+
     def _forward_fast(self, x: Tensor, state: State, lengths: Tensor | None) -> tuple[Tensor, State]:
+        reason = self.why_not_kernel(x, lengths)
+        if reason is None:
+            return self._forward_kernel(x, state)
+        key = (type(self).__qualname__, reason)
+        if self.mode in MODES and key not in fastpath._logged:  # said once, like FastPathMixin's reasons
+            fastpath._logged.add(key)
+            logging.getLogger(type(self).__module__).info(
+                "%s uses torch.nn's kernel: %s", type(self).__name__, reason
+            )
         kernel = getattr(torch._VF, self.mode.lower())
         hx = state if self.mode == "LSTM" else (state,)
         args = (
@@ -251,6 +277,23 @@ class RNNBase(FastPathMixin, nn.Module):
         out, _ = pad_packed_sequence(out, batch_first=self.batch_first, total_length=t)
         final = tuple(s.index_select(1, packed.unsorted_indices) for s in res[1:])
         return out, (final if self.mode == "LSTM" else final[0])
+
+    def _forward_kernel(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """seqlab's CPU kernel, one layer and one direction at a time; dropout between layers as torch.nn."""
+        x = x.transpose(0, 1) if self.batch_first else x  # (t, b, in): the kernel is time-major
+        finals = []
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(self.num_directions):
+                params = self._layer_params(layer, reverse=d == 1)
+                k = layer * self.num_directions + d
+                y, h_n = recurrent_layer(x, state[k], *params, self.mode, reverse=d == 1)  # (t, b, H), (b, H)
+                outs.append(y)
+                finals.append(h_n)
+            x = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # (t, b, D * H)
+            if layer < self.num_layers - 1 and self.dropout > 0:
+                x = F.dropout(x, self.dropout, self.training)
+        return (x.transpose(0, 1) if self.batch_first else x), torch.stack(finals)  # state (L * D, b, H)
 
     def _forward_ref(self, x: Tensor, state: State, lengths: Tensor | None) -> tuple[Tensor, State]:
         x = x.transpose(0, 1) if self.batch_first else x  # (t, b, in): the loop walks the leading dimension

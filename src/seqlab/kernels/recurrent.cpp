@@ -1,0 +1,247 @@
+// seqlab's fused CPU kernels for one layer, one direction of a tanh/ReLU RNN or a GRU (torch.nn's equations,
+// parameter layout and gate order [r, z, n]). Built on first use by seqlab/kernels/recurrent.py.
+//
+// Notation: t time, b batch, H hidden size, G = gates * H (H for the RNN, 3H for the GRU). Every buffer is
+// time-major and contiguous: x (t, b, in), out (t, b, H), so step s is the contiguous block [s].
+//
+// Forward:   gx = x W_ih^T + b_ih                 one matmul for all steps: (t*b, in) x (in, G) -> (t*b, G)
+//            per step: gh = h_{s-1} W_hh^T (+ b_hh)  one matmul (b, H) x (H, G) -> (b, G) into a reused buffer,
+//            then ONE loop over the b*H elements that applies the gates and writes h_s into out[s].
+// Backward:  per step, in reverse: one loop for the gate gradients, one matmul dgh[s] W_hh for dL/dh_{s-1};
+//            after the loop dW_ih, dW_hh, the biases and dx are one matmul (or sum) each over all steps.
+//
+// Saved for the backward: out (the h_s), and for the GRU its gates r, z, n and W_hn h + b_hn: O(t*b*H).
+// Narrow includes rather than <torch/extension.h>: they halve the first build's time.
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kTanh = 0, kRelu = 1, kGru = 2;
+
+// ---- activations -------------------------------------------------------------------------------------------
+// float: exp by range reduction x = n ln2 + r and Cephes' degree-6 polynomial for e^r (about 2 ulp), written
+// branch-free so that the compiler vectorizes the gate loops; tanh and the sigmoid follow from it (absolute error
+// below 1e-7). double: the C library, so that float64 matches torch.nn to rounding.
+
+inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : x;  // keeps 2^n a normal float
+  x = x > 88.0f ? 88.0f : x;
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer, branch-free
+  const float n = (x * 1.44269504088896341f + shifter) - shifter;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln2, ln2 split in two for precision
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // 2^n
+  return p * scale;
+}
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+inline float tanh_(float x) { return 2.0f / (1.0f + exp_approx(-2.0f * x)) - 1.0f; }
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+inline double tanh_(double x) { return std::tanh(x); }
+
+// ---- one step's elementwise work, one row (one sequence of the batch) at a time ------------------------------
+
+// GRU: r, z = σ(gx_{r,z} + gh_{r,z}); n = tanh(gx_n + r ⊙ gh_n); h = (1 - z) ⊙ n + z ⊙ h_prev.
+// gh already holds W_hh h_prev + b_hh. ws receives [r | z | n | gh_n], each H long.
+template <typename T>
+void gru_forward_row(const T* __restrict__ gx, const T* __restrict__ gh, const T* __restrict__ hp,
+                     T* __restrict__ h, T* __restrict__ ws, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) {
+    const T r = sigmoid(gx[j] + gh[j]);
+    const T z = sigmoid(gx[H + j] + gh[H + j]);
+    const T hn = gh[2 * H + j];
+    const T n = tanh_(gx[2 * H + j] + r * hn);
+    ws[j] = r;
+    ws[H + j] = z;
+    ws[2 * H + j] = n;
+    ws[3 * H + j] = hn;
+    h[j] = n + z * (hp[j] - n);
+  }
+}
+
+// GRU backward for one row. dh: in, dL/dh_s from later steps; out, the part of dL/dh_{s-1} that flows through
+// z ⊙ h_prev (the matmul adds the rest). dgx: dL/d(gx), dgh: dL/d(gh), each [r | z | n].
+template <typename T>
+void gru_backward_row(const T* __restrict__ go, const T* __restrict__ ws, const T* __restrict__ hp,
+                      T* __restrict__ dh, T* __restrict__ dgx, T* __restrict__ dgh, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) {
+    const T g = dh[j] + go[j];
+    const T r = ws[j], z = ws[H + j], n = ws[2 * H + j], hn = ws[3 * H + j];
+    const T dn = g * (T(1) - z) * (T(1) - n * n);  // through tanh
+    const T dr = dn * hn * r * (T(1) - r);          // through σ
+    const T dz = g * (hp[j] - n) * z * (T(1) - z);
+    dgx[j] = dr;
+    dgx[H + j] = dz;
+    dgx[2 * H + j] = dn;
+    dgh[j] = dr;
+    dgh[H + j] = dz;
+    dgh[2 * H + j] = dn * r;
+    dh[j] = g * z;
+  }
+}
+
+// RNN: h = act(pre), in place over the output row that already holds the pre-activation.
+template <typename T>
+void rnn_forward_row(T* __restrict__ h, int64_t H, bool relu) {
+  if (relu) {
+    for (int64_t j = 0; j < H; ++j) h[j] = h[j] > T(0) ? h[j] : T(0);
+  } else {
+    for (int64_t j = 0; j < H; ++j) h[j] = tanh_(h[j]);
+  }
+}
+
+// RNN backward for one row: dpre = (dL/dh_s) ⊙ act'(pre), with act' read from h_s itself.
+template <typename T>
+void rnn_backward_row(const T* __restrict__ go, const T* __restrict__ h, const T* __restrict__ dh,
+                      T* __restrict__ dpre, int64_t H, bool relu) {
+  if (relu) {
+    for (int64_t j = 0; j < H; ++j) dpre[j] = h[j] > T(0) ? dh[j] + go[j] : T(0);
+  } else {
+    for (int64_t j = 0; j < H; ++j) dpre[j] = (dh[j] + go[j]) * (T(1) - h[j] * h[j]);
+  }
+}
+
+void check(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
+           int64_t mode) {
+  TORCH_CHECK(x.device().is_cpu(), "seqlab's recurrent kernel runs on CPU tensors only");
+  TORCH_CHECK(x.dim() == 3 && h0.dim() == 2, "expected x (t, b, in) and h0 (b, H)");
+  TORCH_CHECK(mode == kTanh || mode == kRelu || mode == kGru, "mode must be 0 (tanh), 1 (relu) or 2 (GRU)");
+  const int64_t G = (mode == kGru ? 3 : 1) * h0.size(1);
+  TORCH_CHECK(w_ih.size(0) == G && w_hh.size(0) == G && w_ih.size(1) == x.size(2), "weight shapes");
+  for (const auto* t : {&h0, &w_ih, &w_hh})
+    TORCH_CHECK(t->scalar_type() == x.scalar_type(), "x, h0 and the weights must share one dtype");
+}
+
+// The previous state of step s (time-major out; the recurrence walks backwards in time when reverse).
+at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool reverse) {
+  const int64_t first = reverse ? out.size(0) - 1 : 0;
+  return s == first ? h0 : out[reverse ? s + 1 : s - 1];
+}
+
+}  // namespace
+
+// x (t, b, in), h0 (b, H) -> {out (t, b, H), ws}: ws is the GRU's saved gates (t, b, 4H), empty for the RNN.
+std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor& h0_, const at::Tensor& w_ih,
+                                          const at::Tensor& w_hh, const std::optional<at::Tensor>& b_ih,
+                                          const std::optional<at::Tensor>& b_hh, int64_t mode, bool reverse) {
+  check(x_, h0_, w_ih, w_hh, mode);
+  const at::Tensor x = x_.contiguous(), h0 = h0_.contiguous();
+  const int64_t T = x.size(0), B = x.size(1), H = h0.size(1), G = w_hh.size(0);
+  const bool gru = mode == kGru, has_bias = b_ih.has_value();
+  const at::Tensor w_hh_t = w_hh.t();  // (H, G)
+  // all steps' input projection at once; the RNN folds b_hh in here, the GRU keeps b_hn inside r ⊙ (...)
+  const at::Tensor x2 = x.view({T * B, x.size(2)});
+  at::Tensor gx = !has_bias ? at::mm(x2, w_ih.t()) : at::addmm(gru ? *b_ih : b_ih->add(*b_hh), x2, w_ih.t());
+  gx = gx.view({T, B, G});  // (t*b, in) x (in, G) -> (t, b, G)
+  at::Tensor out = at::empty({T, B, H}, x.options());
+  at::Tensor ws = at::empty({gru ? T : 0, B, 4 * H}, x.options());
+  at::Tensor gh = at::empty({B, G}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "seqlab_recurrent_forward", [&] {
+    for (int64_t k = 0; k < T; ++k) {
+      const int64_t s = reverse ? T - 1 - k : k;
+      const at::Tensor hp = previous(out, h0, s, reverse);
+      at::Tensor h = out[s];
+      if (gru) {
+        if (has_bias) at::addmm_out(gh, *b_hh, hp, w_hh_t);  // (b, H) x (H, 3H) -> (b, 3H)
+        else at::mm_out(gh, hp, w_hh_t);
+        const scalar_t *gxs = gx[s].data_ptr<scalar_t>(), *ghs = gh.data_ptr<scalar_t>();
+        const scalar_t* hps = hp.data_ptr<scalar_t>();
+        scalar_t *hs = h.data_ptr<scalar_t>(), *wss = ws[s].data_ptr<scalar_t>();
+        for (int64_t i = 0; i < B; ++i)
+          gru_forward_row(gxs + i * G, ghs + i * G, hps + i * H, hs + i * H, wss + i * 4 * H, H);
+      } else {
+        at::addmm_out(h, gx[s], hp, w_hh_t);  // pre-activation, written straight into out[s]
+        rnn_forward_row(h.data_ptr<scalar_t>(), B * H, mode == kRelu);
+      }
+    }
+  });
+  return {out, ws};
+}
+
+namespace {
+
+// The reverse loop: fills dgx, dgh (t, b, G) and returns dL/dh0.
+at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& h0, const at::Tensor& w_hh,
+                         const at::Tensor& out, const at::Tensor& ws, at::Tensor& dgx, at::Tensor& dgh,
+                         int64_t mode, bool reverse) {
+  const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
+  const bool gru = mode == kGru;
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "seqlab_recurrent_backward", [&] {
+    for (int64_t k = T - 1; k >= 0; --k) {
+      const int64_t s = reverse ? T - 1 - k : k;
+      const scalar_t* gos = go[s].data_ptr<scalar_t>();
+      scalar_t *dhs = dh.data_ptr<scalar_t>(), *dghs = dgh[s].data_ptr<scalar_t>();
+      if (gru) {
+        const scalar_t* hps = previous(out, h0, s, reverse).data_ptr<scalar_t>();
+        const scalar_t* wss = ws[s].data_ptr<scalar_t>();
+        scalar_t* dgxs = dgx[s].data_ptr<scalar_t>();
+        for (int64_t i = 0; i < B; ++i)
+          gru_backward_row(gos + i * H, wss + i * 4 * H, hps + i * H, dhs + i * H, dgxs + i * G, dghs + i * G, H);
+        dh.addmm_(dgh[s], w_hh);  // dL/dh_{s-1} += dgh[s] W_hh: (b, 3H) x (3H, H) -> (b, H)
+      } else {
+        rnn_backward_row(gos, out[s].data_ptr<scalar_t>(), dhs, dghs, B * H, mode == kRelu);
+        at::mm_out(dh, dgh[s], w_hh);  // dL/dh_{s-1} = dpre[s] W_hh: (b, H) x (H, H) -> (b, H)
+      }
+    }
+  });
+  return dh;
+}
+
+}  // namespace
+
+// -> {dx (t, b, in) or undefined, dh0 (b, H), dW_ih, dW_hh, db_ih, db_hh (undefined without bias)}
+std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad_out,
+                                           const std::optional<at::Tensor>& grad_hn, const at::Tensor& x,
+                                           const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                                           const at::Tensor& out, const at::Tensor& ws, int64_t mode, bool reverse,
+                                           bool has_bias, bool need_dx) {
+  const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
+  const at::Tensor go = grad_out.has_value() ? grad_out->contiguous() : at::zeros_like(out);
+  at::Tensor dh = grad_hn.has_value() ? grad_hn->contiguous().clone() : at::zeros({B, H}, out.options());
+  at::Tensor dgh = at::empty({T, B, G}, out.options());
+  at::Tensor dgx = mode == kGru ? at::empty({T, B, G}, out.options()) : dgh;  // the RNN's are the same
+  const at::Tensor dh0 = backward_loop(go, dh, h0.contiguous(), w_hh, out, ws, dgx, dgh, mode, reverse);
+  // weight, bias and input gradients: one matmul (or sum) each over all t*b rows
+  const at::Tensor dgx2 = dgx.view({T * B, G}), dgh2 = dgh.view({T * B, G});
+  const at::Tensor x2 = x.contiguous().view({T * B, x.size(2)});
+  at::Tensor dx = need_dx ? dgx2.mm(w_ih).view({T, B, x.size(2)}) : at::Tensor();  // (t*b, G) x (G, in)
+  at::Tensor dw_ih = dgx2.t().mm(x2);                                                // (G, t*b) x (t*b, in)
+  // dW_hh = sum_s dgh[s]^T h_{s-1}: the step that read h0, plus one matmul over all the others
+  const int64_t first = reverse ? T - 1 : 0;
+  at::Tensor dw_hh = dgh[first].t().mm(h0.contiguous());
+  if (T > 1) {
+    const at::Tensor d = reverse ? dgh.slice(0, 0, T - 1) : dgh.slice(0, 1, T);
+    const at::Tensor hp = reverse ? out.slice(0, 1, T) : out.slice(0, 0, T - 1);
+    dw_hh.addmm_(d.reshape({-1, G}).t(), hp.reshape({-1, H}));  // (G, (t-1)*b) x ((t-1)*b, H) -> (G, H)
+  }
+  at::Tensor db_ih, db_hh;
+  if (has_bias) {
+    db_hh = dgh2.sum(0);
+    db_ih = mode == kGru ? dgx2.sum(0) : db_hh.clone();
+  }
+  return {dx, dh0, dw_ih, dw_hh, db_ih, db_hh};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &recurrent_forward, "one recurrent layer, one direction: x (t, b, in), h0 (b, H) -> out, ws");
+  m.def("backward", &recurrent_backward, "gradients of forward, given dL/dout and dL/dh_n");
+}

@@ -1,0 +1,171 @@
+r"""Fused CPU kernels for one layer, one direction of a tanh/ReLU RNN or a GRU (the C++ is ``recurrent.cpp``).
+
+Notation: ``t`` time, ``b`` batch, ``H`` hidden size, ``G`` = gates × H (H for the RNN, 3H for the GRU).
+Everything here is time-major: x (t, b, in), out (t, b, H); the equations, parameter layout and gate order
+[r, z, n] are torch.nn's (see ``seqlab.layers.recurrent``).
+
+    forward   gx = x W_ih^T + b_ih                          one matmul over all t*b rows
+              per step: W_hh h_{s-1} (+ b_hh) as one matmul, then one fused loop over the gates -> h_s
+    backward  per step, in reverse: one fused loop for the gate gradients, one matmul for dL/dh_{s-1};
+              then dW_ih, dW_hh, the biases and dx as one matmul (or sum) each over all steps
+
+The C++ is compiled on first use with ``torch.utils.cpp_extension.load`` (g++ and ninja; about 30 s on 2
+cores) and cached across processes in ``$TORCH_EXTENSIONS_DIR/seqlab``, else ``$XDG_CACHE_HOME/seqlab/kernels``
+(``~/.cache/seqlab/kernels``), in a folder named after the instruction set and a hash of the source and flags,
+so an edited source builds afresh. ``build_info()`` says how long the build (or the cached load) took. When
+the kernel cannot be built, ``load_recurrent_kernel()`` warns once and returns None, and the layers keep
+torch.nn's fused kernels.
+
+Float32 uses a vectorizable polynomial exp for σ and tanh (absolute error below 1e-7); float64 uses the C
+library's exp and tanh, so it matches torch.nn to rounding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = ["MODES", "build_info", "load_recurrent_kernel", "recurrent_layer"]
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("recurrent.cpp")
+# The vector extensions torch itself dispatches to on this CPU, never -march=native: a cache shared between machines
+# then holds one build per instruction set, each runnable wherever that set is (seqlab.kernels.build does the same).
+# -fno-trapping-math lets the clamps in exp become vector min/max; without it the gate loops stay scalar (10x
+# slower). Neither flag changes a result.
+_ISA_FLAGS = {
+    "AVX2": ["-mavx2", "-mfma"],
+    "AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw"],
+}
+MODES = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2}  # the layer's mode -> the kernel's
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}  # "module" (or None after a failure) and "info", once tried
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: ``$TORCH_EXTENSIONS_DIR/seqlab``, else ``$XDG_CACHE_HOME/seqlab/kernels``
+    (by default ``~/.cache/seqlab/kernels``)."""
+    if root := os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(root) / "seqlab"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "seqlab" / "kernels"
+
+
+def build_name_and_flags() -> tuple[str, list[str]]:
+    """``seqlab_recurrent_<isa>_<hash of source and flags>`` and the compiler flags for this CPU."""
+    isa = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
+    flags = ["-O3", "-fno-trapping-math", *_ISA_FLAGS.get(isa, [])]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
+    return f"seqlab_recurrent_{isa.lower()}_{digest}", flags
+
+
+def _compile() -> tuple[ModuleType, dict]:
+    """Build (or load from the cache) the extension; return it with what the build cost."""
+    from torch.utils.cpp_extension import load  # imported here: it is slow and only needed once
+
+    name, flags = build_name_and_flags()
+    directory = cache_dir() / name
+    directory.mkdir(parents=True, exist_ok=True)
+    library = directory / f"{name}.so"
+    before = library.stat().st_mtime_ns if library.exists() else None
+    start = time.perf_counter()
+    module = load(name, [str(SOURCE)], extra_cflags=flags, build_directory=str(directory), verbose=False)
+    seconds = time.perf_counter() - start
+    cached = before is not None and library.stat().st_mtime_ns == before
+    return module, {"seconds": seconds, "cached": cached, "directory": str(directory)}
+
+
+def _first_error(e: Exception) -> str:
+    """The compiler's first ``error:`` line when there is one, else the exception's first line."""
+    lines = str(e).strip().splitlines() or [""]
+    found = [line for line in lines if "error:" in line]
+    return f"{type(e).__name__}: {(found or lines)[0].strip()[:300]}"
+
+
+def load_recurrent_kernel() -> ModuleType | None:
+    """The compiled kernel, built on the first call of the process; None (after one warning) if it cannot be."""
+    if "module" in _loaded:
+        return _loaded["module"]  # type: ignore[return-value]
+    with _lock:
+        if "module" not in _loaded:
+            try:
+                module, info = _compile()
+            except (
+                Exception
+            ) as e:  # no compiler, no ninja, a compile error: all mean "use torch.nn's kernels"
+                module, info = None, {"error": _first_error(e)}
+                warnings.warn(
+                    f"seqlab's fused recurrent kernel could not be built ({info['error']}); GRU and RNN use "
+                    "torch.nn's fused kernels instead",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            else:
+                how = "loaded from the cache" if info["cached"] else "built"
+                log.info(
+                    "seqlab's recurrent kernel %s in %.1f s (%s)", how, info["seconds"], info["directory"]
+                )
+            _loaded["info"], _loaded["module"] = info, module
+    return _loaded["module"]  # type: ignore[return-value]
+
+
+def build_info() -> dict | None:
+    """After ``load_recurrent_kernel()``: ``{"seconds", "cached", "directory"}``, or ``{"error"}`` when the
+    build failed; None before the first load. ``seconds`` is the whole ``load`` call: compile and link when
+    ``cached`` is False, only the up-to-date check and import when it is True."""
+    return _loaded.get("info")  # type: ignore[return-value]
+
+
+class _RecurrentLayer(torch.autograd.Function):
+    """One layer, one direction, through the compiled kernel; the backward is the kernel's own."""
+
+    @staticmethod
+    def forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, mode: int, reverse: bool):
+        kernel = load_recurrent_kernel()
+        x, h0 = x.contiguous(), h0.contiguous()
+        out, ws = kernel.forward(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse)  # (t, b, H), saved gates
+        ctx.save_for_backward(x, h0, w_ih, w_hh, out, ws)
+        ctx.mode, ctx.reverse, ctx.has_bias = mode, reverse, b_ih is not None
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: the kernel skips it
+        h_n = out[0 if reverse else -1].clone()  # (b, H): the state after the last step of the recurrence
+        return out, h_n
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, grad_hn):
+        x, h0, w_ih, w_hh, out, ws = ctx.saved_tensors
+        need_dx = ctx.needs_input_grad[0]
+        dx, dh0, dw_ih, dw_hh, db_ih, db_hh = load_recurrent_kernel().backward(
+            grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, ctx.mode, ctx.reverse, ctx.has_bias, need_dx
+        )
+        biases = (db_ih, db_hh) if ctx.has_bias else (None, None)
+        return (dx if need_dx else None), dh0, dw_ih, dw_hh, *biases, None, None
+
+
+def recurrent_layer(
+    x: Tensor,
+    h0: Tensor,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Tensor | None,
+    b_hh: Tensor | None,
+    mode: str,
+    reverse: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """x (t, b, in), h0 (b, H) -> out (t, b, H), h_n (b, H), differentiable in every tensor argument.
+
+    ``mode`` is the layer's ('RNN_TANH', 'RNN_RELU' or 'GRU'); the weights are torch.nn's, (G, in) and (G, H),
+    the biases (G,) or both None. ``reverse`` runs the recurrence from the last step to the first (the
+    backward direction of a bidirectional layer). Needs ``load_recurrent_kernel()`` to have succeeded.
+    """
+    return _RecurrentLayer.apply(x, h0, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)

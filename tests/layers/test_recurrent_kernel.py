@@ -1,0 +1,162 @@
+"""seqlab's fused CPU kernel for GRU and RNN (seqlab.kernels.recurrent) against torch.nn, and its fallback.
+
+torch.nn's own GRU and RNN are the reference: the same weights through ``load_state_dict``, float64, and every
+output, final state and gradient compared. The kernel is compiled on the first test that needs it (about 30 s
+on 2 cores, then cached in ~/.cache/seqlab/kernels).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from seqlab.kernels import recurrent as kernel_module
+from seqlab.kernels.recurrent import load_recurrent_kernel, recurrent_layer
+from seqlab.layers import GRU, LSTM, RNN, recurrent_base
+
+IN, H = 3, 4
+KINDS = {  # name -> (seqlab class, torch.nn class, extra constructor arguments)
+    "gru": (GRU, nn.GRU, {}),
+    "rnn_tanh": (RNN, nn.RNN, {"nonlinearity": "tanh"}),
+    "rnn_relu": (RNN, nn.RNN, {"nonlinearity": "relu"}),
+}
+_CXX = os.environ.get("CXX", "c++")
+needs_compiler = pytest.mark.skipif(
+    shutil.which(_CXX) is None or shutil.which("ninja") is None,
+    reason=f"building seqlab's recurrent kernel needs a C++ compiler ({_CXX}) and ninja on PATH",
+)
+
+
+def make_pair(kind: str, **kw) -> tuple[nn.Module, nn.Module]:
+    ours_cls, theirs_cls, extra = KINDS[kind]
+    theirs = theirs_cls(IN, H, batch_first=True, dtype=torch.float64, **extra, **kw)
+    ours = ours_cls(IN, H, dtype=torch.float64, **extra, **kw)
+    ours.load_state_dict(theirs.state_dict())
+    return ours, theirs
+
+
+def outputs_and_grads(layer: nn.Module, x: torch.Tensor, h0: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Output, final state, and the gradients of a random projection of both w.r.t. everything."""
+    x = x.detach().requires_grad_()
+    h0 = None if h0 is None else h0.detach().requires_grad_()
+    out, h_n = layer(x, h0)
+    g = torch.Generator().manual_seed(1)
+    loss = (out * torch.randn(out.shape, generator=g, dtype=out.dtype)).sum()
+    loss = loss + (h_n * torch.randn(h_n.shape, generator=g, dtype=h_n.dtype)).sum()
+    inputs = {"x": x, **({} if h0 is None else {"h0": h0}), **dict(layer.named_parameters())}
+    grads = torch.autograd.grad(loss, list(inputs.values()))
+    return {"out": out, "h_n": h_n, **{f"d{k}": v for k, v in zip(inputs, grads, strict=True)}}
+
+
+def assert_same(got: dict, want: dict, **tol) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], **tol, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.fixture
+def count_kernel_calls(monkeypatch) -> list[int]:
+    """Counts the layer's calls into seqlab's kernel, one per layer and direction."""
+    calls = []
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return recurrent_layer(*args, **kw)
+
+    monkeypatch.setattr(recurrent_base, "recurrent_layer", counting)
+    return calls
+
+
+@needs_compiler
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize(
+    ("num_layers", "bidirectional", "bias", "b", "t", "with_state"),
+    [
+        (1, False, True, 3, 5, True),
+        (1, False, True, 2, 4, False),
+        (2, False, True, 3, 4, True),
+        (2, True, True, 2, 3, False),
+        (1, True, False, 2, 5, True),
+        (1, False, True, 1, 1, True),  # b = 1, t = 1
+        (2, False, False, 1, 6, False),
+    ],
+)
+def test_kernel_matches_torch_nn_in_float64(
+    kind, num_layers, bidirectional, bias, b, t, with_state, count_kernel_calls
+):
+    ours, theirs = make_pair(kind, num_layers=num_layers, bidirectional=bidirectional, bias=bias)
+    x = torch.randn(b, t, IN, dtype=torch.float64)
+    h0 = torch.randn(num_layers * (1 + bidirectional), b, H, dtype=torch.float64) if with_state else None
+    assert ours.why_not_kernel(x) is None
+    assert_same(outputs_and_grads(ours, x, h0), outputs_and_grads(theirs, x, h0), atol=1e-10, rtol=1e-10)
+    assert len(count_kernel_calls) == num_layers * (1 + bidirectional)
+
+
+@needs_compiler
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_kernel_matches_torch_nn_in_float32_time_major(kind, count_kernel_calls):
+    ours, theirs = make_pair(kind, num_layers=2)
+    ours, theirs = ours.float(), theirs.float()
+    ours.batch_first = theirs.batch_first = False
+    x, h0 = torch.randn(7, 3, IN), torch.randn(2, 3, H)  # (t, b, in)
+    assert_same(outputs_and_grads(ours, x, h0), outputs_and_grads(theirs, x, h0), atol=1e-5, rtol=1e-4)
+    assert count_kernel_calls
+
+
+@needs_compiler
+@pytest.mark.parametrize("mode", ["GRU", "RNN_TANH", "RNN_RELU"])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradcheck(mode, reverse, bias):
+    assert load_recurrent_kernel() is not None
+    g = 3 if mode == "GRU" else 1
+    t, b = 3, 2
+
+    def arg(*shape):
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+    biases = (arg(g * H), arg(g * H)) if bias else (None, None)
+    args = (arg(t, b, IN), arg(b, H), arg(g * H, IN), arg(g * H, H), *biases)
+    assert torch.autograd.gradcheck(lambda *a: recurrent_layer(*a, mode, reverse), args)
+
+
+@needs_compiler
+def test_only_the_final_state_used_and_input_without_grad():
+    ours, theirs = make_pair("gru")
+    x = torch.randn(2, 5, IN, dtype=torch.float64)  # no requires_grad: the kernel skips dx
+    (ours(x)[1].sum()).backward()
+    (theirs(x)[1].sum()).backward()
+    for (name, p), q in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-10, rtol=1e-10, msg=name)
+
+
+def test_padded_batches_and_the_lstm_keep_torch_nn_kernels():
+    gru, _ = make_pair("gru")
+    x = torch.randn(2, 4, IN, dtype=torch.float64)
+    assert "padded" in gru.why_not_kernel(x, torch.tensor([4, 2]))
+    assert "float32 or float64" in gru.why_not_kernel(x.half())
+    assert "LSTM" in LSTM(IN, H).why_not_kernel(x.float())
+
+
+def test_failed_build_warns_once_and_falls_back_to_torch_nn(monkeypatch, caplog):
+    def no_compiler():
+        raise RuntimeError("error: c++: command not found")
+
+    monkeypatch.setattr(kernel_module, "_loaded", {})
+    monkeypatch.setattr(kernel_module, "_compile", no_compiler)
+    monkeypatch.setattr("seqlab.layers.fastpath._logged", set())
+    x = torch.randn(2, 5, IN, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for kind in KINDS:
+            ours, theirs = make_pair(kind, num_layers=2)
+            assert "could not be built" in ours.why_not_kernel(x)
+            assert_same(outputs_and_grads(ours, x, None), outputs_and_grads(theirs, x, None))
+    mine = [w for w in caught if "recurrent kernel could not be built" in str(w.message)]
+    assert len(mine) == 1 and "command not found" in str(mine[0].message)
+    assert kernel_module.build_info() == {"error": "RuntimeError: error: c++: command not found"}
