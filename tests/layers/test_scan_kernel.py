@@ -1,0 +1,189 @@
+"""The C++ selective-scan kernel (seqlab.kernels) against selective_scan_ref: outputs, last states and every
+gradient, in float64 (gradcheck, 1e-10) and float32; the dispatch, the fallback with its one warning, the cache."""
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import seqlab.layers.scan as scan_module
+from seqlab.kernels import build, build_info, kernel_unavailable, selective_scan_kernel
+from seqlab.layers.scan import selective_scan, selective_scan_ref
+
+F64 = torch.float64
+_COMPILER = os.environ.get("CXX", "c++")
+pytestmark = pytest.mark.skipif(
+    shutil.which(_COMPILER) is None, reason=f"no C++ compiler ({_COMPILER}) on PATH"
+)
+OPTIONS = ["D", "z", "delta_bias", "initial_state"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    """Build (or load) the kernel once for the module; skip when a build tool is missing, fail if the build does."""
+    reason = kernel_unavailable()
+    if reason is not None and reason.startswith(("no C++ compiler", "ninja")):
+        pytest.skip(reason)
+    assert reason is None, reason
+
+
+def _inputs(b, t, d, n, dtype=F64, seed=0, options=OPTIONS):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=dtype)
+
+    x = {"u": r(b, t, d), "delta": r(b, t, d), "A": -torch.rand(d, n, generator=g, dtype=dtype) * 3 - 0.1}
+    x |= {
+        "B": r(b, t, n),
+        "C": r(b, t, n),
+        "D": r(d),
+        "z": r(b, t, d),
+        "delta_bias": r(d),
+        "initial_state": r(b, d, n),
+    }
+    return {k: v for k, v in x.items() if k in ("u", "delta", "A", "B", "C") or k in options}
+
+
+def _call(fn, x, softplus=True, **kw):
+    return fn(**x, delta_softplus=softplus, return_last_state=True, **kw)
+
+
+def _compare(x, softplus, chunk, atol, rtol):
+    """Outputs, last states and all gradients of the kernel against the reference."""
+    x = {k: v.clone().requires_grad_() for k, v in x.items()}
+    y_ref, h_ref = _call(selective_scan_ref, x, softplus)
+    y, h = _call(selective_scan_kernel, x, softplus, chunk_size=chunk)
+    torch.testing.assert_close(y, y_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(h, h_ref, atol=atol, rtol=rtol)
+    wy, wh = torch.randn_like(y), torch.randn_like(h)
+    g_ref = torch.autograd.grad((y_ref * wy).sum() + (h_ref * wh).sum(), list(x.values()))
+    g = torch.autograd.grad((y * wy).sum() + (h * wh).sum(), list(x.values()))
+    for name, a, e in zip(x, g, g_ref, strict=True):
+        torch.testing.assert_close(a, e, atol=atol * 10, rtol=rtol * 10, msg=name)
+
+
+@pytest.mark.parametrize(
+    "options, softplus",
+    [
+        (OPTIONS, True),
+        ([], False),
+        (["D", "z"], False),
+        (["delta_bias", "initial_state"], True),
+        (["z"], True),
+    ],
+)
+@pytest.mark.parametrize(
+    ("b", "t", "d", "n", "chunk"), [(2, 37, 19, 5, 8), (1, 1, 3, 1, 64), (3, 16, 8, 16, 4)]
+)
+def test_float64_equals_reference(options, softplus, b, t, d, n, chunk):
+    # t = 37 is no multiple of the chunk; d = 19 is no multiple of the channel block (8 in float64, 16 in float32)
+    _compare(_inputs(b, t, d, n, seed=t + d, options=options), softplus, chunk, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("options", [OPTIONS, ["z"]])
+def test_gradcheck_float64(options):
+    x = _inputs(2, 5, 3, 2, seed=1, options=options)
+    names = list(x)
+
+    def f(*vals):
+        return _call(selective_scan_kernel, dict(zip(names, vals, strict=True)), chunk_size=2)
+
+    assert torch.autograd.gradcheck(f, tuple(v.requires_grad_() for v in x.values()))
+
+
+@pytest.mark.parametrize("t", [64, 100])
+def test_float32_matches_reference(t):
+    x = {k: v.float() for k, v in _inputs(2, t, 40, 16, seed=t).items()}
+    _compare(x, True, 32, atol=1e-4, rtol=1e-4)
+
+
+def test_non_contiguous_and_half_precision_inputs():
+    x = _inputs(2, 9, 6, 4, seed=3)
+    # the same values behind transposed storage: (b, t, d) and (b, t, n) views of (b, d, t) / (b, n, t) tensors
+    strided = {k: v.transpose(1, 2).contiguous().transpose(1, 2) if v.dim() == 3 else v for k, v in x.items()}
+    assert not strided["u"].is_contiguous()
+    _compare(strided, True, 4, atol=1e-10, rtol=1e-10)
+    half = {k: v.bfloat16() for k, v in x.items()}
+    y, h = _call(selective_scan_kernel, half)
+    y_ref, h_ref = _call(selective_scan_ref, half)
+    assert y.dtype == torch.bfloat16 and h.dtype == torch.float32
+    torch.testing.assert_close(y, y_ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(h, h_ref, atol=1e-4, rtol=1e-4)
+
+
+def test_large_decays_stay_finite():
+    x = {k: v.float() for k, v in _inputs(1, 200, 4, 16).items()}
+    x["delta"], x["A"] = x["delta"] * 50, x["A"] * 10  # Δ·A down to about -10^3 per step
+    (y, h), (y_ref, h_ref) = _call(selective_scan_kernel, x), _call(selective_scan_ref, x)
+    assert torch.isfinite(y).all() and torch.isfinite(h).all()
+    torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(h, h_ref, atol=1e-4, rtol=1e-4)
+
+
+def test_backward_keeps_only_inputs_and_chunk_states():
+    b, t, d, n, chunk = 2, 96, 4, 8, 32
+    x = {k: v.requires_grad_() for k, v in _inputs(b, t, d, n).items()}
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(s.numel()) or s, lambda s: s):
+        _call(selective_scan_kernel, x, chunk_size=chunk)
+    assert b * (t // chunk) * n * d in saved  # the state entering each chunk
+    assert max(saved) <= max(b * t * d, b * t * n)  # never a (b, t, d, n) tensor
+
+
+def test_selective_scan_dispatches_to_the_kernel_on_cpu(monkeypatch):
+    calls = []
+
+    def spy(*args):
+        calls.append(1)
+        return selective_scan_kernel(*args)
+
+    monkeypatch.setattr(scan_module, "selective_scan_kernel", spy)
+    x = _inputs(2, 7, 5, 3)
+    y_auto = selective_scan(**x, delta_softplus=True)
+    y_chunked = selective_scan(**x, delta_softplus=True, impl="chunked")
+    assert calls == [1]
+    torch.testing.assert_close(y_auto, y_chunked, atol=1e-10, rtol=1e-10)
+    with pytest.raises(RuntimeError, match="not all on the CPU"):
+        selective_scan(*(v.to("meta") for v in list(x.values())[:5]), impl="kernel")
+    with pytest.raises(ValueError, match="impl must be"):
+        selective_scan(**x, impl="fast")
+
+
+@pytest.mark.parametrize("failure", ["build", "compiler"])
+def test_fallback_warns_once_and_gives_the_same_numbers(monkeypatch, caplog, failure):
+    def broken(*args):
+        raise RuntimeError("Error building extension 'x':\nselective_scan.cpp:1:1: error: something broke")
+
+    monkeypatch.setattr(build, "_info", None)  # as in a fresh process
+    if failure == "build":
+        monkeypatch.setattr(build, "_compile", broken)
+    else:
+        monkeypatch.setenv("CXX", "no-such-compiler")
+    x = _inputs(2, 7, 5, 3)
+    with caplog.at_level(logging.WARNING, logger="seqlab.kernels"):
+        ys = [selective_scan(**x, delta_softplus=True) for _ in range(3)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "chunked PyTorch scan" in warnings[0]
+    assert ("error: something broke" if failure == "build" else "no-such-compiler") in warnings[0]
+    assert not build_info().loaded and build_info().reason in warnings[0]
+    expected = selective_scan(**x, delta_softplus=True, impl="chunked")
+    assert all(torch.equal(y, expected) for y in ys)
+
+
+def test_second_process_loads_from_the_cache():
+    info = build_info()
+    assert info.loaded and info.seconds >= 0
+    code = (
+        "import dataclasses, json; from seqlab.kernels import build_info, load_kernel; "
+        "load_kernel(); print(json.dumps(dataclasses.asdict(build_info())))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    child = json.loads(out.strip().splitlines()[-1])
+    assert child["loaded"] and child["cached"], child
+    assert child["name"] == info.name and child["path"] == info.path
