@@ -205,7 +205,7 @@ def _add_viz(sub) -> None:
     vg = vsub.add_parser(
         "gradients", help="plot |dL/dh_t| against t for RNN, LSTM and GRU (vanishing gradients)"
     )
-    vg.add_argument("--out", default="gradient-flow.png", help="PNG file to write")
+    vg.add_argument("--out", default="runs/viz/gradient-flow.png", help="PNG file to write")
     vg.add_argument(
         "--length", type=int_at_least(2), default=100, help="sequence length T of the adding problem"
     )
@@ -223,7 +223,7 @@ def _add_viz(sub) -> None:
     vp = vsub.add_parser(
         "positions", help="the sinusoidal table and its similarities, RoPE's relative scores, 2-D patch codes"
     )
-    vp.add_argument("--out", default="positions.png", help="PNG file to write")
+    vp.add_argument("--out", default="runs/viz/positions.png", help="PNG file to write")
     vp.add_argument("--positions", type=positive_int, default=128, help="positions to draw")
     vp.add_argument("--d-model", type=positive_int, default=64, help="channels (a multiple of 4)")
     vp.add_argument(

@@ -193,8 +193,9 @@ def _cmd_viz_attention(args: argparse.Namespace) -> int:
     if args.text is None:
         raise ValueError("--text is needed for a language model's attention (--image for a ViT checkpoint)")
     tok = load_tokenizer(where, "attention maps need a model trained on text")
-    paths = write_attention_maps(model, tok, args.text, args.out, args.layers, args.heads)
-    print(f"wrote {len(paths)} attention maps to {args.out}")
+    paths = write_attention_maps(model, tok, args.text, args.out, args.layers, args.heads, args.per_head)
+    extra = f" and {len(paths) - 1} per-head maps" if args.per_head else " (--per-head: one file per map too)"
+    print(f"wrote {paths[0]}{extra}")
     return 0
 
 
@@ -210,5 +211,12 @@ def add_viz_attention(vsub) -> None:
         "--layers", type=indices, default=None, help="comma-separated layer indices (default: all)"
     )
     va.add_argument("--heads", type=indices, default=None, help="comma-separated head indices (default: all)")
-    va.add_argument("--out", default="attention-maps", help="directory for the PNG files (or a .png, ViT)")
+    va.add_argument(
+        "--per-head", action="store_true", help="also one PNG per layer and head, beside the overview grid"
+    )
+    va.add_argument(
+        "--out",
+        default="runs/viz/attention",
+        help="directory for attention.png (layers x heads) and the per-head files (or a .png, ViT)",
+    )
     va.set_defaults(func=_cmd_viz_attention)

@@ -28,10 +28,14 @@ def test_viz_attention_writes_heatmaps(gpt_run, tmp_path, capsys):
     out = tmp_path / "maps"
     cmd = ["viz", "attention", "--checkpoint", str(gpt_run), "--text", "KING: my lord"]
     assert main([*cmd, "--layers", "0,1", "--heads", "0,3", "--out", str(out)]) == 0
+    assert [p.name for p in out.iterdir()] == ["attention.png"]  # one overview: layers x heads
+    assert "attention.png" in capsys.readouterr().out
+    assert main([*cmd, "--layers", "0,1", "--heads", "0,3", "--out", str(out), "--per-head"]) == 0
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["layer0-head0.png", "layer0-head3.png", "layer1-head0.png", "layer1-head3.png"]
+    heads = ["layer0-head0.png", "layer0-head3.png", "layer1-head0.png", "layer1-head3.png"]
+    assert files == ["attention.png", *heads]
     assert all((out / f).read_bytes()[:4] == b"\x89PNG" for f in files)
-    assert "wrote 4 attention maps" in capsys.readouterr().out
+    assert "and 4 per-head maps" in capsys.readouterr().out
     assert main([*cmd, "--layers", "5", "--out", str(out)]) == 2
     assert "out of range" in capsys.readouterr().err
 
@@ -54,6 +58,8 @@ def test_write_attention_maps_api(tmp_path):
     tok = CharTokenizer.from_text("abc ")
     model = create("test-gpt", vocab_size=tok.vocab_size)
     paths = write_attention_maps(model, tok, "abc cab", tmp_path, layers=[1], heads=[2])
-    assert [p.name for p in paths] == ["layer1-head2.png"]
+    assert [p.name for p in paths] == ["attention.png"]
+    paths = write_attention_maps(model, tok, "abc cab", tmp_path, layers=[0, 1], heads=[2], per_head=True)
+    assert [p.name for p in paths] == ["attention.png", "layer0-head2.png", "layer1-head2.png"]
     with pytest.raises(ValueError, match="heads"):
         write_attention_maps(model, tok, "abc", tmp_path, layers=[0], heads=[9])

@@ -34,3 +34,21 @@ def test_cli_writes_the_plot(tmp_path, capsys):
     assert main(["viz", "gradients", "--out", str(out), "--length", "10", "--d-model", "8"]) == 0
     assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
     assert "rnn" in capsys.readouterr().out
+
+
+def test_zero_gradients_are_marked_as_clamped_not_drawn_as_data(tmp_path, monkeypatch):
+    from seqlab.viz import gradients
+    from seqlab.viz.gradients import FLOOR, GradientFlow, plot_gradient_flow
+
+    drawn = []
+    monkeypatch.setattr(gradients, "save_figure", lambda fig, path: drawn.append(fig))
+    init = [GradientFlow("rnn", 0, [0.0, 1e-12, 1e-3], 1.0)]
+    trained = [GradientFlow("rnn", 50, [1e-6, 1e-4, 1e-2], 0.1)]
+    plot_gradient_flow([init, trained], tmp_path / "flow.png")
+    (fig,) = drawn
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["at initialization", "after 50 training steps"]  # both panels when both are given
+    for ax in fig.axes:
+        texts = [t.get_text() for t in ax.texts]
+        assert "zero (clamped for the log scale)" in texts
+        assert ax.get_ylim()[0] < FLOOR  # the band sits below the clamped points, inside the panel

@@ -1,3 +1,5 @@
+import struct
+
 import torch
 
 from seqlab.cli import main
@@ -32,7 +34,17 @@ def test_sinusoidal_similarity_is_a_function_of_distance():
 def test_plot_and_cli(tmp_path, capsys):
     out = plot_positions(tmp_path / "p.png", n_positions=32, d_model=16, grid=6)
     assert out.stat().st_size > 5000
+    width, height = struct.unpack(">II", out.read_bytes()[16:24])  # the PNG header's IHDR
+    assert width <= 1600 and 0.6 < height / width < 1.2  # a 2 x 2 grid, not a strip
     assert main(["viz", "positions", "--out", str(tmp_path / "cli.png"), "--positions", "16"]) == 0
     assert (tmp_path / "cli.png").is_file() and "wrote" in capsys.readouterr().out
     assert main(["viz", "positions", "--out", str(tmp_path / "bad.png"), "--d-model", "6"]) == 2
     assert "multiple of 4" in capsys.readouterr().err
+
+
+def test_viz_outputs_default_under_runs():
+    from seqlab.cli import make_parser
+
+    parser = make_parser()
+    for cmd in (["viz", "positions"], ["viz", "gradients"], ["viz", "attention", "--checkpoint", "x"]):
+        assert parser.parse_args(cmd).out.startswith("runs/viz/"), cmd

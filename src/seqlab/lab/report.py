@@ -6,6 +6,9 @@ registered mixer appears in its family's column without a change here.
 
 from __future__ import annotations
 
+import functools
+import json
+import math
 import platform
 import re
 from collections import defaultdict
@@ -16,9 +19,20 @@ import torch
 from seqlab.lab.records import Record, first_value, select, write_results
 from seqlab.lab.suite import Entry, Suite
 from seqlab.layers.mixer import mixer_spec
-from seqlab.viz.figures import pyplot, save_figure
+from seqlab.viz.figures import (
+    FAMILY_COLOURS,
+    chance_line,
+    mixer_family,
+    mixer_styles,
+    outside_legend,
+    plain_log_axis,
+    plain_number,
+    pyplot,
+    save_figure,
+    unique_handles,
+)
 
-__all__ = ["cpu_name", "hardware_slug", "write_plots", "write_results", "write_table"]
+__all__ = ["chance_loss", "cpu_name", "hardware_slug", "write_plots", "write_results", "write_table"]
 
 
 def _fmt(value: float | None, metric: str) -> str:
@@ -212,37 +226,71 @@ def write_table(out: Path, suite: Suite, mixers: list[str], records: list[Record
     return path
 
 
+def _x_ticks(ax, values) -> None:
+    """Tick a log x axis exactly at the measured ``values``, written out (64, 1,024, 8,192)."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xticks(sorted(set(values)), [plain_number(v) for v in sorted(set(values))])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _decode_plot(plt, mixers: list[str], records: list[Record], path: Path) -> Path:
-    """Decode latency and state bytes against the context already read, log-log."""
+    """Decode latency and state bytes against the context already read, log-log, one legend at the right."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    styles = mixer_styles(mixers)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    contexts = []
     for m in mixers:
         for ax, metric in zip(axes, ("latency_ms", "state_bytes"), strict=True):
             rows = sorted(select(records, mixer=m, task="decode", metric=metric), key=lambda r: r.x_value)
             if rows:
-                ax.loglog([r.x_value for r in rows], [max(r.value, 1e-9) for r in rows], "o-", label=m)
+                contexts += [r.x_value for r in rows]
+                ax.loglog([r.x_value for r in rows], [max(r.value, 1e-9) for r in rows], label=m, **styles[m])
     axes[0].set_ylabel("ms per generated token")
-    axes[1].set_ylabel("bytes of carried state")
+    plain_log_axis(axes[0])
+    axes[1].set_ylabel("carried state")
+    axes[1].yaxis.set_major_formatter(FuncFormatter(lambda v, _: _fmt(v, "state_bytes").replace(".0 ", " ")))
+    axes[1].yaxis.set_minor_formatter(NullFormatter())
     for ax in axes:
-        ax.set_xlabel("context length already read")
+        ax.set_xlabel("context length already read (tokens)")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        _x_ticks(ax, contexts)
     fig.suptitle("decoding: O(1) state vs a growing KV cache")
+    fig.tight_layout()
+    outside_legend(fig, *unique_handles(axes[:1]), title="mixer")
     return save_figure(fig, path)
 
 
 def _throughput_plot(plt, suite: Suite, mixers: list[str], records: list[Record], path: Path) -> Path:
-    """Training tokens/s per mixer, one bar per sequence length."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    """Training tokens/s per mixer as horizontal bars in the family's colour, one bar per sequence length."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
     lengths = suite.throughput_lengths
-    width = 0.8 / max(1, len(lengths))
+    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.32 * len(mixers) * len(lengths)))
+    height = 0.8 / max(1, len(lengths))
+    hatches = ("", "//", "..", "xx")
+    colours = [FAMILY_COLOURS[mixer_family(m)] for m in mixers]
     for j, length in enumerate(lengths):
         vals = [first_value(records, 0, mixer=m, task="throughput", setting=f"t={length}") for m in mixers]
-        ax.bar([i + j * width for i in range(len(mixers))], vals, width, label=f"t={length}")
-    ax.set_xticks([i + width * (len(lengths) - 1) / 2 for i in range(len(mixers))], mixers)
-    ax.set_ylabel("training tokens/s")
+        y = [i + j * height for i in range(len(mixers))]
+        bars = ax.barh(y, vals, height, color=colours, hatch=hatches[j % 4], edgecolor="white", linewidth=0.5)
+        ax.bar_label(bars, [f" {v:,.0f}" for v in vals], fontsize=7)
+    ax.set_yticks([i + height * (len(lengths) - 1) / 2 for i in range(len(mixers))], mixers)
+    ax.invert_yaxis()  # the registry's order, top to bottom
+    ax.margins(x=0.15)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set_xlabel("training tokens/s (batch 8; higher is faster)")
     ax.set_title("training throughput (forward + backward + step)")
-    ax.legend()
-    ax.grid(alpha=0.3, axis="y")
+    ax.grid(alpha=0.3, axis="x")
+    labels = list(dict.fromkeys(mixer_family(m) for m in mixers))  # the families, in the mixers' order
+    handles = [Patch(color=FAMILY_COLOURS[f]) for f in labels]
+    if len(lengths) > 1:
+        handles += [Patch(facecolor="#bbbbbb", hatch=hatches[j % 4]) for j in range(len(lengths))]
+        labels += [f"t={t}" for t in lengths]
+    fig.tight_layout()
+    outside_legend(fig, handles, labels)
     return save_figure(fig, path)
 
 
@@ -254,41 +302,73 @@ def _length_plot(plt, suite: Suite, mixers: list[str], records: list[Record], pa
     multi = {t: es for t, es in by_task.items() if len(es) > 1 and all(e.x_value for e in es)}
     if not multi:
         return None
+    styles = mixer_styles(mixers)
     fig, axes = plt.subplots(1, len(multi), figsize=(5 * len(multi), 4), squeeze=False)
     for ax, (task, es) in zip(axes[0], multi.items(), strict=True):
         for m in mixers:
             pts = [(e.x_value, first_value(records, mixer=m, task=task, setting=e.setting)) for e in es]
             pts = [(x, v) for x, v in pts if v is not None]
             if pts:
-                ax.plot(*zip(*pts, strict=True), "o-", label=m)
+                ax.plot(*zip(*pts, strict=True), label=m, **styles[m])
         ax.set_xlabel("sequence length")
-        ax.set_ylabel(es[0].metric)
+        ax.set_ylabel(f"{es[0].metric} ({'higher' if es[0].higher_is_better else 'lower'} is better)")
         ax.set_title(task)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    fig.tight_layout()
+    outside_legend(fig, *unique_handles(axes[0]), title="mixer")
     return save_figure(fig, path)
 
 
+def chance_loss(entry: Entry) -> float | None:
+    """The training loss of a guess that ignores the input on ``entry``'s task: the task's ``baseline_loss``
+    (uniform over the possible answers), ``baseline_mse`` (predicting the mean), else ln(vocab_size) (uniform
+    over the vocabulary); None when the task says none of these or cannot be built here."""
+    return _chance_loss(entry.task, json.dumps(entry.task_args, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _chance_loss(task_name: str, args: str) -> float | None:
+    from seqlab.tasks import create_task
+    from seqlab.tasks.base import MissingDependencyError
+
+    try:
+        task = create_task(task_name, **json.loads(args))
+    except (MissingDependencyError, OSError, ValueError):
+        return None
+    for name in ("baseline_loss", "baseline_mse"):
+        value = getattr(task, name, None)
+        if isinstance(value, int | float):
+            return float(value)
+    vocab = task.model_overrides().get("vocab_size")
+    return math.log(vocab) if vocab else None
+
+
 def _curves_plot(plt, suite: Suite, mixers: list[str], records: list[Record], path: Path) -> Path:
-    """Training loss against step, one panel per task setting."""
+    """Training loss against step, one panel per task setting, its chance level dashed, one legend below."""
     entries = list(suite.entries)
     cols = min(3, len(entries))
     rows_n = (len(entries) + cols - 1) // cols
+    styles = mixer_styles(mixers)
     fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.5 * rows_n), squeeze=False)
     for ax, e in zip(axes.flat, entries, strict=False):
         for m in mixers:
             hit = select(records, mixer=m, task=e.task, setting=e.setting)
             if hit and hit[0].curve:
                 steps, losses = zip(*hit[0].curve, strict=True)
-                ax.plot(steps, losses, label=m, lw=1)
+                style = {k: v for k, v in styles[m].items() if k != "marker"}
+                ax.plot(steps, losses, label=m, lw=1.2, **style)
         ax.set_title(f"{e.task} {e.setting}", fontsize=10)
         ax.set_xlabel("step")
-        ax.set_ylabel("train loss")
+        ax.set_ylabel("train loss" + (" (MSE)" if e.metric.endswith("mse") else ""))
         ax.set_yscale("log")
-        ax.grid(alpha=0.3)
+        chance_line(ax, chance_loss(e), label="chance (a guess that ignores the input)")
+        plain_log_axis(ax)
+        ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(entries) :]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    handles, labels = unique_handles(axes.flat)
+    outside_legend(fig, handles, labels, where="below", ncol=min(len(labels), 5))
     return save_figure(fig, path, dpi=100)
 
 

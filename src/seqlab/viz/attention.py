@@ -14,7 +14,7 @@ from torch import Tensor
 
 from seqlab.viz.figures import pyplot, save_figure
 
-__all__ = ["plot_alignment", "plot_attention", "token_labels", "write_attention_maps"]
+__all__ = ["plot_alignment", "plot_attention", "plot_attention_grid", "token_labels", "write_attention_maps"]
 
 
 def token_labels(tokenizer, ids: list[int]) -> list[str]:
@@ -67,6 +67,44 @@ def plot_alignment(
     return save_figure(fig, path, dpi=110)
 
 
+def plot_attention_grid(
+    maps: dict[int, dict[int, Tensor]], labels: list[str], path: str | Path, title: str = ""
+) -> Path:
+    """{layer: {head: (t, t) weights}} -> one PNG overview: a row per layer, a column per head, one colour scale."""
+    plt = pyplot()
+
+    layers = list(maps)
+    n_cols = max(len(heads) for heads in maps.values())
+    t = len(labels)
+    cell = min(3.0, max(1.6, 0.09 * t))
+    fig, axes = plt.subplots(
+        len(layers), n_cols, figsize=(cell * n_cols + 1.2, cell * len(layers) + 0.8), squeeze=False
+    )
+    vmax = max(float(w.max()) for heads in maps.values() for w in heads.values())
+    for row, layer in zip(axes, layers, strict=True):
+        heads = list(maps[layer].items())
+        for col, ax in enumerate(row):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if col >= len(heads):
+                ax.axis("off")
+                continue
+            h, w = heads[col]
+            im = ax.imshow(w.detach().float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=max(vmax, 1e-6))
+            ax.set_title(f"layer {layer}, head {h}", fontsize=8)
+        if t <= 24:  # tokens on the first column's rows; longer texts are read from the per-head files
+            row[0].set_yticks(range(t), labels, fontsize=6)
+    axes[-1][0].set_xlabel("key (attended to)", fontsize=8)
+    axes[0][0].set_ylabel("query", fontsize=8)
+    fig.colorbar(im, ax=axes, fraction=0.02, label="attention weight")
+    fig.suptitle(title or "attention weights: a row per layer, a column per head")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 @torch.no_grad()
 def write_attention_maps(
     model,
@@ -75,8 +113,11 @@ def write_attention_maps(
     out_dir: str | Path,
     layers: list[int] | None = None,
     heads: list[int] | None = None,
+    per_head: bool = False,
 ) -> list[Path]:
-    """Run ``text`` through ``model`` and write ``layer{L}-head{H}.png`` for the chosen layers and heads."""
+    """Run ``text`` through ``model`` and write ``attention.png``, the overview of the chosen layers (rows) and
+    heads (columns); with ``per_head`` also ``layer{L}-head{H}.png`` per map, larger and with every token.
+    Returns the paths, the overview first."""
     if not hasattr(model, "attention_maps"):
         raise ValueError(f"{type(model).__name__} has no attention maps (a GPT checkpoint is needed)")
     ids = tokenizer.encode(text)
@@ -86,16 +127,20 @@ def write_attention_maps(
     model.eval()
     maps = model.attention_maps(ids[None].to(device), layers)  # {layer: (1, h, t, t)}
     labels = token_labels(tokenizer, ids.tolist())
-    written = []
+    chosen: dict[int, dict[int, Tensor]] = {}
     for layer, w in maps.items():
         n_heads = w.size(1)
-        chosen = list(range(n_heads)) if heads is None else heads
-        bad = [h for h in chosen if not 0 <= h < n_heads]
+        picked = list(range(n_heads)) if heads is None else heads
+        bad = [h for h in picked if not 0 <= h < n_heads]
         if bad:
             raise ValueError(
                 f"heads {bad} out of range: layer {layer} has {n_heads} heads (0 ... {n_heads - 1})"
             )
-        for h in chosen:
+        chosen[layer] = {h: w[0, h] for h in picked}  # {head: (t, t)}
+    title = f"attention weights on {len(labels)} tokens: a row per layer, a column per head (rows: queries)"
+    written = [plot_attention_grid(chosen, labels, Path(out_dir) / "attention.png", title)]
+    for layer, by_head in chosen.items() if per_head else ():
+        for h, weights in by_head.items():
             path = Path(out_dir) / f"layer{layer}-head{h}.png"
-            written.append(plot_attention(w[0, h], labels, path, f"layer {layer}, head {h}"))
+            written.append(plot_attention(weights, labels, path, f"layer {layer}, head {h}"))
     return written

@@ -95,13 +95,17 @@ def plain_number(x: float) -> str:
 def plain_log_axis(ax, axis: str = "y") -> None:
     """Decimal tick labels (0.01, 0.5, 2) instead of 10⁻² or 5×10⁻¹ on a log axis ``axis`` ('x' or 'y');
     minor ticks are labelled too when the axis spans too few decades for the major ones to be enough."""
-    from matplotlib.ticker import LogFormatter
+    from matplotlib.ticker import LogFormatter, LogLocator
 
     class PlainLogFormatter(LogFormatter):
         def __call__(self, x, pos=None):
             return plain_number(x) if super().__call__(x, pos) else ""
 
     target = ax.yaxis if axis == "y" else ax.xaxis
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    shown = [v for v in [*target.get_major_locator()(), *target.get_minor_locator()()] if lo <= v <= hi]
+    if len(shown) < 4:  # a narrow axis (2.1 to 4.3): ticks at every half unit too
+        target.set_minor_locator(LogLocator(subs=(1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 6, 7, 8, 9)))
     target.set_major_formatter(PlainLogFormatter(labelOnlyBase=False))
     target.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
 
@@ -130,3 +134,25 @@ def unique_handles(axes) -> tuple[list, list[str]]:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(label, handle)
     return list(seen.values()), list(seen)
+
+
+def chance_line(ax, chance: float | None, label: str = "chance") -> None:
+    """A dashed black line at the chance level ``chance`` (nothing when None), its value written above it, or
+    below it near the top of the panel. Call it after setting the axis scale."""
+    if chance is None:
+        return
+    ax.axhline(chance, color="black", ls=(0, (5, 3)), lw=1, label=label)
+    lo, hi = ax.get_ylim()
+    below = (math.log(hi / chance) if ax.get_yscale() == "log" else hi - chance) < 0.12 * (
+        math.log(hi / lo) if ax.get_yscale() == "log" else hi - lo
+    )
+    ax.annotate(
+        f"chance {chance:.3g}",
+        (1, chance),
+        xycoords=("axes fraction", "data"),
+        xytext=(-2, -3 if below else 3),
+        textcoords="offset points",
+        ha="right",
+        va="top" if below else "bottom",
+        fontsize=7,
+    )

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from seqlab.viz import GRADIENT_CELLS
-from seqlab.viz.figures import pyplot, save_figure
+from seqlab.viz.figures import mixer_styles, pyplot, save_figure
 
 
 @dataclass
@@ -118,24 +118,57 @@ def gradient_flow_groups(
     return groups
 
 
+FLOOR = 1e-30
+"""Where an exactly zero ‖∂L/∂h_t‖ is drawn: a log axis has no zero, so the plot clamps it here and says so."""
+
+
 def plot_gradient_flow(groups: list[list[GradientFlow]], path, title: str | None = None) -> None:
-    """One panel per group (e.g. at initialization, after training), log-scale ‖∂L/∂h_t‖ against t."""
+    """One panel per group, log-scale ‖∂L/∂h_t‖ against t: pass ``gradient_flow_groups(...)`` with
+    ``train_steps`` > 0 for the two panels "at initialization" and "after N training steps". A gradient that is
+    exactly zero is drawn at :data:`FLOOR` inside a hatched band labelled as such, not as a measured value."""
     plt = pyplot()
 
     fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False, sharey=True)
+    styles = mixer_styles(
+        [r.cell for group in groups for r in group]
+    )  # the family palette: shades of RNN blue
     for ax, group in zip(axes[0], groups, strict=True):
         for r in group:
             ax.semilogy(
                 range(1, len(r.norms) + 1),
-                [max(n, 1e-30) for n in r.norms],
+                [max(n, FLOOR) for n in r.norms],
                 label=f"{r.cell} (val MSE {r.final_mse:.3f})",
+                color=styles[r.cell]["color"],
+                linestyle=styles[r.cell]["linestyle"],
             )
         steps = group[0].trained_steps if group else 0
         ax.set_title("at initialization" if steps == 0 else f"after {steps} training steps")
         ax.set_xlabel("position t (loss read at the last position)")
         ax.grid(alpha=0.3, which="both")
         ax.legend()
+    if any(n <= FLOOR for group in groups for r in group for n in r.norms):
+        for ax in axes[0]:
+            _mark_floor(ax)
     axes[0][0].set_ylabel("‖∂L/∂h_t‖")
     if title:
         fig.suptitle(title)
     save_figure(fig, path)
+
+
+def _mark_floor(ax) -> None:
+    """A hatched band at the bottom of the panel up to just above :data:`FLOOR`, labelled as clamped zeros."""
+    ax.set_ylim(bottom=FLOOR / 100)
+    ax.axhspan(FLOOR / 100, FLOOR * 10, facecolor="none", edgecolor="0.6", hatch="///", lw=0, zorder=0)
+    ax.axhline(FLOOR, color="0.4", ls=":", lw=1)
+    ax.annotate(
+        "zero (clamped for the log scale)",
+        (0.5, FLOOR * 10),
+        xycoords=("axes fraction", "data"),
+        xytext=(0, 2),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=8,
+        color="0.25",
+        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
+    )

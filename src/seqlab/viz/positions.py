@@ -11,7 +11,10 @@ Four panels, all computed from seqlab's own layers (``seqlab.layers.positional``
    random vectors, against the offset m - n. It is the same at every absolute position (relative by
    construction) and its envelope decays with distance, the "long-term decay" of the paper's sec. 3.4.3.
 4. The 2-D sinusoidal code of a patch grid (ViT-style, half the channels for rows, half for columns): the
-   similarity of every patch to one chosen patch, which falls off with the 2-D distance.
+   dot product of every patch's code with the code of one chosen patch (marked +), which falls off with the
+   2-D distance between the two patches.
+
+The panels sit in a 2 x 2 grid (1210 x 990 pixels at the default size).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def plot_positions(
     base: float = 10000.0,
     grid: int = 14,
 ) -> Path:
-    """Write the four-panel figure to ``out`` (PNG); returns the path."""
+    """Write the four panels, 2 x 2, to ``out`` (PNG); returns the path."""
     if n_positions < 2 or d_model < 2 or d_model % 4 or grid < 2:
         raise ValueError(
             f"need n_positions >= 2, grid >= 2 and d_model a positive multiple of 4 (2-D codes split it in "
@@ -67,24 +70,31 @@ def plot_positions(
     centre = (grid // 2) * grid + grid // 3
     patch_sim = (codes @ codes[centre]).view(grid, grid)  # (grid, grid)
 
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 9))
+    axes = axes.flat
     im = axes[0].imshow(table.numpy(), aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
-    axes[0].set(title=f"sinusoidal table, d={d_model}", xlabel="channel", ylabel="position")
-    fig.colorbar(im, ax=axes[0], fraction=0.046)
+    axes[0].set(title=f"sinusoidal table P, d={d_model}", xlabel="channel (fast ← → slow)", ylabel="position")
+    fig.colorbar(im, ax=axes[0], fraction=0.046, label="P[position, channel]")
     im = axes[1].imshow(sim.numpy(), cmap="viridis")
-    axes[1].set(title="P Pᵀ: similarity depends on distance", xlabel="position", ylabel="position")
-    fig.colorbar(im, ax=axes[1], fraction=0.046)
+    axes[1].set(
+        title="P Pᵀ: dot product of two positions' codes\n(depends only on their distance)",
+        xlabel="position",
+        ylabel="position",
+    )
+    fig.colorbar(im, ax=axes[1], fraction=0.046, label="dot product")
     axes[2].plot(rope.numpy())
     axes[2].set(
-        title="RoPE: ⟨R_m q, R_n q⟩ against m − n",
-        xlabel="offset m − n (same at every absolute position)",
-        ylabel="score",
+        title="RoPE: score ⟨R_m q, R_n q⟩ against the offset m − n",
+        xlabel="offset m − n (the same at every absolute position)",
+        ylabel="score (1 at offset 0)",
     )
     axes[2].grid(alpha=0.3)
     im = axes[3].imshow(patch_sim.numpy(), cmap="viridis")
-    axes[3].plot(centre % grid, centre // grid, "r+", markersize=12)
+    axes[3].plot(centre % grid, centre // grid, "r+", markersize=14, mew=2)
     axes[3].set(
-        title=f"2-D sinusoidal, {grid}×{grid} patches: similarity to +", xlabel="column", ylabel="row"
+        title=f"2-D sinusoidal codes, {grid}×{grid} patches:\neach patch's code · the code of the patch marked +",
+        xlabel="patch column",
+        ylabel="patch row",
     )
-    fig.colorbar(im, ax=axes[3], fraction=0.046)
+    fig.colorbar(im, ax=axes[3], fraction=0.046, label="dot product (high: near the marked patch)")
     return save_figure(fig, out)
