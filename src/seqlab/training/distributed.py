@@ -99,6 +99,27 @@ def local_device(device: torch.device, world: World) -> torch.device:
     return device
 
 
+def cuda_precision(precision: str, device: torch.device) -> None:
+    """TF32 matmuls unless train.precision is 'fp32', and a report of the precision and of the SDPA backends
+    torch may choose on this GPU (flash, memory-efficient, cuDNN, math: it takes the first that fits)."""
+    tf32 = precision != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    b = torch.backends.cuda
+    backends = {
+        "flash": b.flash_sdp_enabled(),
+        "memory-efficient": b.mem_efficient_sdp_enabled(),
+        "cudnn": b.cudnn_sdp_enabled(),
+        "math": b.math_sdp_enabled(),
+    }
+    log.info(
+        "%s: %s, TF32 %s; SDPA backends enabled: %s",
+        torch.cuda.get_device_name(device),
+        "bf16 autocast" if tf32 else "fp32",
+        "on" if tf32 else "off",
+        ", ".join(k for k, on in backends.items() if on),
+    )
+
+
 def check_divisible(batch: dict[str, Tensor], world: World) -> None:
     """A ValueError before the first step when the world size does not divide the batch."""
     rows = _rows(batch)

@@ -313,8 +313,8 @@ class Trainer:
             if not resume:  # never append to an earlier run's metrics
                 run_files.set_aside(self.out_dir / "metrics.jsonl")
         distributed.barrier(self.world)
-        if self.device.type == "cuda" and self.config.precision != "fp32":  # TF32 matmuls (Ampere and later)
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        if self.device.type == "cuda":
+            distributed.cuda_precision(self.config.precision, self.device)
         if resume is not False:
             self.resume(None if resume is True else resume)
         if "tensorboard" in self.config.loggers and self.out_dir is not None and self.world.main:
