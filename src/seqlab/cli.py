@@ -53,6 +53,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from seqlab.training.checkpoint import load_model, load_tokenizer, resolve_checkpoint
 
     where = resolve_checkpoint(args.checkpoint)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: this machine has no CUDA device; use --device cpu or auto")
     device = torch.device(
         args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     )
@@ -151,12 +153,23 @@ def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="sample text from a trained language model")
     g.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
     g.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    g.add_argument("--max-new-tokens", type=non_negative_int, default=500)
+    g.add_argument(
+        "--max-new-tokens", type=non_negative_int, default=500, help="tokens to sample (default 500)"
+    )
     g.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy")
-    g.add_argument("--top-k", type=positive_int, default=None)
-    g.add_argument("--top-p", type=probability, default=None)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default="auto")
+    g.add_argument(
+        "--top-k", type=positive_int, default=None, help="sample only among the k most likely tokens"
+    )
+    g.add_argument(
+        "--top-p",
+        type=probability,
+        default=None,
+        help="nucleus sampling: only among the most likely tokens whose probabilities sum to p",
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampler (the same seed, the same text)")
+    g.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when available"
+    )
     g.set_defaults(func=_cmd_generate)
 
 
