@@ -48,10 +48,12 @@ CAPTIONS = {
     "alignment-": "Attention alignment of one translated sentence: bright cells are the source words read "
     "while writing each target word.",
     "attention-": "Where the captioner looks while writing each word of its caption.",
-    "caption-": "A held-out scene with the caption each model wrote for it.",
+    "caption-heldout": "A held-out scene with the caption each model wrote for it.",
+    "caption-clip": "One test clip: its frames, the true and the predicted caption, and the frames each word "
+    "attends to.",
     "frames-": "Per-frame predictions on one clip against the truth.",
 }
-"""What each plot of a compare folder shows, by file name, or by its start for names ending in '-'."""
+"""What each plot of a compare folder shows, by file name, or by the start of the name for keys without '.png'."""
 
 REPEAT_SUFFIXES = ("_rounds", "_samples", "_repeats", "_times")
 """A list of at least two numbers under a key with one of these endings is the repeats of one timing."""
@@ -168,7 +170,7 @@ def markdown_to_html(text: str) -> str:
 
 
 def _caption(name: str) -> str:
-    starts = [c for key, c in CAPTIONS.items() if key.endswith("-") and name.startswith(key)]
+    starts = [c for key, c in CAPTIONS.items() if not key.endswith(".png") and name.startswith(key)]
     return CAPTIONS.get(name) or (starts[0] if starts else name.removesuffix(".png").replace("-", " "))
 
 
@@ -225,10 +227,12 @@ def _timings(rows: list[dict[str, Any]], runs: dict[str, Any]) -> str:
         body = "".join(_spread_row(what, values) for what, values in found)
         return f"<div class='scroll'><table>{head}{body}</table></div>"
     metrics = {r.get("metric") for r in rows if isinstance(r, dict)}
-    what = " and ".join(name for metric, name in _TIMED.items() if metric in metrics) or "its timings"
+    what = " and ".join(name for metric, name in _TIMED.items() if metric in metrics)
+    what = (
+        f"{what} as one number each (a median taken during the run)" if what else "every timing as one number"
+    )
     return (
-        f"<p>The records of this folder hold {html.escape(what)} as one number each (a median taken during "
-        "the run, see the table's notes), not the repeats behind it, so no spread can be shown here.</p>"
+        f"<p>The records of this folder hold {what}, not the repeats behind it: no spread can be shown.</p>"
     )
 
 
