@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -46,8 +47,13 @@ def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    """``--nproc N``: the same command in N processes through torchrun's launcher (torch.distributed.run)."""
-    from torch.distributed.run import main as torchrun
+    """``--nproc N``: the same command in N processes through torchrun's launcher (torch.distributed.run).
+
+    torchrun runs in a session of its own, so a Ctrl-C reaches this process only, which hands it to the
+    training processes (not to torchrun, which would kill them): they finish the step, save, and stop together.
+    """
+    import signal
+    import subprocess
 
     argv = [a for a in args.argv if a != f"--nproc={args.nproc}"]
     if "--nproc" in argv:
@@ -55,20 +61,41 @@ def _launch(args: argparse.Namespace) -> int:
         del argv[i : i + 2]
     cmd = ["--nproc_per_node", str(args.nproc), "-m", "seqlab", *argv]
     print(f"torchrun {' '.join(cmd)}", flush=True)
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *cmd], start_new_session=True)
+    interrupted = False
+    while True:
+        try:
+            status = proc.wait()
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+            for pid in _children(proc.pid):
+                os.kill(pid, signal.SIGINT)
+    if interrupted:
+        print("stopped by Ctrl-C; continue with the same command and --resume", file=sys.stderr)
+        return 130
+    if status:
+        print(
+            f"error: a training process failed (its error is above); torchrun exited {status}",
+            file=sys.stderr,
+        )
+    return 1 if status else 0
 
-    try:
-        torchrun(cmd)
-    except ChildFailedError as e:  # the failing rank printed its own error line above
-        ranks = ", ".join(str(f.local_rank) for f in e.failures.values())
-        print(f"error: rank {ranks} of {args.nproc} failed (its error is above)", file=sys.stderr)
-        return 1
-    return 0
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    import os
-
     if args.nproc is not None and "WORLD_SIZE" not in os.environ:
         return _launch(args)
     if args.device is not None:
@@ -126,6 +153,8 @@ def _train(args: argparse.Namespace, main: bool) -> int:
             json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}),
             flush=True,
         )
+    if summary.get("interrupted") and "TORCHELASTIC_RUN_ID" in os.environ:
+        return 0  # a saved stop, not a failure for torchrun to report: `--nproc` says it was interrupted
     return 130 if summary.get("interrupted") else 0  # 128 + SIGINT, as a shell reports an interrupted command
 
 

@@ -206,3 +206,36 @@ def test_device_and_precision_errors(text_file, tmp_path, capsys):
 def test_cuda_autocast_is_bf16():
     assert TrainConfig(device="cuda").autocast_dtype() == torch.bfloat16
     assert TrainConfig(device="cuda", precision="fp32").autocast_dtype() is None
+
+
+def test_ctrl_c_under_nproc_saves_and_says_how_to_resume(text_file, tmp_path):
+    """Ctrl-C reaches `seqlab train --nproc 2`, which hands it to the training processes (not to torchrun):
+    they finish the step, save, and stop together; the run then resumes."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    args = [
+        *_args(text_file, "test-lstm-lm", 100_000, "--train.save_every=0"),
+        "--out",
+        str(out),
+        "--nproc",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqlab", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+    )
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    assert proc.returncode == 130, err[-3000:]
+    assert "continue with the same command and --resume" in err
+    assert (out / "latest").is_file()
