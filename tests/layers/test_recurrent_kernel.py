@@ -32,10 +32,10 @@ needs_compiler = pytest.mark.skipif(
 )
 
 
-def make_pair(kind: str, **kw) -> tuple[nn.Module, nn.Module]:
+def make_pair(kind: str, hidden_size: int = H, **kw) -> tuple[nn.Module, nn.Module]:
     ours_cls, theirs_cls, extra = KINDS[kind]
-    theirs = theirs_cls(IN, H, batch_first=True, dtype=torch.float64, **extra, **kw)
-    ours = ours_cls(IN, H, dtype=torch.float64, **extra, **kw)
+    theirs = theirs_cls(IN, hidden_size, batch_first=True, dtype=torch.float64, **extra, **kw)
+    ours = ours_cls(IN, hidden_size, dtype=torch.float64, **extra, **kw)
     ours.load_state_dict(theirs.state_dict())
     return ours, theirs
 
@@ -99,11 +99,12 @@ def test_kernel_matches_torch_nn_in_float64(
 
 @needs_compiler
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_kernel_matches_torch_nn_in_float32_time_major(kind, count_kernel_calls):
-    ours, theirs = make_pair(kind, num_layers=2)
+@pytest.mark.parametrize("hidden_size", [H, 37])  # 37: the vectorized gate loops and their scalar tails
+def test_kernel_matches_torch_nn_in_float32_time_major(kind, hidden_size, count_kernel_calls):
+    ours, theirs = make_pair(kind, hidden_size, num_layers=2)
     ours, theirs = ours.float(), theirs.float()
     ours.batch_first = theirs.batch_first = False
-    x, h0 = torch.randn(7, 3, IN), torch.randn(2, 3, H)  # (t, b, in)
+    x, h0 = torch.randn(7, 3, IN), torch.randn(2, 3, hidden_size)  # (t, b, in)
     assert_same(outputs_and_grads(ours, x, h0), outputs_and_grads(theirs, x, h0), atol=1e-5, rtol=1e-4)
     assert count_kernel_calls
 

@@ -166,6 +166,9 @@ def recurrent_layer(
 
     ``mode`` is the layer's ('RNN_TANH', 'RNN_RELU' or 'GRU'); the weights are torch.nn's, (G, in) and (G, H),
     the biases (G,) or both None. ``reverse`` runs the recurrence from the last step to the first (the
-    backward direction of a bidirectional layer). Needs ``load_recurrent_kernel()`` to have succeeded.
+    backward direction of a bidirectional layer). First-order gradients only (no ``create_graph`` double
+    backward, which torch.nn's kernels allow: ``fast_path=False`` gives it).
     """
+    if load_recurrent_kernel() is None:
+        raise RuntimeError(f"seqlab's recurrent kernel is not available: {build_info()['error']}")
     return _RecurrentLayer.apply(x, h0, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)

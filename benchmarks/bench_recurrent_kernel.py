@@ -1,0 +1,174 @@
+"""Time seqlab's fused CPU recurrent kernel against torch.nn's GRU and RNN: forward + backward, one process.
+
+Two contenders per (layer, sequence length), holding the same weights and the same input:
+
+* ``torch.nn``: ``nn.GRU`` / ``nn.RNN`` (tanh), ``batch_first=True``: on CPU, ATen's per-step cell loop;
+* ``seqlab kernel``: seqlab's ``GRU`` / ``RNN`` on its fast path, which on CPU is ``seqlab.kernels.recurrent``.
+
+Within each repeat the contenders run back to back, the one going first alternating from repeat to repeat,
+so a slow phase of the shared machine hits both alike; the table gives the median over repeats with the
+interquartile range, and the speed-up as the ratio of the medians. The thread count is torch's default.
+
+    python benchmarks/bench_recurrent_kernel.py --cold-build      # the committed table: a real first build
+    python benchmarks/bench_recurrent_kernel.py --quick           # smoke run, writes no file
+
+The compile cost is measured in this process: with ``--cold-build`` the kernel is built into an empty
+temporary folder (what a first use costs), otherwise it comes from the cache if it is there.
+The table goes to ``benchmarks/results/recurrent-kernel-<cpu>-torch<version>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from seqlab.kernels.recurrent import build_info, load_recurrent_kernel
+from seqlab.lab.report import cpu_name, hardware_slug
+from seqlab.layers import GRU, RNN
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LAYERS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {"GRU": (nn.GRU, GRU), "RNN": (nn.RNN, RNN)}
+NAMES = ("torch.nn", "seqlab kernel")
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+def make_step(layer: nn.Module, x: torch.Tensor, grad_out: torch.Tensor) -> Callable[[], None]:
+    """One forward + backward through ``layer``; gradients are dropped (set to None) before each."""
+
+    def step() -> None:
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        out, _ = layer(x)
+        out.backward(grad_out)
+
+    return step
+
+
+def time_pair(steps: dict[str, Callable[[], None]], repeats: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per call of each step, ``repeats`` times; the contender going first alternates."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(repeats):
+        for name in list(steps)[:: 1 if r % 2 == 0 else -1]:
+            start = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def bench(kind: str, t: int, args: argparse.Namespace) -> dict[str, list[float]]:
+    torch.manual_seed(0)
+    theirs_cls, ours_cls = LAYERS[kind]
+    theirs = theirs_cls(args.input_size, args.hidden_size, batch_first=True)
+    ours = ours_cls(args.input_size, args.hidden_size)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(args.batch, t, args.input_size, requires_grad=True)
+    if (reason := ours.why_not_kernel(x)) is not None:
+        raise SystemExit(f"seqlab's kernel would not run: {reason}")
+    grad_out = torch.randn(args.batch, t, args.hidden_size)
+    steps = dict(zip(NAMES, (make_step(theirs, x, grad_out), make_step(ours, x, grad_out)), strict=True))
+    return time_pair(steps, args.repeats, args.warmup)
+
+
+def summary(ts: list[float]) -> str:
+    q1, median, q3 = statistics.quantiles(ts, n=4, method="inclusive")
+    return f"{median * 1e3:.1f} [{q1 * 1e3:.1f}, {q3 * 1e3:.1f}]"
+
+
+def table(rows: list[tuple[str, int, int, dict[str, list[float]]]]) -> str:
+    lines = [
+        "| layer | t | threads | torch.nn (ms) | seqlab kernel (ms) | speed-up (torch.nn / kernel) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for kind, t, threads, m in rows:
+        ratio = statistics.median(m["torch.nn"]) / statistics.median(m["seqlab kernel"])
+        ours = summary(m["seqlab kernel"])
+        lines.append(f"| {kind} | {t} | {threads} | {summary(m['torch.nn'])} | {ours} | {ratio:.2f}x |")
+    return "\n".join(lines)
+
+
+def load_kernel(cold: bool) -> dict:
+    """Build or load the kernel now (not inside the first timed call) and return what that cost."""
+    if cold:
+        os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="seqlab-kernel-")
+    if load_recurrent_kernel() is None:
+        raise SystemExit(f"seqlab's recurrent kernel could not be built: {build_info()}")
+    return build_info()
+
+
+def header(args: argparse.Namespace, build: dict, loads: tuple[float, float]) -> list[str]:
+    how = "cached load (no compile)" if build["cached"] else "first build, compile and link"
+    command = "python benchmarks/bench_recurrent_kernel.py" + (" --cold-build" if args.cold_build else "")
+    command += f" --repeats {args.repeats} --lengths " + " ".join(map(str, args.lengths))
+    command += " --threads " + " ".join(map(str, args.threads))
+    return [
+        "# seqlab's fused recurrent kernel vs torch.nn, forward + backward (CPU)",
+        "",
+        f"- hardware: {cpu_name()}, {os.cpu_count()} cores; intra-op threads as in the table (torch's default "
+        f"is {DEFAULT_THREADS})",
+        f"- torch {torch.__version__}, Python {platform.python_version()}, {platform.system()}",
+        f"- date: {dt.date.today().isoformat()}; 1-minute load average before / after: "
+        f"{loads[0]:.2f} / {loads[1]:.2f} (the machine is shared)",
+        f"- compile cost: {build['seconds']:.1f} s ({how}), paid once per machine; later processes load the "
+        "cached library",
+        f"- batch {args.batch}, input_size {args.input_size}, hidden_size {args.hidden_size}, one layer, "
+        f"unidirectional, float32, batch_first; median [first quartile, third quartile] of {args.repeats} "
+        f"repeats after {args.warmup} warmup calls, contenders alternating within each repeat",
+        f"- `{command}`",
+        "- target: seqlab kernel >= 1.5x faster than torch.nn",
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=11, help="timed repeats per contender (at least 7)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per contender before timing")
+    p.add_argument("--lengths", type=int, nargs="+", default=[100, 400], help="sequence lengths t")
+    p.add_argument("--layers", nargs="+", default=list(LAYERS), choices=list(LAYERS))
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--input-size", type=int, default=128)
+    p.add_argument("--hidden-size", type=int, default=256)
+    p.add_argument("--threads", type=int, nargs="+", default=[DEFAULT_THREADS], help="intra-op thread counts")
+    p.add_argument("--cold-build", action="store_true", help="build the kernel afresh in a temporary folder")
+    p.add_argument("--quick", action="store_true", help="smoke run: t=20, 3 repeats; writes no file")
+    p.add_argument("--out", type=Path, default=None, help="where to write the table (default: results/)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.lengths, args.repeats, args.warmup = [20], 3, 1
+
+    load_before = os.getloadavg()[0]
+    build = load_kernel(args.cold_build)
+    rows = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for kind in args.layers:
+            for t in args.lengths:
+                m = bench(kind, t, args)
+                rows.append((kind, t, threads, m))
+                times = "  ".join(f"{k} {summary(v)} ms" for k, v in m.items())
+                print(f"{kind:4s} t={t:4d} threads={threads}  {times}", flush=True)
+    text = "\n".join(header(args, build, (load_before, os.getloadavg()[0]))) + "\n" + table(rows) + "\n"
+    print()
+    print(text)
+    if not args.quick:
+        version = torch.__version__.split("+")[0]
+        out = args.out or RESULTS / f"recurrent-kernel-{hardware_slug(cpu_name())}-torch{version}.md"
+        out.write_text(text)
+        print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
