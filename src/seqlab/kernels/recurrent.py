@@ -100,9 +100,8 @@ def load_recurrent_kernel() -> ModuleType | None:
         if "module" not in _loaded:
             try:
                 module, info = _compile()
-            except (
-                Exception
-            ) as e:  # no compiler, no ninja, a compile error: all mean "use torch.nn's kernels"
+            # no compiler, no ninja, a compile error, a broken cache: each means "use torch.nn's kernels"
+            except Exception as e:
                 module, info = None, {"error": _first_error(e)}
                 warnings.warn(
                     f"seqlab's fused recurrent kernel could not be built ({info['error']}); GRU and RNN use "
