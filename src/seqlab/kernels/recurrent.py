@@ -8,6 +8,7 @@ Everything here is time-major: x (t, b, in), out (t, b, H); the equations, param
               per step: W_hh h_{s-1} (+ b_hh) as one matmul, then one fused loop over the gates -> h_s
     backward  per step, in reverse: one fused loop for the gate gradients, one matmul for dL/dh_{s-1};
               then dW_ih, dW_hh, the biases and dx as one matmul (or sum) each over all steps
+              (dW_hh: over every step but the one that read h0, plus that step's small product)
 
 The C++ is compiled on first use with ``torch.utils.cpp_extension.load`` (g++ and ninja; about 30 s on 2
 cores) and cached across processes in ``$TORCH_EXTENSIONS_DIR/seqlab``, else ``$XDG_CACHE_HOME/seqlab/kernels``
