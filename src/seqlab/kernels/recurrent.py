@@ -10,7 +10,7 @@ Everything here is time-major: x (t, b, in), out (t, b, H); the equations, param
               then dW_ih, dW_hh, the biases and dx as one matmul (or sum) each over all steps
               (dW_hh: over every step but the one that read h0, plus that step's small product)
 
-The C++ is compiled on first use with ``torch.utils.cpp_extension.load`` (g++ and ninja; about 30 s on 2
+The C++ is compiled on first use with ``torch.utils.cpp_extension.load`` (g++ and ninja; 30 to 50 s on 2
 cores) and cached across processes in ``$TORCH_EXTENSIONS_DIR/seqlab``, else ``$XDG_CACHE_HOME/seqlab/kernels``
 (``~/.cache/seqlab/kernels``), in a folder named after the instruction set and a hash of the source and flags,
 so an edited source builds afresh. ``build_info()`` says how long the build (or the cached load) took. When
