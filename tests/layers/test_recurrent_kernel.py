@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from seqlab.kernels import recurrent as kernel_module
-from seqlab.kernels.recurrent import load_recurrent_kernel, recurrent_layer
+from seqlab.kernels.recurrent import load_recurrent_kernel, recurrent_layer, recurrent_layer_ref
 from seqlab.layers import GRU, LSTM, RNN, recurrent_base
 
 IN, H = 3, 4
@@ -124,6 +124,25 @@ def test_gradcheck(mode, reverse, bias):
     biases = (arg(g * H), arg(g * H)) if bias else (None, None)
     args = (arg(t, b, IN), arg(b, H), arg(g * H, IN), arg(g * H, H), *biases)
     assert torch.autograd.gradcheck(lambda *a: recurrent_layer(*a, mode, reverse), args)
+
+
+@needs_compiler
+@pytest.mark.parametrize("mode", ["GRU", "RNN_TANH", "RNN_RELU"])
+@pytest.mark.parametrize(
+    ("dtype", "hidden_size", "tol"), [(torch.float64, 5, 1e-10), (torch.float32, 40, 1e-5)]
+)
+def test_kernel_matches_its_ref(mode, dtype, hidden_size, tol):
+    g = 3 if mode == "GRU" else 1
+    t, b = 6, 3
+    torch.manual_seed(0)
+    args = [torch.randn(t, b, IN), torch.randn(b, hidden_size), torch.randn(g * hidden_size, IN) / 2]
+    args += [torch.randn(g * hidden_size, hidden_size) / hidden_size**0.5, torch.randn(g * hidden_size)]
+    args = [a.to(dtype).requires_grad_() for a in (*args, torch.randn(g * hidden_size))]
+    for reverse in (False, True):
+        got, want = recurrent_layer(*args, mode, reverse), recurrent_layer_ref(*args, mode, reverse)
+        grads = [torch.autograd.grad(out[0].sum() + out[1].square().sum(), args) for out in (got, want)]
+        for mine, ref in zip([*got, *grads[0]], [*want, *grads[1]], strict=True):
+            torch.testing.assert_close(mine, ref, atol=tol, rtol=tol)
 
 
 @needs_compiler

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["MODES", "build_info", "load_recurrent_kernel", "recurrent_layer"]
+__all__ = ["MODES", "build_info", "load_recurrent_kernel", "recurrent_layer", "recurrent_layer_ref"]
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +172,28 @@ def recurrent_layer(
     if load_recurrent_kernel() is None:
         raise RuntimeError(f"seqlab's recurrent kernel is not available: {build_info()['error']}")
     return _RecurrentLayer.apply(x, h0, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)
+
+
+def recurrent_layer_ref(
+    x: Tensor,
+    h0: Tensor,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Tensor | None,
+    b_hh: Tensor | None,
+    mode: str,
+    reverse: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """``recurrent_layer`` in plain PyTorch (a loop over time, autograd for the backward), for tests."""
+    gx = torch.nn.functional.linear(x, w_ih, b_ih)  # (t, b, in) x (in, G) -> (t, b, G)
+    h, outs = h0, [None] * x.size(0)
+    for s in range(x.size(0) - 1, -1, -1) if reverse else range(x.size(0)):
+        gh = torch.nn.functional.linear(h, w_hh, b_hh)  # (b, H) x (H, G) -> (b, G)
+        if mode == "GRU":
+            (x_r, x_z, x_n), (h_r, h_z, h_n) = gx[s].chunk(3, 1), gh.chunk(3, 1)
+            r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+            h = torch.lerp(torch.tanh(x_n + r * h_n), h, z)  # (1 - z) ⊙ n + z ⊙ h
+        else:
+            h = torch.relu(gx[s] + gh) if mode == "RNN_RELU" else torch.tanh(gx[s] + gh)
+        outs[s] = h
+    return torch.stack(outs), h
