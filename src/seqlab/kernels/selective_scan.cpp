@@ -15,8 +15,7 @@
 // the chunks last to first, recomputes a chunk's states and Ā from its saved state, then runs the adjoint
 // recurrence backwards through it (the derivation: docs/scan.md). Memory is never O(b·t·d·n).
 //
-// exp, softplus and sigmoid are written out below as branch-free polynomials so that the vector loops
-// vectorize without -ffast-math; they are accurate to a few ulps in float and in double.
+// exp, softplus and sigmoid come from vec_math.h: branch-free polynomials, so that the vector loops vectorize.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -24,6 +23,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
+
+#include "vec_math.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -35,91 +36,7 @@ namespace {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
-
-// ---------------------------------------------------------------------------------------------------------------
-// Vectorizable elementary functions
-// ---------------------------------------------------------------------------------------------------------------
-
-template <typename T>
-struct Num;
-template <>
-struct Num<float> {
-  using U = uint32_t;
-  static constexpr float lo = -87.33f, hi = 88.0f;  // exp's range: 2^round(x / ln 2) stays a normal float
-  static constexpr float log2e = 1.44269504f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-  static constexpr float round = 12582912.0f;  // 1.5·2^23: (x + round) - round rounds x to an integer
-  static constexpr U round_bits = 0x4B400000u, bias = 127;
-  static constexpr int mantissa = 23, exp_degree = 7, log_terms = 8;
-};
-template <>
-struct Num<double> {
-  using U = uint64_t;
-  static constexpr double lo = -708.39, hi = 709.0;
-  static constexpr double log2e = 1.4426950408889634, ln2_hi = 6.93145751953125e-1;
-  static constexpr double ln2_lo = 1.42860682030941723212e-6, round = 6755399441055744.0;  // 1.5·2^52
-  static constexpr U round_bits = 0x4338000000000000ull, bias = 1023;
-  static constexpr int mantissa = 52, exp_degree = 13, log_terms = 17;
-};
-
-// exp's Taylor series by Horner, 1 + r(1 + r/2(1 + r/3(… (1 + r/N)))), unrolled at compile time so that the
-// vector loops that call it stay free of inner loops
-template <typename T, int K, int N>
-inline T exp_series(T r) {
-  if constexpr (K > N) {
-    return T(1);
-  } else {
-    constexpr T inv = T(1) / T(K);
-    return T(1) + r * inv * exp_series<T, K + 1, N>(r);
-  }
-}
-
-// Σ_{k ≥ K} s2^(k - K) / (2k + 1), the series of atanh(s) / s in s2 = s², unrolled likewise
-template <typename T, int K, int N>
-inline T atanh_series(T s2) {
-  constexpr T inv = T(1) / T(2 * K + 1);
-  if constexpr (K + 1 >= N) {
-    return inv;
-  } else {
-    return inv + s2 * atanh_series<T, K + 1, N>(s2);
-  }
-}
-
-// exp(x) = 2^m · exp(r), m = round(x / ln 2), r = x - m ln 2 ∈ [-ln 2/2, ln 2/2]; exp(r) by its Taylor series
-// (degree 7 in float, 13 in double: truncation below half an ulp); 2^m built in the exponent bits. x is
-// clamped to the range where 2^m is a normal number (e^-87.3 ≈ 1e-38 stands for 0).
-template <typename T>
-inline T exp_(T x) {
-  using K = Num<T>;
-  x = x < K::lo ? K::lo : x;  // (not std::min/max: their by-reference constants defeat the vectorizer)
-  x = x > K::hi ? K::hi : x;
-  const T v = x * K::log2e + K::round;  // round's low mantissa bits now hold m
-  const T m = v - K::round;
-  const T r = (x - m * K::ln2_hi) - m * K::ln2_lo;
-  const T p = exp_series<T, 1, K::exp_degree>(r);
-  using U = typename K::U;
-  const U bits = (__builtin_bit_cast(U, v) - K::round_bits + K::bias) << K::mantissa;  // the bits of 2^m
-  return p * __builtin_bit_cast(T, bits);
-}
-
-// log(1 + e) for e ∈ [0, 1] = 2 atanh(s) = 2 Σ_k s^(2k+1) / (2k+1), s = e / (2 + e) ≤ 1/3
-template <typename T>
-inline T log1p_unit(T e) {
-  const T s = e / (2 + e);
-  return 2 * s * atanh_series<T, 0, Num<T>::log_terms>(s * s);
-}
-
-// softplus(x) = log(1 + e^x) = max(x, 0) + log(1 + e^-|x|). torch returns x itself past 20; this differs from
-// that by log(1 + e^-x) < 2.1e-9 there, which is below float's resolution and what lets the loop vectorize.
-template <typename T>
-inline T softplus_(T x) {
-  const T ax = x < 0 ? -x : x;
-  return (x > 0 ? x : T(0)) + log1p_unit(exp_(-ax));
-}
-
-template <typename T>
-inline T sigmoid_(T x) {
-  return T(1) / (T(1) + exp_(-x));
-}
+using seqlab_vec::exp_, seqlab_vec::sigmoid_, seqlab_vec::softplus_;
 
 // ---------------------------------------------------------------------------------------------------------------
 // One call's inputs and one task's channel block
@@ -271,16 +188,17 @@ template <typename T>
 struct Grads {  // incoming gradients and the outputs of the backward
   const T *dy, *dh_last, *bounds;  // dh_last null: no gradient reaches the last state
   T *du, *ddelta, *dz, *dh0;       // dz null when there is no gate
-  T *dB_part, *dC_part;            // (⌈d / W⌉, b, t, n): each channel block's share of the sums over d
+  T *dB_part, *dC_part;            // (threads, b, t, n), zeroed: each thread's share of the sums over d
   T *dA_part, *dD_part, *dbias_part;  // (b, n, d), (b, d), (b, d): each batch row's share of the sums over b, t
 };
 
 template <typename T, int W>
 struct Work {  // one thread's buffers: a chunk's states H, Ā, Δ and y + D u, and a task's running sums
+  int64_t slot;                            // the thread's slice of dB_part and dC_part
   std::vector<T> H, Ab, DT, Y, h0, g, dA;  // g: Ā_{i+1} ⊙ G_{i+1}, the adjoint carried to position i
   T dD[W], dbias[W];
-  explicit Work(const Scan<T>& s)
-      : H(s.L * s.n * W), Ab(s.L * s.n * W), DT(s.L * W), Y(s.L * W), h0(s.n * W), g(s.n * W), dA(s.n * W) {}
+  Work(const Scan<T>& s, int64_t slot)
+      : slot(slot), H(s.L * s.n * W), Ab(s.L * s.n * W), DT(s.L * W), Y(s.L * W), h0(s.n * W), g(s.n * W), dA(s.n * W) {}
 };
 
 // The chunk's positions again from the state that entered it: H_i, Ā_i, Δ_i and y_i + D u_i
@@ -354,7 +272,7 @@ inline void adjoint_position(const Scan<T>& s, const T* At, const Position<T>& p
       dAk[c] += dl * p.dt[c];
       gk[c] = ak[c] * G;
     }
-    dCrow[k] = sC, dBrow[k] = sB;
+    dCrow[k] += sC, dBrow[k] += sB;
   }
 }
 
@@ -378,14 +296,15 @@ inline void input_grads(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& 
   std::copy(ddt, ddt + k.m, g.ddelta + k.row(s, i));
 }
 
-// One chunk backwards, last position first; w.g enters as ∂L/∂h after the chunk and leaves as ∂L/∂h before it
+// One chunk backwards, last position first; w.g enters as ∂L/∂h after the chunk and leaves as ∂L/∂h before it.
+// ∂L/∂B and ∂L/∂C add into the calling thread's slice of dB_part and dC_part.
 template <typename T, int W>
 void backward_chunk(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& k, int64_t chunk, Work<T, W>& w) {
   recompute_chunk(s, k, g.bounds, chunk, w);
   const int64_t s0 = chunk * s.L, e = std::min(s0 + s.L, s.t), nW = s.n * W;
   T uv[W], gy[W], gb[W], ddt[W];
   for (int64_t i = e - 1; i >= s0; --i) {
-    const int64_t l = i - s0, bt = k.bt(s, i), part = k.j * s.b * s.t * s.n + bt;
+    const int64_t l = i - s0, bt = k.bt(s, i), part = w.slot * s.b * s.t * s.n + bt;
     load_row<T, W>(s.u + k.row(s, i), k.m, uv);
     gate_backward(s, g, k, i, w.Y.data() + l * W, uv, gy, w);
     const T* hprev = l ? w.H.data() + (l - 1) * nW : w.h0.data();
@@ -485,7 +404,7 @@ std::vector<Tensor> scan_bwd(const Tensor& u, const Tensor& delta, const Tensor&
                              const OptTensor& D, const OptTensor& z, const OptTensor& bias, const Tensor& bounds,
                              const Tensor& dy, const OptTensor& dh_last, bool softplus, int64_t chunk) {
   check_inputs(u, delta, A, B, C, D, z, bias, chunk);
-  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = A.size(1), W = u.element_size() == 4 ? 16 : 8;
+  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = A.size(1), threads = at::get_num_threads();
   check(bounds, u, {b, (t + chunk - 1) / chunk, n, d}, "bounds");
   check(dy, u, {b, t, d}, "dy");
   check_optional(dh_last, u, {b, d, n}, "dh_last");
@@ -493,17 +412,18 @@ std::vector<Tensor> scan_bwd(const Tensor& u, const Tensor& delta, const Tensor&
   Tensor du = at::empty({b, t, d}, o), ddelta = at::empty({b, t, d}, o), dh0 = at::empty({b, d, n}, o);
   const bool gated = z && z->defined();
   Tensor dz = at::empty({gated ? b : 0, t, d}, o), dA = at::empty({b, n, d}, o), dD = at::empty({b, d}, o);
-  Tensor dbias = at::empty({b, d}, o), dB = at::empty({(d + W - 1) / W, b, t, n}, o), dC = at::empty(dB.sizes(), o);
+  Tensor dbias = at::empty({b, d}, o), dB = at::zeros({threads, b, t, n}, o), dC = at::zeros({threads, b, t, n}, o);
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "seqlab_scan_bwd", [&] {
-    constexpr int Wt = kWidth<scalar_t>;
-    TORCH_CHECK(Wt == W, "channel block width mismatch");
+    constexpr int W = kWidth<scalar_t>;
     const Scan<scalar_t> s = make_scan<scalar_t>(u, delta, A, B, C, D, z, bias, softplus, chunk);
     auto p = [](Tensor& x) { return x.numel() ? x.data_ptr<scalar_t>() : nullptr; };
     const Grads<scalar_t> g{dy.data_ptr<scalar_t>(), ptr<scalar_t>(dh_last), bounds.data_ptr<scalar_t>(),
                             p(du), p(ddelta), p(dz), p(dh0), p(dB), p(dC), p(dA), p(dD), p(dbias)};
-    at::parallel_for(0, tasks(u, Wt), 1, [&](int64_t lo, int64_t hi) {
-      Work<scalar_t, Wt> w(s);
-      for (int64_t task = lo; task < hi; ++task) backward_task<scalar_t, Wt>(s, g, task, w);
+    at::parallel_for(0, tasks(u, W), 1, [&](int64_t lo, int64_t hi) {
+      const int64_t slot = at::get_thread_num();
+      TORCH_CHECK(slot < threads, "thread ", slot, " of ", threads, ": called inside another parallel region?");
+      Work<scalar_t, W> w(s, slot);
+      for (int64_t task = lo; task < hi; ++task) backward_task<scalar_t, W>(s, g, task, w);
     });
   });
   return {du, ddelta, dA.sum(0).t().contiguous(), dB.sum(0), dC.sum(0), dD.sum(0), dz, dbias.sum(0), dh0};

@@ -1,0 +1,94 @@
+// Vectorizable elementary functions for seqlab's CPU kernels: exp, log(1 + e) on [0, 1], softplus, sigmoid.
+//
+// Branch-free polynomials, inlined, so that `#pragma omp simd` loops that call them vectorize without
+// -ffast-math (libm's exp is a call the vectorizer cannot widen). Accurate to a few ulps in float and double.
+
+#pragma once
+
+#include <cstdint>
+
+namespace seqlab_vec {
+
+
+template <typename T>
+struct Num;
+template <>
+struct Num<float> {
+  using U = uint32_t;
+  static constexpr float lo = -87.33f, hi = 88.0f;  // exp's range: 2^round(x / ln 2) stays a normal float
+  static constexpr float log2e = 1.44269504f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+  static constexpr float round = 12582912.0f;  // 1.5·2^23: (x + round) - round rounds x to an integer
+  static constexpr U round_bits = 0x4B400000u, bias = 127;
+  static constexpr int mantissa = 23, exp_degree = 7, log_terms = 8;
+};
+template <>
+struct Num<double> {
+  using U = uint64_t;
+  static constexpr double lo = -708.39, hi = 709.0;
+  static constexpr double log2e = 1.4426950408889634, ln2_hi = 6.93145751953125e-1;
+  static constexpr double ln2_lo = 1.42860682030941723212e-6, round = 6755399441055744.0;  // 1.5·2^52
+  static constexpr U round_bits = 0x4338000000000000ull, bias = 1023;
+  static constexpr int mantissa = 52, exp_degree = 13, log_terms = 17;
+};
+
+// exp's Taylor series by Horner, 1 + r(1 + r/2(1 + r/3(… (1 + r/N)))), unrolled at compile time so that the
+// vector loops that call it stay free of inner loops
+template <typename T, int K, int N>
+inline T exp_series(T r) {
+  if constexpr (K > N) {
+    return T(1);
+  } else {
+    constexpr T inv = T(1) / T(K);
+    return T(1) + r * inv * exp_series<T, K + 1, N>(r);
+  }
+}
+
+// Σ_{k ≥ K} s2^(k - K) / (2k + 1), the series of atanh(s) / s in s2 = s², unrolled likewise
+template <typename T, int K, int N>
+inline T atanh_series(T s2) {
+  constexpr T inv = T(1) / T(2 * K + 1);
+  if constexpr (K + 1 >= N) {
+    return inv;
+  } else {
+    return inv + s2 * atanh_series<T, K + 1, N>(s2);
+  }
+}
+
+// exp(x) = 2^m · exp(r), m = round(x / ln 2), r = x - m ln 2 ∈ [-ln 2/2, ln 2/2]; exp(r) by its Taylor series
+// (degree 7 in float, 13 in double: truncation below half an ulp); 2^m built in the exponent bits. x is
+// clamped to the range where 2^m is a normal number (e^-87.3 ≈ 1e-38 stands for 0).
+template <typename T>
+inline T exp_(T x) {
+  using K = Num<T>;
+  x = x < K::lo ? K::lo : x;  // (not std::min/max: their by-reference constants defeat the vectorizer)
+  x = x > K::hi ? K::hi : x;
+  const T v = x * K::log2e + K::round;  // round's low mantissa bits now hold m
+  const T m = v - K::round;
+  const T r = (x - m * K::ln2_hi) - m * K::ln2_lo;
+  const T p = exp_series<T, 1, K::exp_degree>(r);
+  using U = typename K::U;
+  const U bits = (__builtin_bit_cast(U, v) - K::round_bits + K::bias) << K::mantissa;  // the bits of 2^m
+  return p * __builtin_bit_cast(T, bits);
+}
+
+// log(1 + e) for e ∈ [0, 1] = 2 atanh(s) = 2 Σ_k s^(2k+1) / (2k+1), s = e / (2 + e) ≤ 1/3
+template <typename T>
+inline T log1p_unit(T e) {
+  const T s = e / (2 + e);
+  return 2 * s * atanh_series<T, 0, Num<T>::log_terms>(s * s);
+}
+
+// softplus(x) = log(1 + e^x) = max(x, 0) + log(1 + e^-|x|). torch returns x itself past 20; this differs from
+// that by log(1 + e^-x) < 2.1e-9 there, which is below float's resolution and what lets the loop vectorize.
+template <typename T>
+inline T softplus_(T x) {
+  const T ax = x < 0 ? -x : x;
+  return (x > 0 ? x : T(0)) + log1p_unit(exp_(-ax));
+}
+
+template <typename T>
+inline T sigmoid_(T x) {
+  return T(1) / (T(1) + exp_(-x));
+}
+
+}  // namespace seqlab_vec
