@@ -132,8 +132,8 @@ class _RecurrentLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, mode: int, reverse: bool):
         kernel = load_recurrent_kernel()
-        x, h0 = x.contiguous(), h0.contiguous()
-        out, ws = kernel.forward(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse)  # (t, b, H), saved gates
+        h0 = h0.contiguous()
+        out, ws, x = kernel.forward(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse)  # (t, b, H), gates, x
         ctx.save_for_backward(x, h0, w_ih, w_hh, out, ws)
         ctx.mode, ctx.reverse, ctx.has_bias = mode, reverse, b_ih is not None
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: the kernel skips it
