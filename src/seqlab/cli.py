@@ -109,8 +109,10 @@ def _cmd_viz_gradients(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     import torch
 
+    from seqlab.commands_doctor import require, suite_needs
     from seqlab.lab import compare, default_jobs
 
+    require(suite_needs(args.suite, args.tasks), f"seqlab compare --suite {args.suite}")  # before any run
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.suite in ("translation", "captioning"):

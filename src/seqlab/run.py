@@ -179,6 +179,9 @@ def build_run(run: dict[str, Any]):
             f"model {name!r} is of family {family!r}; the task {task_name!r} trains models of family "
             f"{' or '.join(map(repr, families))}, e.g. {', '.join(fit)} (`seqlab list` shows them all)"
         )
+    from seqlab.commands_doctor import require, task_needs
+
+    require(task_needs(task_name, run.get("task") or {}), f"the task {task_name!r}")  # before building data
     task = build_task(run)
     config_cls = type(make_config(family, PRESETS[name][1]))
     fixed, mine = task.model_overrides(), coerce_fields(config_cls, model_fields)
