@@ -14,7 +14,6 @@ import argparse
 import logging
 import sys
 import traceback
-from pathlib import Path
 
 from seqlab.commands import (
     add_eval,
@@ -115,6 +114,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     require(suite_needs(args.suite, args.tasks), f"seqlab compare --suite {args.suite}")  # before any run
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.remeasure and args.suite not in ("quick", "full"):
+        raise ValueError(
+            f"--remeasure is for the quick and full suites; the {args.suite} suite has no systems rows"
+        )
     if args.suite in ("translation", "captioning"):
         return compare_minutes_command(args)
     if args.suite == "video":
@@ -129,14 +132,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(
             "--minutes sets the translation and captioning suites' training time; the other suites count steps"
         )
-    paths = compare(
-        args.out, args.suite, args.mixers, args.tasks, args.seed, jobs=args.jobs or default_jobs()
-    )
-    print(Path(paths["table"]).read_text(encoding="utf-8"))
-    print(
-        f"wrote {paths['results']}, {paths['table']} and {len(paths['plots'])} plots in "
-        f"{paths['minutes']:.1f} min"
-    )
+    remeasure = tuple(args.remeasure or ())
+    jobs = args.jobs or default_jobs()
+    paths = compare(args.out, args.suite, args.mixers, args.tasks, args.seed, jobs=jobs, remeasure=remeasure)
+    print("\n".join(paths["summary"]))
     return 0
 
 
@@ -175,17 +174,41 @@ def _add_generate(sub) -> None:
     g.set_defaults(func=_cmd_generate)
 
 
+def _compare_epilog() -> str:
+    """The suites, their tasks and the mixers, from the registries (``seqlab list`` reads the same ones)."""
+    import textwrap
+
+    from seqlab.lab.suite import OTHER_SUITES, SUITES
+    from seqlab.layers.mixer import list_mixers
+
+    def para(text: str) -> str:
+        return textwrap.fill(text, 100, subsequent_indent="    ")
+
+    lines = ["suites:"]
+    for name, suite in SUITES.items():
+        tasks = ", ".join(dict.fromkeys(e.task for e in suite.entries))
+        lines.append(para(f"  {name}: {len(suite.entries)} task settings of every mixer; tasks: {tasks}"))
+    lines += [para(f"  {name}: {about}") for name, about in OTHER_SUITES.items()]
+    lines += ["", para(f"mixers (--mixers): {', '.join(list_mixers())}")]
+    lines.append(
+        para("`seqlab list --mixers` describes each; a second run in the same --out reuses finished runs.")
+    )
+    return "\n".join(lines)
+
+
 def _add_compare(sub) -> None:
-    c = sub.add_parser("compare", help="the lab: RNN vs Transformer vs SSM, measured on this machine")
+    from seqlab.lab.suite import suite_names
+
+    c = sub.add_parser(
+        "compare",
+        help="the lab: RNN vs Transformer vs SSM, measured on this machine",
+        description="Train every mixer on every task of a suite, measure speed and memory, write the table\n"
+        "and plots. The first line says what will run and how long it should take on this machine.",
+        epilog=_compare_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument(
-        "--suite",
-        default="quick",
-        help="quick (7-15 min on 2 cores with --jobs 2), full (40-60 min with --jobs 2), translation "
-        "(four encoder-decoders on the Bible pairs, --minutes each; 2 at a time by default) or captioning "
-        "(Show and Tell, Show-Attend-Tell and ViT + Transformer on generated scenes, --minutes each) or video "
-        "(every mixer on actions, frame events, captions and long-range actions; 15-30 min) or timeseries (every "
-        "mixer against the naive, seasonal-naive and linear forecasts on sunspots, co2, sf_temps; --tasks picks "
-        "data sets; 6-8 min) or speech (every mixer on spoken keywords and CTC digit strings; ~45 min)",
+        "--suite", default="quick", help=f"one of {', '.join(suite_names())}, described below (default quick)"
     )
     c.add_argument(
         "--minutes",
@@ -195,10 +218,10 @@ def _add_compare(sub) -> None:
     )
     c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
     c.add_argument(
-        "--mixers", type=names, help="comma-separated subset of `seqlab list --mixers` (default: all)"
+        "--mixers", type=names, help="comma-separated subset of the mixers listed below (default: all)"
     )
-    c.add_argument("--tasks", type=names, help="comma-separated subset of the suite's tasks")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--tasks", type=names, help="comma-separated subset of the suite's tasks (listed below)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the models and the data (default 0)")
     c.add_argument(
         "--threads", type=positive_int, default=None, help="torch threads (default: PyTorch's choice)"
     )
@@ -208,6 +231,13 @@ def _add_compare(sub) -> None:
         default=None,
         help="training runs at once, each in its own process with one thread (default: the usable CPU cores, "
         "at most 4; on 2 cores, 2 jobs take about half the wall time of 1); speed is still measured alone",
+    )
+    c.add_argument(
+        "--remeasure",
+        type=one_of(("systems",)),
+        default=None,
+        help="systems: measure the speed and memory rows again and train nothing, keeping the trained runs in "
+        "--out (the replaced files stay as runs/*.json.prev); for a busy machine's noisy timings",
     )
     c.set_defaults(func=_cmd_compare, trains=True)
 

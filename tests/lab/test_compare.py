@@ -22,6 +22,7 @@ TINY = Suite(
     decode_contexts=(8, 64),
     throughput_lengths=(32,),
     gradient_length=8,
+    timing_cap_s=1.0,
 )
 
 
@@ -103,8 +104,9 @@ def test_throughput_times_every_model_in_alternating_rounds():
             calls.append(self.name)
             return self.embed(x)
 
-    speed = throughput({"a": Probe("a"), "b": Probe("b")}, vocab_size=11, seq_len=5, batch_size=2, rounds=4)
-    assert set(speed) == {"a", "b"} and all(v > 0 for v in speed.values())
+    models = {"a": Probe("a"), "b": Probe("b")}
+    steps = throughput(models, vocab_size=11, seq_len=5, batch_size=2, rounds=4, max_rounds=4)
+    assert set(steps) == {"a", "b"} and all(len(s.samples) == 4 and s.median > 0 for s in steps.values())
     assert calls == ["a", "b"] + ["a", "b", "b", "a"] * 2  # warm-up, then the order reverses every round
 
 
@@ -113,7 +115,9 @@ def test_parallel_jobs_train_every_run_once_and_match_the_serial_results(tmp_pat
     paths = compare(tmp_path / "jobs", TINY, mixers=["gru", "lstm"], progress=True, gradients=False, jobs=2)
     out = capsys.readouterr().out
     assert out.count("(done") == 2 * 3 and "[6/6]" in out
-    assert out.startswith("[compare] training 6 run(s), 2 at a time, longest first (")  # before any run ends
+    assert out.startswith(
+        "[compare] tiny: 6 runs (2 mixers x 3 tasks), 0 reused, 6 to train (2 at once); about "
+    )
     rows = {
         (r["mixer"], r["setting"]): r["value"]
         for r in json.loads(paths["results"].read_text())

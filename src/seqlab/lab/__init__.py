@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from seqlab.lab.suite import SUITES, Suite
+from seqlab.lab.suite import OTHER_SUITES, SUITES, Suite, suite_names
 
 
 def compare(
@@ -18,11 +18,14 @@ def compare(
     progress: bool = True,
     gradients: bool = True,
     jobs: int = 1,
+    remeasure: tuple[str, ...] = (),
 ) -> dict:
-    """Run a suite and write results.json, table.md and the plots to ``out``. Returns the paths.
+    """Run a suite and write results.json, table.md and the plots to ``out``. Returns the paths, and under
+    "summary" the lines that end a run on a terminal (:func:`summary_lines`).
 
     ``jobs`` > 1 trains that many runs at once in worker processes of one torch thread each; the decode,
-    throughput and memory measurements that follow always run alone.
+    throughput and memory measurements that follow always run alone. ``remeasure=("systems",)`` trains
+    nothing and measures the speed and memory rows again, keeping the trained runs stored in ``out``.
     """
     from seqlab.lab.report import write_plots, write_results, write_table
     from seqlab.lab.report_html import write_report_html
@@ -30,23 +33,74 @@ def compare(
 
     if isinstance(suite, str):
         if suite not in SUITES:
-            known = [*sorted(SUITES), "translation", "captioning", "video", "timeseries", "speech"]
-            raise ValueError(f"unknown suite {suite!r}; choose one of {known}")
+            raise ValueError(f"unknown suite {suite!r}; choose one of {suite_names()}")
         suite = SUITES[suite]
     t0 = time.perf_counter()
-    lab = Compare(out, suite, mixers, tasks, seed, progress, jobs)
+    lab = Compare(out, suite, mixers, tasks, seed, progress, jobs, remeasure)
     records = lab.run_training() + lab.run_systems()
     paths = {
         "results": write_results(lab.out, records),
         "table": write_table(lab.out, suite, lab.mixers, records, jobs),
     }
+    speed = lab.systems.summary(records)
+    _append_spread(paths["table"], speed)
     plots = write_plots(lab.out, suite, lab.mixers, records)
     if gradients:
         plots += _gradient_plot(lab.out, suite, lab.mixers, seed)
     paths["plots"] = plots
     paths["report"] = write_report_html(lab.out, suite, lab.mixers, jobs)  # reads the files written above
     paths["minutes"] = (time.perf_counter() - t0) / 60
+    paths["summary"] = summary_lines(suite, lab.mixers, records, speed, paths)
     return paths
+
+
+def _append_spread(table: Path, speed: list[str]) -> None:
+    """Add the speed rows with their spreads, verdicts and load averages under table.md's tables."""
+    text = table.read_text(encoding="utf-8").rstrip("\n")
+    block = ["", "## Timing spread", "", "```", *speed, "```", ""]
+    table.write_text(text + "\n" + "\n".join(block), encoding="utf-8")
+
+
+def _metric(value: float | None, metric: str) -> str:
+    if value is None or value != value:
+        return "–"
+    if metric == "val_accuracy":
+        return f"{100 * value:.1f}%"
+    return f"{value:.3g}"
+
+
+def summary_lines(suite: Suite, mixers: list[str], records: list, speed: list[str], paths: dict) -> list[str]:
+    """The end of a run on a terminal, every line under 100 columns: the speed and memory rows, the trained
+    metrics (one lettered column per task setting, named below), every plot's path, and what to open next."""
+    from seqlab.lab.records import first_value
+
+    entries = list(suite.entries)
+    keys = [chr(ord("A") + i) for i in range(len(entries))]
+    lines = ["", "speed and memory (median, and its spread)", *speed, ""]
+    lines += [
+        "trained: the headline metric at the end of each run",
+        f"{'mixer':<17}" + "".join(f"{k:>8}" for k in keys),
+    ]
+    for m in mixers:
+        values = [first_value(records, None, mixer=m, task=e.task, setting=e.setting) for e in entries]
+        lines.append(
+            f"{m:<17}" + "".join(f"{_metric(v, e.metric):>8}" for v, e in zip(values, entries, strict=True))
+        )
+    for k, e in zip(keys, entries, strict=True):
+        better = "higher" if e.higher_is_better else "lower"
+        lines.append(f"  {k}: {e.task} {e.setting}, {e.metric} ({better} is better)"[:100])
+    lines += ["", f"plots ({len(paths['plots'])}):", *(f"  {p}" for p in paths["plots"]), ""]
+    report = paths.get("report")
+    if report is not None and Path(report).is_file():
+        lines += [
+            "open next: report.html (the table and every plot on one page), then table.md:",
+            f"  {report}",
+        ]
+    else:
+        lines.append("open next: table.md (the textbook table):")
+    lines += [f"  {paths['table']}", f"every number: {paths['results']}"]
+    lines.append(f"done in {paths['minutes']:.1f} min")
+    return lines
 
 
 def _gradient_plot(out: Path, suite: Suite, mixers: list[str], seed: int) -> list[Path]:
@@ -69,4 +123,4 @@ def default_jobs() -> int:
     return max(1, min(4, usable))
 
 
-__all__ = ["SUITES", "compare", "default_jobs"]
+__all__ = ["OTHER_SUITES", "SUITES", "compare", "default_jobs", "suite_names", "summary_lines"]

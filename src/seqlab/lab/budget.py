@@ -7,10 +7,16 @@ carries its own gated expansion, in_proj to 2 x expand x d with a silu gate, and
 the MLP in its paper, in MambaForCausalLM and in seqlab's presets) and the step of d_model
 (``width_multiple``: attention's heads need an even width for RoPE). Each mixer keeps its own default fields.
 Counting happens on the meta device, so nothing is allocated.
+
+The time a run costs is budgeted here too: :func:`run_cost` in relative units, and a :class:`Calibration`
+(a few training steps timed on this machine) that turns units into seconds.
 """
 
 from __future__ import annotations
 
+import heapq
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,7 +25,8 @@ from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.models import build, make_config
 
 if TYPE_CHECKING:
-    from seqlab.lab.suite import Suite
+    from seqlab.lab.suite import Entry, Suite
+    from seqlab.training import TrainConfig
 
 
 def layout(mixer: str) -> dict[str, Any]:
@@ -81,3 +88,71 @@ def build_lab_model(mixer: str, suite: Suite, overrides: dict[str, Any], seed: i
     fields, params = lab_model_fields(mixer, suite, overrides)
     torch.manual_seed(seed)
     return build("lm", make_config("lm", fields)), fields["d_model"], params
+
+
+def _tokens_per_step(entry: Entry) -> int:
+    args = entry.task_args
+    return args.get("batch_size", 32) * (args.get("seq_len", 64) + args.get("n_tokens", 0))
+
+
+def run_cost(mixer: str, entry: Entry) -> float:
+    """A run's rough cost: steps x tokens per step x the mixer's relative step cost."""
+    return mixer_spec(mixer).step_cost * entry.steps * _tokens_per_step(entry)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A few training steps of one run, timed on this machine before the runs start."""
+
+    mixer: str
+    entry: Entry
+    step_s: float
+    """Seconds per training step of that run."""
+    setup_s: float
+    """Seconds to build its task, model and trainer and take the first (warm-up) step."""
+
+    @property
+    def per_cost(self) -> float:
+        """Seconds per unit of :func:`run_cost`."""
+        return self.step_s * self.entry.steps / run_cost(self.mixer, self.entry)
+
+
+def calibrate(
+    suite: Suite,
+    mixer: str,
+    entry: Entry,
+    config: TrainConfig,
+    threads: int | None = None,
+    budget_s: float = 2.0,
+) -> Calibration:
+    """Time training steps of ``mixer`` on ``entry`` with the ordinary trainer and ``config`` (at least 3,
+    for about ``budget_s`` seconds), with ``threads`` torch threads as the runs will have."""
+    from seqlab.tasks import create_task
+    from seqlab.training import Trainer
+
+    seed = config.seed
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        t0 = time.perf_counter()
+        task = create_task(entry.task, **entry.task_args, seed=seed)
+        model, _, _ = build_lab_model(mixer, suite, task.model_overrides(), seed)
+        trainer = Trainer(model.train(), task, config)
+        trainer.train_step()  # the first step pays for lazy initialization
+        setup = time.perf_counter() - t0
+        n, t1 = 0, time.perf_counter()
+        while n < 3 or (n < entry.steps and time.perf_counter() - t1 < budget_s):
+            trainer.train_step()
+            n += 1
+        return Calibration(mixer, entry, (time.perf_counter() - t1) / n, setup)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def makespan(seconds: list[float], workers: int) -> float:
+    """Wall time of runs of these lengths on ``workers`` processes, longest first to the least-loaded one."""
+    loads = [0.0] * max(1, workers)
+    for s in sorted(seconds, reverse=True):
+        heapq.heapreplace(loads, loads[0] + s)
+    return max(loads)

@@ -1,8 +1,13 @@
-"""One record type for every number the lab measures: a trained metric, a decode latency, a throughput."""
+"""One record type for every number the lab measures: a trained metric, a decode latency, a throughput; and
+the spread of a timing, measured in interleaved rounds until it is small or a time cap is hit."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,10 @@ class Record:
     higher_is_better: bool = True
     curve: list[list[float]] = field(default_factory=list)
     """[step, train loss] pairs of a training run."""
+    spread: float | None = None
+    """The interquartile range of a timing's repeats, in the units of ``value``; None: not a timing."""
+    noisy: bool = False
+    """True when that spread stayed above :data:`SPREAD_LIMIT` of the median until the time cap."""
 
     def public(self) -> dict[str, Any]:
         """The row written to results.json."""
@@ -63,6 +72,78 @@ def first_value(records: list[Record], default: Any = None, **match) -> Any:
     return hit[0].value if hit else default
 
 
+SPREAD_LIMIT = 0.10
+"""A timing is trusted once its interquartile range is below this fraction of its median."""
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The repeats of one timing: median and interquartile range (inclusive quartiles).
+
+    Examples::
+
+        s = Spread((1.0, 1.1, 0.9, 1.0, 5.0))
+        s.median, s.iqr, s.noisy()    # 1.0, 0.1, False: one outlier does not move the quartiles
+    """
+
+    samples: tuple[float, ...]
+
+    def quartiles(self) -> tuple[float, float, float]:
+        if len(self.samples) < 2:
+            v = self.samples[0] if self.samples else float("nan")
+            return v, v, v
+        q1, q2, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return q1, q2, q3
+
+    @property
+    def median(self) -> float:
+        return self.quartiles()[1]
+
+    @property
+    def iqr(self) -> float:
+        q1, _, q3 = self.quartiles()
+        return q3 - q1
+
+    @property
+    def relative(self) -> float:
+        """IQR / median; infinite for fewer than 2 repeats or a zero median."""
+        m = self.median
+        return self.iqr / m if len(self.samples) >= 2 and m > 0 else float("inf")
+
+    def noisy(self, limit: float = SPREAD_LIMIT) -> bool:
+        return not self.relative < limit
+
+
+def interleave(
+    units: dict[Hashable, Callable[[], float]],
+    min_rounds: int = 5,
+    max_rounds: int = 60,
+    time_cap_s: float = 30.0,
+    limit: float = SPREAD_LIMIT,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[Hashable, Spread]:
+    """Run every unit of work once per round, round-robin (the order reversed every other round), so that a
+    busy phase of a shared machine falls on every contender alike; each unit returns the seconds it timed.
+    One warm-up round is discarded.
+
+    Rounds go on until every contender's IQR is below ``limit`` of its median (after ``min_rounds``), or
+    ``time_cap_s`` has passed on ``clock``, or ``max_rounds`` were run.
+    """
+    names = list(units)
+    for name in names:
+        units[name]()
+    times: dict[Hashable, list[float]] = {name: [] for name in names}
+    start = clock()
+    for r in range(max_rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            times[name].append(units[name]())
+        if r + 1 >= min_rounds:
+            quiet = all(not Spread(tuple(t)).noisy(limit) for t in times.values())
+            if quiet or clock() - start >= time_cap_s:
+                break
+    return {name: Spread(tuple(t)) for name, t in times.items()}
+
+
 class RunCache:
     """``DIR/runs/<key>.json``: one file per finished run or measurement, written the moment it finishes and
     reused while the settings stored in it equal the ones asked for (so an interrupted compare resumes)."""
@@ -81,9 +162,13 @@ class RunCache:
         return None
 
     def put(self, key: str, data: dict[str, Any]) -> None:
+        """Write ``<key>.json``; a file it replaces is kept as ``<key>.json.prev`` (nothing stored is lost)."""
         from seqlab.training.checkpoint import write_text_atomic
 
-        write_text_atomic(self.dir / f"{key}.json", json.dumps(data, indent=1))
+        path = self.dir / f"{key}.json"
+        if path.is_file():
+            shutil.copyfile(path, path.parent / f"{path.name}.prev")
+        write_text_atomic(path, json.dumps(data, indent=1))
 
 
 def slug(*parts: str) -> str:
@@ -91,4 +176,15 @@ def slug(*parts: str) -> str:
     return "__".join("".join(ch if ch.isalnum() or ch in "-." else "-" for ch in p) for p in parts)
 
 
-__all__ = ["PUBLIC_FIELDS", "Record", "RunCache", "first_value", "select", "slug", "write_results"]
+__all__ = [
+    "PUBLIC_FIELDS",
+    "SPREAD_LIMIT",
+    "Record",
+    "RunCache",
+    "Spread",
+    "first_value",
+    "interleave",
+    "select",
+    "slug",
+    "write_results",
+]

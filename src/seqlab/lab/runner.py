@@ -3,14 +3,17 @@
 Each run is one mixer × one task setting, built on the shared backbone at the suite's parameter budget and
 trained by the ordinary trainer. Its record lands in ``DIR/runs/<key>.json`` the moment it finishes, so an
 interrupted compare resumes where it stopped: a run whose file exists with the same settings is reused.
-The mixers are the registry's (``seqlab.layers.list_mixers``); a run's cost estimate, which orders parallel
-jobs and times the ETA, is the mixer's registered ``step_cost``.
+The mixers are the registry's (``seqlab.layers.list_mixers``). Before training, a few steps of one run are
+timed here (:func:`seqlab.lab.budget.calibrate`); each run's cost scaled by that rate gives the plan's first
+line its expected time, and the finished runs correct the rate as they come in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
-from seqlab.lab.budget import build_lab_model, layout
+from seqlab.lab.budget import Calibration, build_lab_model, calibrate, layout, makespan, run_cost
 from seqlab.lab.records import Record, RunCache, slug
 from seqlab.lab.suite import Entry, Suite
 from seqlab.lab.systems import Systems
@@ -28,12 +33,6 @@ from seqlab.training import TrainConfig, Trainer
 from seqlab.training.allocator import keep_freed_memory
 
 log = logging.getLogger("seqlab.lab")
-
-
-def _cost(mixer: str, entry: Entry) -> float:
-    """A run's rough cost: steps x tokens per sequence x the mixer's relative step cost."""
-    length = entry.task_args.get("seq_len", 64) + entry.task_args.get("n_tokens", 0)
-    return mixer_spec(mixer).step_cost * entry.steps * length
 
 
 def _train_config(entry: Entry, seed: int) -> TrainConfig:
@@ -52,25 +51,53 @@ def _train_config(entry: Entry, seed: int) -> TrainConfig:
     )
 
 
+class _Collect(logging.Handler):
+    """Keeps the formatted log lines of a worker process, to be written by the parent above its progress bar."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def _collect_logs(enabled: bool):
+    """In a worker: warnings and log lines of WARNING and above are kept (not written) while a run trains."""
+    if not enabled:
+        yield None
+        return
+    handler, root = _Collect(), logging.getLogger()
+    logging.captureWarnings(True)
+    root.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        logging.captureWarnings(False)
+
+
 def train_run(
     suite: Suite, mixer: str, entry: Entry, seed: int, threads: int | None = None
 ) -> dict[str, Any]:
     """Train one mixer on one suite entry with the ordinary trainer; the run's record (without settings).
 
     A module-level function so that ``Compare`` can hand it to worker processes (``jobs > 1``); ``threads``
-    sets torch's intra-op threads in such a worker.
+    sets torch's intra-op threads in such a worker, whose log lines come back under "log".
     """
     from seqlab.tasks import create_task
 
     if threads:
         torch.set_num_threads(threads)
     logging.getLogger("seqlab.train").setLevel(logging.WARNING)  # one progress line per run, not eval lines
-    task = create_task(entry.task, **entry.task_args, seed=seed)
-    model, d_model, params = build_lab_model(mixer, suite, task.model_overrides(), seed)
-    trainer = Trainer(model, task, _train_config(entry, seed))
-    t0 = time.perf_counter()
-    summary = trainer.fit()
-    seconds = time.perf_counter() - t0
+    with _collect_logs(threads is not None) as logs:
+        task = create_task(entry.task, **entry.task_args, seed=seed)
+        model, d_model, params = build_lab_model(mixer, suite, task.model_overrides(), seed)
+        trainer = Trainer(model, task, _train_config(entry, seed))
+        t0 = time.perf_counter()
+        summary = trainer.fit()
+        seconds = time.perf_counter() - t0
     x = task.get_batch("train", 0)["x"]
     tokens = entry.steps * x.shape[0] * x.shape[1]
     return {
@@ -81,6 +108,7 @@ def train_run(
         "threads": torch.get_num_threads(),
         "train_tokens_per_s": tokens / max(summary["elapsed_s"], 1e-9),
         "curve": [[r["step"], r["loss"]] for r in trainer.history if r["split"] == "train"],
+        **({"log": logs.lines} if logs is not None else {}),
     }
 
 
@@ -95,7 +123,7 @@ class Job:
 
     @property
     def cost(self) -> float:
-        return _cost(self.mixer, self.entry)
+        return run_cost(self.mixer, self.entry)
 
     def record(self, data: dict[str, Any]) -> Record:
         """The run's :class:`Record` from its cached data."""
@@ -115,51 +143,95 @@ class Job:
         )
 
 
-class _Progress:
-    """Progress lines of the training runs: the plan first, then one line per run with an ETA taken from the
-    rate at which the runs trained by this process went."""
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
-    def __init__(self, jobs: list[Job], todo: list[int], enabled: bool):
-        self.jobs, self.todo, self.enabled = jobs, todo, enabled
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+class _Progress:
+    """The runs' progress: the plan, one line per run (written above the bar, as are log lines), a bar with the
+    time left on a terminal. The time left is the calibrated plan corrected by the finished runs: the ratio
+    of their measured training time to the calibrated one scales every run's estimate."""
+
+    def __init__(
+        self, jobs: list[Job], todo: list[int], enabled: bool, parallel: int, cal: Calibration | None
+    ):
+        self.jobs, self.todo, self.enabled, self.parallel, self.cal = (
+            jobs,
+            todo,
+            enabled,
+            max(1, parallel),
+            cal,
+        )
         self.started = time.perf_counter()
         self.n_done = 0
-        self.finished: set[int] = set()
+        self.measured = self.expected = 0.0  # training seconds of the finished runs, and their estimate
+        self.unfinished = set(todo)
+        self.bar = None
+        self._stop = threading.Event()
 
-    def plan(self, parallel: int) -> None:
-        """Say what is about to train: the first runs to finish may take a minute or more."""
-        if not (self.enabled and self.todo):
-            return
-        line = f"[compare] training {len(self.todo)} run(s)"
-        if parallel > 1 and len(self.todo) > 1:
-            longest = self.jobs[max(self.todo, key=lambda i: self.jobs[i].cost)]
-            line += f", {min(parallel, len(self.todo))} at a time, longest first"
-            line += f" ({longest.mixer} on {longest.entry.task})"
-        print(line, flush=True)
+    def _run_s(self, i: int) -> float:
+        c = self.cal
+        scale = self.measured / self.expected if self.expected else 1.0
+        return c.setup_s + scale * self.jobs[i].cost * c.per_cost if c else 0.0
 
-    def _eta(self) -> str:
-        done_cost = sum(self.jobs[j].cost for j in self.finished)
-        left = sum(self.jobs[j].cost for j in self.todo if j not in self.finished)
-        return f", ETA {(time.perf_counter() - self.started) * left / max(done_cost, 1e-9) / 60:.1f} min"
+    def training_s(self) -> float:
+        """The expected wall time of all the runs to train."""
+        return makespan([self._run_s(i) for i in self.todo], self.parallel)
+
+    def left_s(self) -> float:
+        # past the plan, the runs in flight are taken as half done
+        rest = makespan([self._run_s(i) for i in self.unfinished], self.parallel) / 2
+        return max(self.training_s() - (time.perf_counter() - self.started), rest)
+
+    def write(self, line: str) -> None:
+        if self.enabled:
+            tqdm.write(line)
+
+    def __enter__(self) -> _Progress:
+        self.started = time.perf_counter()
+        if self.enabled and self.todo:
+            fmt = "{desc} {bar} {n_fmt}/{total_fmt} runs [{elapsed}{postfix}]"
+            self.bar = tqdm(total=len(self.todo), desc="[compare] training", bar_format=fmt, disable=None)
+            threading.Thread(target=self._tick, daemon=True).start()
+        return self
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            if self.bar is not None and self.cal is not None:
+                self.bar.set_postfix_str(f"about {_duration(self.left_s())} left")
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.bar is not None:
+            self.bar.close()
 
     def report(self, i: int, data: dict[str, Any], status: str) -> None:
         self.n_done += 1
+        job, e = self.jobs[i], self.jobs[i].entry
         if status == "done":
-            self.finished.add(i)
-        if not self.enabled:
-            return
-        job = self.jobs[i]
-        e = job.entry
+            self.unfinished.discard(i)
+            if self.cal is not None:
+                self.measured += data["seconds"]
+                self.expected += job.cost * self.cal.per_cost
+            if self.bar is not None:
+                self.bar.update(1)
+        left = f", about {_duration(self.left_s())} left" if status == "done" and self.cal else ""
         value = data["summary"].get(e.metric, float("nan"))
-        eta = self._eta() if status == "done" else ""
-        print(
+        self.write(
             f"[{self.n_done}/{len(self.jobs)}] {job.mixer:<17} {e.task} {e.setting}: {e.metric} "
-            f"{value:.4f} ({status}, {data['seconds']:.0f} s{eta})",
-            flush=True,
+            f"{value:.4f} ({status}, {data['seconds']:.0f} s{left})"
         )
 
 
 class Compare:
-    """One compare: the suite's entries × the mixers (default: every registered mixer), in ``out``."""
+    """One compare: the suite's entries × the mixers (default: every registered mixer), in ``out``.
+
+    ``remeasure=("systems",)`` measures the speed and memory rows again and trains nothing: the trained runs
+    stored in ``out`` are kept as they are (runs not trained yet stay out of the table)."""
 
     def __init__(
         self,
@@ -170,11 +242,15 @@ class Compare:
         seed: int = 0,
         progress: bool = True,
         jobs: int = 1,
+        remeasure: tuple[str, ...] = (),
     ):
         if jobs < 1:
             raise ValueError(f"jobs must be a positive number of worker processes, got {jobs}")
+        if set(remeasure) - {"systems"}:
+            raise ValueError(f"remeasure takes 'systems' (the speed and memory rows), got {list(remeasure)}")
         self.out = Path(out)
         self.suite, self.seed, self.progress, self.jobs = suite, seed, progress, jobs
+        self.remeasure = tuple(remeasure)
         known = list_mixers()
         self.mixers = list(mixers or known)
         unknown = sorted(set(self.mixers) - set(known))
@@ -186,6 +262,9 @@ class Compare:
             raise ValueError(f"task(s) {bad} are not in the {suite.name} suite; it has {known_tasks}")
         self.entries = [e for e in suite.entries if not tasks or e.task in tasks]
         self.cache = RunCache(self.out)
+        self.systems = Systems(
+            suite, self.mixers, seed, self.cache, self._base_settings(), progress, "systems" in self.remeasure
+        )
 
     def _base_settings(self) -> dict[str, Any]:
         """What every cached record of this compare depends on; each kind of record adds its own fields."""
@@ -194,9 +273,7 @@ class Compare:
 
     def run_systems(self) -> list[Record]:
         """Decode latency and state size against context, training throughput and activation memory."""
-        return Systems(
-            self.suite, self.mixers, self.seed, self.cache, self._base_settings(), self.progress
-        ).records()
+        return self.systems.records()
 
     # ---- training runs, cached on disk ----------------------------------------------------------------------
 
@@ -205,7 +282,8 @@ class Compare:
         level = train_log.level
         train_log.setLevel(logging.WARNING)  # one progress line per run instead of the trainer's eval lines
         try:
-            return self._run_training()
+            with logging_redirect_tqdm():  # this process's log lines pass above the progress bar
+                return self._run_training()
         finally:
             train_log.setLevel(level)
 
@@ -223,24 +301,71 @@ class Compare:
             for m in self.mixers
         ]
 
+    def _calibrate(self, jobs: list[Job], todo: list[int]) -> Calibration | None:
+        """A few steps of the cheapest mixer on the first entry to train, with the runs' threads."""
+        if not (self.progress and todo):
+            return None
+        entry = jobs[todo[0]].entry
+        mixer = min(
+            (jobs[i].mixer for i in todo if jobs[i].entry == entry), key=lambda m: mixer_spec(m).step_cost
+        )
+        parallel = self.jobs > 1 and len(todo) > 1
+        config = _train_config(entry, self.seed)
+        return calibrate(self.suite, mixer, entry, config, threads=1 if parallel else None)
+
+    def _plan(self, jobs: list[Job], reused: int, todo: list[int], progress: _Progress) -> list[str]:
+        """The first lines: what runs, how many are reused, the time expected here and where it comes from."""
+        train_s = progress.training_s() if progress.cal else 0.0
+        systems_s = self.systems.upper_bound_s()
+        head = f"[compare] {self.suite.name}: {len(jobs)} runs ({_count(len(self.mixers), 'mixer')} x {_count(len(self.entries), 'task')})"
+        if "systems" in self.remeasure:
+            head += f", {reused} trained kept, none trained; speed and memory again"
+        else:
+            parallel = min(self.jobs, len(todo))
+            head += f", {reused} reused, {len(todo)} to train" + (
+                f" ({parallel} at once)" if parallel > 1 else ""
+            )
+        lines = [f"{head}; about {_duration(train_s + systems_s)} here"]
+        if progress.cal:
+            c = progress.cal
+            lines.append(
+                f"[compare] training about {_duration(train_s)} ({c.mixer} on {c.entry.task} {c.entry.setting} "
+                f"took {1e3 * c.step_s:.0f} ms a step here), then speed and memory"
+                f" up to {_duration(systems_s)}"
+            )
+        if "systems" in self.remeasure and todo:
+            lines.append(
+                f"[compare] {len(todo)} runs not trained yet stay out (run without --remeasure to train)"
+            )
+        lines.append(f"[compare] mixers: {', '.join(self.mixers)}")
+        lines.append("[compare] tasks: " + ", ".join(f"{e.task} {e.setting}" for e in self.entries))
+        return lines
+
     def _run_training(self) -> list[Record]:
         jobs = self._jobs()
         data = [self.cache.get(job.key, job.settings) for job in jobs]
         todo = [i for i, d in enumerate(data) if d is None]
-        progress = _Progress(jobs, todo, self.progress)
+        train = "systems" not in self.remeasure
+        cal = self._calibrate(jobs, todo) if train else None
+        progress = _Progress(jobs, todo if train else [], self.progress, min(self.jobs, len(todo)), cal)
+        for line in self._plan(jobs, len(jobs) - len(todo), todo, progress):
+            progress.write(line)
         for i, d in enumerate(data):
             if d is not None:
                 progress.report(i, d, "reused")
-        progress.plan(self.jobs)
 
         def finish(i: int, result: dict[str, Any]) -> None:
+            for line in result.pop("log", []):
+                progress.write(f"[{jobs[i].mixer} on {jobs[i].entry.task}] {line}")
             data[i] = {"settings": jobs[i].settings, **result}
             self.cache.put(jobs[i].key, data[i])
             progress.report(i, data[i], "done")
 
-        self._train(jobs, todo, finish)
-        log.info("training runs took %.1f min", (time.perf_counter() - progress.started) / 60)
-        return [job.record(d) for job, d in zip(jobs, data, strict=True)]
+        if train:
+            with progress:
+                self._train(jobs, todo, finish)
+            log.info("training runs took %.1f min", (time.perf_counter() - progress.started) / 60)
+        return [job.record(d) for job, d in zip(jobs, data, strict=True) if d is not None]
 
     def _train(self, jobs: list[Job], todo: list[int], finish: Callable[[int, dict[str, Any]], None]) -> None:
         """Train the runs ``todo`` (indices into ``jobs``), calling ``finish(i, result)`` as each ends."""

@@ -46,6 +46,8 @@ class Suite:
     """Length T of the adding problem in the gradient-flow plot of the recurrent cells."""
     gradient_steps: int = 0
     """Training steps before the plot's second panel; 0: at initialization only."""
+    timing_cap_s: float = 30.0
+    """Seconds each systems timing (decode; throughput at each length) may repeat to bring its spread down."""
 
 
 def _adding(T: int, steps: int, batch: int = 32) -> Entry:
@@ -118,3 +120,19 @@ FULL = dataclasses.replace(
 )
 
 SUITES = {"quick": QUICK, "full": FULL}
+"""The suites of every mixer on the synthetic probes, Shakespeare and MNIST-1D (``seqlab.lab.compare``)."""
+
+OTHER_SUITES = {
+    "translation": "four encoder-decoders on the Bible pairs, --minutes each (2 at a time by default)",
+    "captioning": "Show and Tell, Show-Attend-Tell and ViT + Transformer on generated scenes, --minutes each",
+    "video": "every mixer on actions, frame events, captions and long-range actions (15-30 min)",
+    "timeseries": "every mixer against naive, seasonal-naive and linear forecasts; --tasks picks data sets",
+    "speech": "every mixer on spoken keywords and CTC digit strings (~45 min)",
+}
+"""The suites with their own runners (``seqlab.lab.translation``, ``captioning``, ``video``, ``timeseries``,
+``speech``): name -> what they compare."""
+
+
+def suite_names() -> list[str]:
+    """Every suite ``seqlab compare --suite`` takes."""
+    return [*SUITES, *OTHER_SUITES]
