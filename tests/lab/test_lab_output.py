@@ -3,6 +3,7 @@ that fits a terminal and names every plot and what to open next, `--remeasure sy
 runs, and `compare --help` that lists the suites, mixers and tasks from the registries."""
 
 import json
+import re
 
 import pytest
 
@@ -47,7 +48,11 @@ def test_the_plan_comes_first_and_the_end_fits_a_terminal(tmp_path, capsys, monk
     assert len(paths["plots"]) >= 4
     opened = next(i for i, line in enumerate(end) if line.startswith("open next: report.html"))
     assert end[opened + 1 : opened + 3] == [f"  {paths['report']}", f"  {paths['table']}"]
-    assert "## Timing spread" in paths["table"].read_text()  # the spreads and load average under the table
+    table = paths["table"].read_text()
+    assert "## Timing spread" in table and "load average (1 min)" in table  # under the Markdown tables
+    row = [ln for ln in table.splitlines() if ln.startswith("| decode latency 64 / 8 |")]
+    verdict = r"\d+\.\d\d× \((flat|grows|unclear \(noisy\)|unclear \(near the line\))\)"
+    assert len(row) == 1 and re.fullmatch(rf"\| decode latency 64 / 8 \| {verdict} \| {verdict} \|", row[0])
 
 
 def test_remeasure_systems_keeps_the_trained_runs_and_the_old_numbers(tmp_path, monkeypatch, capsys):
