@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,hf,lab,tensorboard]'
 	touch $(STAMP)
 
-# the lab's quick suite: every token mixer on every probe, the textbook table measured here (7-15 min);
+# the lab's quick suite: every token mixer on every probe, the textbook table measured here (7-16 min on 2 cores);
 # a second `make demo` reuses the finished runs in runs/compare-quick instead of redoing them
 demo: $(STAMP)
 	$(VENV)/bin/seqlab compare --suite quick --jobs 2 --out runs/compare-quick
