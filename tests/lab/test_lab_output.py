@@ -103,3 +103,19 @@ def test_every_compare_option_has_help():
 def test_remeasure_belongs_to_the_suites_with_systems_rows(tmp_path, capsys):
     assert main(["compare", "--suite", "video", "--remeasure", "systems", "--out", str(tmp_path)]) == 2
     assert "--remeasure is for the quick and full suites" in capsys.readouterr().err
+
+
+def test_worker_log_lines_come_back_to_be_written_above_the_bar():
+    import logging
+
+    with runner._collect_logs(True) as logs:
+        logging.getLogger("seqlab.tasks").warning("the data set is small")
+        logging.getLogger("seqlab.tasks").info("not kept")
+    assert logs.lines == ["WARNING the data set is small"]
+
+
+def test_the_plan_packs_runs_longest_first_onto_the_workers():
+    from seqlab.lab.budget import makespan
+
+    assert makespan([3, 3, 2, 2, 2], 2) == 7 and makespan([3, 3, 2, 2, 2], 1) == 12
+    assert makespan([], 2) == 0

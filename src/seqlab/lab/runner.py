@@ -331,7 +331,7 @@ class Compare:
             lines.append(
                 f"[compare] training about {_duration(train_s)} ({c.mixer} on {c.entry.task} {c.entry.setting} "
                 f"took {1e3 * c.step_s:.0f} ms a step here), then speed and memory"
-                f" up to {_duration(systems_s)}"
+                f" about {_duration(systems_s)}"
             )
         if "systems" in self.remeasure and todo:
             lines.append(
