@@ -48,6 +48,9 @@ NOTES = [
     "- on a shared machine the 2-thread rows suffer most (an OpenMP thread waits at every operation for a "
     "descheduled partner, and torch.nn has more operations per step); the 1-thread rows are the steadier "
     "comparison",
+    "- the kernel asks Linux for transparent huge pages for its O(t*b*H) buffers (page faults are costly on this "
+    "machine: about 1 ms per fresh MB); torch does the same for all its CPU memory only with "
+    "THP_MEM_ALLOC_ENABLE=1, which is not set here",
 ]
 
 
