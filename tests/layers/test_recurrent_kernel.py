@@ -127,6 +127,31 @@ def test_gradcheck(mode, reverse, bias):
 
 
 @needs_compiler
+@pytest.mark.parametrize("mode", ["GRU", "RNN_TANH"])
+def test_double_backward_is_exact(mode):
+    """create_graph=True (a gradient penalty) differentiates the reference: gradgradcheck, and the same second
+    derivatives as torch.nn's layer."""
+    g = 3 if mode == "GRU" else 1
+
+    def arg(*shape):
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+    args = (arg(3, 2, IN), arg(2, H), arg(g * H, IN), arg(g * H, H), arg(g * H), arg(g * H))
+    assert torch.autograd.gradgradcheck(lambda *a: recurrent_layer(*a, mode), args)
+    ours = (GRU if mode == "GRU" else RNN)(IN, H, num_layers=2, batch_first=True).double()
+    theirs = (nn.GRU if mode == "GRU" else nn.RNN)(IN, H, num_layers=2, batch_first=True).double()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 5, IN, dtype=torch.float64)
+    penalties = []
+    for layer in (ours, theirs):
+        xi = x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(layer(xi)[0].pow(2).sum(), xi, create_graph=True)
+        penalties.append(torch.autograd.grad(gx.pow(2).sum(), list(layer.parameters())))
+    for a, b in zip(*penalties, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)
+
+
+@needs_compiler
 @pytest.mark.parametrize("mode", ["GRU", "RNN_TANH", "RNN_RELU"])
 @pytest.mark.parametrize(
     ("dtype", "hidden_size", "tol"), [(torch.float64, 5, 1e-10), (torch.float32, 40, 1e-5)]

@@ -34,7 +34,6 @@ from types import ModuleType
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 __all__ = ["MODES", "build_info", "load_recurrent_kernel", "recurrent_layer", "recurrent_layer_ref"]
 
@@ -132,24 +131,47 @@ class _RecurrentLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, mode: int, reverse: bool):
         kernel = load_recurrent_kernel()
+        x_in, h0_in = x, h0  # as given: a double backward differentiates the reference through them
         h0 = h0.contiguous()
         out, ws, x = kernel.forward(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse)  # (t, b, H), gates, x
-        ctx.save_for_backward(x, h0, w_ih, w_hh, out, ws)
+        ctx.save_for_backward(x, h0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh)
         ctx.mode, ctx.reverse, ctx.has_bias = mode, reverse, b_ih is not None
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: the kernel skips it
         h_n = out[0 if reverse else -1].clone()  # (b, H): the state after the last step of the recurrence
         return out, h_n
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out, grad_hn):
-        x, h0, w_ih, w_hh, out, ws = ctx.saved_tensors
-        need_dx = ctx.needs_input_grad[0]
-        dx, dh0, dw_ih, dw_hh, db_ih, db_hh = load_recurrent_kernel().backward(
-            grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, ctx.mode, ctx.reverse, ctx.has_bias, need_dx
+        x, h0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: gradients that autograd can differentiate again
+            return _backward_through_ref(ctx, (x_in, h0_in, w_ih, w_hh, b_ih, b_hh), grad_out, grad_hn)
+        return _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws)
+
+
+def _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws):
+    """The kernel's own first-order backward (grad mode is off): the adjoint recurrence, fused."""
+    need_dx = ctx.needs_input_grad[0]
+    dx, dh0, dw_ih, dw_hh, db_ih, db_hh = load_recurrent_kernel().backward(
+        grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, ctx.mode, ctx.reverse, ctx.has_bias, need_dx
+    )
+    biases = (db_ih, db_hh) if ctx.has_bias else (None, None)
+    return (dx if need_dx else None), dh0, dw_ih, dw_hh, *biases, None, None
+
+
+def _backward_through_ref(ctx, inputs, grad_out, grad_hn):
+    """A differentiable backward (double backward, gradient penalties): recompute the layer with
+    :func:`recurrent_layer_ref` on the same inputs and let autograd build the gradients' own graph."""
+    names = {v: k for k, v in MODES.items()}
+    wanted = [t for t, need in zip(inputs, ctx.needs_input_grad, strict=False) if need]
+    with torch.enable_grad():
+        out, h_n = recurrent_layer_ref(*inputs, names[ctx.mode], ctx.reverse)
+        pairs = [(o, g) for o, g in ((out, grad_out), (h_n, grad_hn)) if g is not None]
+        grads = iter(
+            torch.autograd.grad(
+                [o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True, allow_unused=True
+            )
         )
-        biases = (db_ih, db_hh) if ctx.has_bias else (None, None)
-        return (dx if need_dx else None), dh0, dw_ih, dw_hh, *biases, None, None
+    return (*(next(grads) if need else None for need in ctx.needs_input_grad[:6]), None, None)
 
 
 def recurrent_layer(
@@ -166,8 +188,9 @@ def recurrent_layer(
 
     ``mode`` is the layer's ('RNN_TANH', 'RNN_RELU' or 'GRU'); the weights are torch.nn's, (G, in) and (G, H),
     the biases (G,) or both None. ``reverse`` runs the recurrence from the last step to the first (the
-    backward direction of a bidirectional layer). First-order gradients only (no ``create_graph`` double
-    backward, which torch.nn's kernels allow: ``fast_path=False`` gives it).
+    backward direction of a bidirectional layer). The backward is the kernel's own; a backward with
+    ``create_graph=True`` (double backward) recomputes the layer with :func:`recurrent_layer_ref` instead, so
+    second derivatives are exact too, at the reference's speed.
     """
     if load_recurrent_kernel() is None:
         raise RuntimeError(f"seqlab's recurrent kernel is not available: {build_info()['error']}")
