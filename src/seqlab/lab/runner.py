@@ -316,7 +316,7 @@ class Compare:
     def _plan(self, jobs: list[Job], reused: int, todo: list[int], progress: _Progress) -> list[str]:
         """The first lines: what runs, how many are reused, the time expected here and where it comes from."""
         train_s = progress.training_s() if progress.cal else 0.0
-        systems_s = self.systems.upper_bound_s()
+        systems_s = self.systems.expected_s(progress.cal.per_cost if progress.cal else None)
         head = f"[compare] {self.suite.name}: {len(jobs)} runs ({_count(len(self.mixers), 'mixer')} x {_count(len(self.entries), 'task')})"
         if "systems" in self.remeasure:
             head += f", {reused} trained kept, none trained; speed and memory again"
@@ -330,7 +330,7 @@ class Compare:
             c = progress.cal
             lines.append(
                 f"[compare] training about {_duration(train_s)} ({c.mixer} on {c.entry.task} {c.entry.setting} "
-                f"took {1e3 * c.step_s:.0f} ms a step here), then speed and memory"
+                f"took {1e3 * c.step_s:.0f} ms a step here), then speed, memory and plots"
                 f" about {_duration(systems_s)}"
             )
         if "systems" in self.remeasure and todo:

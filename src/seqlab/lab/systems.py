@@ -26,6 +26,7 @@ from seqlab.lab.budget import build_lab_model, layout
 from seqlab.lab.decode import decode_profiles, row_spread
 from seqlab.lab.records import SPREAD_LIMIT, Record, RunCache, Spread, interleave, slug
 from seqlab.lab.suite import Suite
+from seqlab.layers.mixer import mixer_spec
 
 VOCAB_SIZE = 256
 """Token vocabulary of the systems models (speed and memory do not depend on a task)."""
@@ -227,13 +228,17 @@ class Systems:
             "timing": TIMING,
         }
 
-    def upper_bound_s(self) -> float:
-        """Roughly the most seconds the measurements still to take will last: their time caps, plus a few
-        seconds each to build the models and read the contexts."""
+    def expected_s(self, per_cost: float | None = None) -> float:
+        """Roughly the seconds the measurements still to take will last: each timing's cap, or the time of its
+        minimum rounds where the calibrated training rate ``per_cost`` (seconds per unit of
+        :func:`seqlab.lab.budget.run_cost`) says that is longer; plus building, reading contexts, plotting."""
         cap = self.suite.timing_cap_s
         decode = any(self._get(slug(m, "systems"), self._profile_settings(m)) is None for m in self.mixers)
         speed = self._get(slug("throughput", *self.mixers), self._throughput_settings()) is None
-        return decode * (cap + 10) + speed * (cap + 5) * len(self.suite.throughput_lengths)
+        step_cost = sum(mixer_spec(m).step_cost for m in self.mixers) * BATCH_SIZE * (per_cost or 0.0)
+        rounds = 1 + 5  # the warm-up and the minimum of interleave()
+        lengths = self.suite.throughput_lengths
+        return 20 + decode * cap + speed * sum(max(cap, rounds * step_cost * t) for t in lengths)
 
     def _measure_throughput(self) -> dict[str, Any]:
         before = load_1min()
