@@ -109,14 +109,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     import torch
 
     from seqlab.commands_doctor import require, suite_needs
-    from seqlab.lab import compare, default_jobs
+    from seqlab.lab import OTHER_SUITES, SUITES, compare, default_jobs
 
     require(suite_needs(args.suite, args.tasks), f"seqlab compare --suite {args.suite}")  # before any run
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.remeasure and args.suite not in ("quick", "full"):
+    if args.remeasure and args.suite in OTHER_SUITES:
         raise ValueError(
-            f"--remeasure is for the quick and full suites; the {args.suite} suite has no systems rows"
+            f"--remeasure is for the {' and '.join(SUITES)} suites; the {args.suite} suite has no systems rows"
         )
     if args.suite in ("translation", "captioning"):
         return compare_minutes_command(args)

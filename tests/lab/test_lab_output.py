@@ -119,3 +119,18 @@ def test_the_plan_packs_runs_longest_first_onto_the_workers():
 
     assert makespan([3, 3, 2, 2, 2], 2) == 7 and makespan([3, 3, 2, 2, 2], 1) == 12
     assert makespan([], 2) == 0
+
+
+def test_the_command_ends_with_the_summary_and_remeasures_systems(tmp_path, capsys, monkeypatch):
+    from seqlab.lab.suite import SUITES as registry
+
+    monkeypatch.setitem(registry, "tiny", TINY)
+    argv = ["compare", "--suite", "tiny", "--mixers", "gru", "--jobs", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("[compare] tiny: 2 runs (1 mixer x 2 tasks), 0 reused, 2 to train; about ")
+    assert "<br>" not in out and "| --- |" not in out and "open next: report.html" in out
+    assert main([*argv, "--remeasure", "systems"]) == 0
+    out = capsys.readouterr().out
+    assert "2 trained kept, none trained" in out and "(done" not in out and "open next" in out
+    assert (tmp_path / "runs" / "gru__systems.json.prev").is_file()
