@@ -159,13 +159,8 @@ class _Progress:
     def __init__(
         self, jobs: list[Job], todo: list[int], enabled: bool, parallel: int, cal: Calibration | None
     ):
-        self.jobs, self.todo, self.enabled, self.parallel, self.cal = (
-            jobs,
-            todo,
-            enabled,
-            max(1, parallel),
-            cal,
-        )
+        self.jobs, self.todo, self.enabled, self.cal = jobs, todo, enabled, cal
+        self.parallel = max(1, parallel)
         self.started = time.perf_counter()
         self.n_done = 0
         self.measured = self.expected = 0.0  # training seconds of the finished runs, and their estimate
@@ -196,7 +191,8 @@ class _Progress:
         if self.enabled and self.todo:
             fmt = "{desc} {bar} {n_fmt}/{total_fmt} runs [{elapsed}{postfix}]"
             self.bar = tqdm(total=len(self.todo), desc="[compare] training", bar_format=fmt, disable=None)
-            threading.Thread(target=self._tick, daemon=True).start()
+            if not self.bar.disable:  # a terminal: keep the time left moving between runs
+                threading.Thread(target=self._tick, daemon=True).start()
         return self
 
     def _tick(self) -> None:
