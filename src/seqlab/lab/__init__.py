@@ -38,6 +38,8 @@ def compare(
     t0 = time.perf_counter()
     lab = Compare(out, suite, mixers, tasks, seed, progress, jobs, remeasure)
     records = lab.run_training() + lab.run_systems()
+    if progress:
+        print(f"[compare] writing the table, the plots and report.html in {lab.out}", flush=True)
     paths = {
         "results": write_results(lab.out, records),
         "table": write_table(lab.out, suite, lab.mixers, records, jobs),
