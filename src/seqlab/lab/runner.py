@@ -178,6 +178,8 @@ class _Progress:
         return makespan([self._run_s(i) for i in self.todo], self.parallel)
 
     def left_s(self) -> float:
+        if not self.unfinished:
+            return 0.0
         # past the plan, the runs in flight are taken as half done
         rest = makespan([self._run_s(i) for i in self.unfinished], self.parallel) / 2
         return max(self.training_s() - (time.perf_counter() - self.started), rest)
