@@ -43,6 +43,8 @@ def why_not_kernel(
     """None when :func:`selective_scan_kernel` takes these inputs (building the kernel on first call), else why
     not. The inputs are checked first, so that inputs the kernel never takes do not trigger a build."""
     given = [x for x in (u, delta, A, B, C, D, z, delta_bias, initial_state) if x is not None]
+    if torch.compiler.is_compiling():
+        return "torch.compile is tracing (the kernel's operators have no fake-tensor rules)"
     if any(x.device.type != "cpu" for x in given):
         return "the inputs are not all on the CPU"
     if not u.is_floating_point():
