@@ -1,6 +1,7 @@
 """First-hour CLI habits: `seqlab train` alone prints its help instead of starting a run, its help lists every
 registered task, and --resume names each given setting that the saved run overrides."""
 
+import argparse
 import logging
 
 from seqlab.cli import main
@@ -54,3 +55,18 @@ def test_params_does_not_invent_per_token_flops_for_image_encoders(capsys):
     assert "video-lstm: 137,304 parameters" in out and "not given for the 'video' family" in out
     assert main(["params", "gpt-tiny"]) == 0
     assert "forward FLOPs per token at context" in capsys.readouterr().out
+
+
+def _options_without_help(parser: argparse.ArgumentParser, path: str):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options_without_help(sub, f"{path} {name}")
+        elif not action.help and not isinstance(action, argparse._HelpAction):
+            yield f"{path} {'/'.join(action.option_strings) or action.dest}"
+
+
+def test_every_option_of_every_command_has_help_text():
+    from seqlab.cli import make_parser
+
+    assert list(_options_without_help(make_parser(), "seqlab")) == []

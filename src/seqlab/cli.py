@@ -258,9 +258,9 @@ def _add_viz(sub) -> None:
     vg.add_argument(
         "--cells", type=one_of(CELLS), default=list(CELLS), help=f"comma-separated: {','.join(CELLS)}"
     )
-    vg.add_argument("--d-model", type=positive_int, default=64)
-    vg.add_argument("--seed", type=int, default=0)
-    vg.add_argument("--threads", type=positive_int, default=None)
+    vg.add_argument("--d-model", type=positive_int, default=64, help="hidden size of each cell (default 64)")
+    vg.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    vg.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     vg.set_defaults(func=_cmd_viz_gradients)
 
     add_viz_attention(vsub)
