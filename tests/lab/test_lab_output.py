@@ -133,4 +133,6 @@ def test_the_command_ends_with_the_summary_and_remeasures_systems(tmp_path, caps
     assert main([*argv, "--remeasure", "systems"]) == 0
     out = capsys.readouterr().out
     assert "2 trained kept, none trained" in out and "(done" not in out and "open next" in out
+    if "unclear (noisy)" in out:  # the way to measure again is said where it is needed
+        assert "seqlab compare --suite tiny --remeasure systems --out" in out and str(tmp_path) in out
     assert (tmp_path / "runs" / "gru__systems.json.prev").is_file()

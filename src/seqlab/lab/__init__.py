@@ -98,7 +98,13 @@ def summary_lines(suite: Suite, mixers: list[str], records: list, speed: list[st
 
     entries = list(suite.entries)
     keys = [chr(ord("A") + i) for i in range(len(entries))]
-    lines = ["", "speed and memory (median, and its spread)", *speed, ""]
+    lines = ["", "speed and memory (median, and its spread)", *speed]
+    if any(r.noisy for r in records):
+        command = f"  seqlab compare --suite {suite.name} --remeasure systems --out"
+        out = str(paths["table"].parent)
+        lines.append("* measure only these rows again, on a quieter machine (the trained runs are kept):")
+        lines += [f"{command} {out}"] if len(command) + len(out) < 100 else [f"{command} \\", f"      {out}"]
+    lines.append("")
     lines += [
         "trained: the headline metric at the end of each run",
         f"{'mixer':<17}" + "".join(f"{k:>8}" for k in keys),
