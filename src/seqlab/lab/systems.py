@@ -253,7 +253,8 @@ class Systems:
             spreads = throughput(models, VOCAB_SIZE, length, BATCH_SIZE, time_cap_s=cap, clock=self.clock)
             for m, spread in spreads.items():
                 tokens_per_s = BATCH_SIZE * length / spread.median
-                speed[m][str(length)] = {"tokens_per_s": tokens_per_s, "step_s_samples": list(spread.samples)}
+                speed[m][str(length)] = {"mixer": m, "length": length, "tokens_per_s": tokens_per_s}
+                speed[m][str(length)]["step_s_samples"] = list(spread.samples)  # report.html's spread rows
         return {"speed": speed, "load_1min": [before, load_1min()]}
 
     def _note_load(self, what: str, records) -> None:
