@@ -130,6 +130,9 @@ def selective_scan_kernel(
     dtype, wide = u.dtype, torch.promote_types(u.dtype, torch.float32)
     inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     ready = [None if x is None else x.to(wide).contiguous() for x in inputs]
-    y, h = _KernelScan.apply(*ready, bool(delta_softplus), int(chunk_size))
+    chunk = min(
+        int(chunk_size), max(u.size(1), 1)
+    )  # the backward's buffers hold one chunk: never longer than t
+    y, h = _KernelScan.apply(*ready, bool(delta_softplus), chunk)
     y = y.to(dtype)
     return (y, h) if return_last_state else y
