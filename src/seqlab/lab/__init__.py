@@ -42,10 +42,9 @@ def compare(
         print(f"[compare] writing the table, the plots and report.html in {lab.out}", flush=True)
     paths = {
         "results": write_results(lab.out, records),
-        "table": write_table(lab.out, suite, lab.mixers, records, jobs),
     }
-    speed = lab.systems.summary(records)
-    _withhold_verdicts(paths["table"], suite, lab.mixers, records, lab.systems.verdicts)
+    speed = lab.systems.summary(records)  # judges each decode-scaling verdict with its spread
+    paths["table"] = write_table(lab.out, suite, lab.mixers, records, jobs, lab.systems.verdicts)
     _append_spread(paths["table"], speed)
     plots = write_plots(lab.out, suite, lab.mixers, records)
     if gradients:
@@ -55,25 +54,6 @@ def compare(
     paths["minutes"] = (time.perf_counter() - t0) / 60
     paths["summary"] = summary_lines(suite, lab.mixers, records, speed, paths)
     return paths
-
-
-def _withhold_verdicts(table: Path, suite: Suite, mixers: list[str], records: list, verdicts: dict) -> None:
-    """table.md's row 'decode latency c1 / c0' with each mixer's verdict from its spread (flat, grows or
-    unclear (noisy): :func:`seqlab.lab.decode.scaling_verdict`) instead of one read from the medians alone."""
-    from seqlab.lab.records import first_value
-
-    c0, c1 = suite.decode_contexts[0], suite.decode_contexts[-1]
-    label = f"| decode latency {c1} / {c0} |"
-    cells = []
-    for m in mixers:
-        a, b = (
-            first_value(records, None, mixer=m, task="decode", setting=f"context={c}", metric="latency_ms")
-            for c in (c0, c1)
-        )
-        cells.append(f"{b / a:.2f}× ({verdicts[m]})" if a and b and m in verdicts else "–")
-    lines = table.read_text(encoding="utf-8").split("\n")
-    lines = [f"{label} " + " | ".join(cells) + " |" if ln.startswith(label) else ln for ln in lines]
-    table.write_text("\n".join(lines), encoding="utf-8")
 
 
 def _append_spread(table: Path, speed: list[str]) -> None:

@@ -155,12 +155,17 @@ def _intro(suite: Suite, mixers: list[str], jobs: int) -> str:
         f"Measured on {cpu_name()}, torch {torch.__version__}; every model is the shared backbone "
         f"(norm, token mixer, residual, norm, MLP, residual{layout}) with {suite.n_layers} layers at a budget "
         f"of {suite.budget:,} parameters, {schedule}. Speed and memory were measured afterwards with "
-        f"{torch.get_num_threads()} threads, one model at a time."
+        f"{torch.get_num_threads()} threads, the models taking turns round by round until each timing's "
+        f"interquartile range was under 10% of its median or its time cap ran out."
     )
 
 
-def _mixer_table(suite: Suite, mixers: list[str], records: list[Record]) -> list[str]:
-    """One column per mixer: parameters, speed, memory, decoding, then each suite entry's metric."""
+def _mixer_table(
+    suite: Suite, mixers: list[str], records: list[Record], verdicts: dict[str, str] | None = None
+) -> list[str]:
+    """One column per mixer: parameters, speed, memory, decoding, then each suite entry's metric. ``verdicts``:
+    each mixer's decode-scaling verdict judged with its timing spread (``seqlab.lab.decode.scaling_verdict``);
+    without them, the medians' ratio against 1.2×."""
     lines = [
         "| | " + " | ".join(f"{m} ({_family(m)})" for m in mixers) + " |",
         "|---|" + "---:|" * len(mixers),
@@ -190,7 +195,10 @@ def _mixer_table(suite: Suite, mixers: list[str], records: list[Record]) -> list
     ratios = [flat_ratio(records, m) for m in mixers]
     row(
         f"decode latency {c1} / {c0}",
-        ["–" if r is None else f"{r:.2f}× ({'flat' if r <= 1.2 else 'grows'})" for r in ratios],
+        [
+            "–" if r is None else f"{r:.2f}× ({(verdicts or {}).get(m) or ('flat' if r <= 1.2 else 'grows')})"
+            for m, r in zip(mixers, ratios, strict=True)
+        ],
     )
     for ctx in (c0, c1):
         row(
@@ -202,7 +210,14 @@ def _mixer_table(suite: Suite, mixers: list[str], records: list[Record]) -> list
     return lines
 
 
-def write_table(out: Path, suite: Suite, mixers: list[str], records: list[Record], jobs: int = 1) -> Path:
+def write_table(
+    out: Path,
+    suite: Suite,
+    mixers: list[str],
+    records: list[Record],
+    jobs: int = 1,
+    verdicts: dict[str, str] | None = None,
+) -> Path:
     """``out/table.md``: the textbook table by family, measured, then every mixer's numbers."""
     lines = [
         f"# seqlab compare --suite {suite.name}",
@@ -215,10 +230,11 @@ def write_table(out: Path, suite: Suite, mixers: list[str], records: list[Record
         "",
         "## Every mixer",
         "",
-        *_mixer_table(suite, mixers, records),
+        *_mixer_table(suite, mixers, records, verdicts),
         "",
-        "Decode latency is the median time of one `step` after reading the context; 'flat' means "
-        "within 1.2× of the shortest context. State size counts every tensor of the carried state. "
+        "Decode latency is the median time of one `step` after reading the context; 'flat' means within 1.2× "
+        "of the shortest context over the whole interquartile range of both timings, 'grows' above it over the "
+        "whole range, 'unclear' otherwise. State size counts every tensor of the carried state. "
         "Activation memory counts the bytes autograd saves for the backward pass of one forward.",
     ]
     path = out / "table.md"
