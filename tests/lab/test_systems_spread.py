@@ -94,3 +94,17 @@ def dataclass_cap(suite: Suite) -> Suite:
     import dataclasses
 
     return dataclasses.replace(suite, timing_cap_s=0.5)
+
+
+def test_timings_of_the_same_rounds_are_compared_round_by_round():
+    """A slow phase of the machine slows both timings of a round: their ratio stays put (the GRU of a quick
+    suite on a quiet machine: 0.7-1.4 ms per token from round to round at both contexts)."""
+    drift = (0.7, 1.2, 1.15, 0.93, 0.89, 0.70, 0.90, 0.78, 1.25, 1.31, 0.74)
+    short = Spread(drift)
+    assert short.noisy()
+    assert scaling_verdict(short, Spread(tuple(1.02 * x for x in drift))) == "flat"
+    assert scaling_verdict(short, Spread(tuple(1.5 * x for x in drift))) == "grows"
+    shuffled = Spread(drift[5:] + drift[:5])  # the same numbers, no longer paired by round
+    assert scaling_verdict(short, shuffled) == "unclear (noisy)"
+    unpaired = Spread(drift[:-1])  # different numbers of rounds: the unpaired quartile range
+    assert scaling_verdict(short, unpaired) == "unclear (noisy)"

@@ -109,20 +109,30 @@ def decode_profile(model, vocab_size: int, contexts=(64, 512, 2048, 8192), **kwa
 def scaling_verdict(short: Spread, long: Spread, flat: float = FLAT, limit: float = SPREAD_LIMIT) -> str:
     """'flat', 'grows' or 'unclear (...)': the latency ratio long / short, judged with its spread.
 
-    The ratio's range is q1(long) / q3(short) .. q3(long) / q1(short). 'grows' when the whole range lies above
-    ``flat`` (noise cannot make that); 'flat' only when neither timing is noisy (spread under ``limit``) and
-    the range lies within 1/``flat`` .. ``flat`` (a longer context that decodes much *faster* is noise too);
-    otherwise 'unclear (noisy)', or 'unclear (near the line)' for quiet timings that straddle it.
+    Timings taken in the same rounds (:func:`seqlab.lab.records.interleave`: sample i of every contender comes
+    from round i) are compared round by round: a slow phase of the machine slows both timings of a round
+    alike, so the ratios of a round's two timings spread far less than either timing does. The ratio's range
+    is then the quartiles of those per-round ratios; otherwise q1(long) / q3(short) .. q3(long) / q1(short).
+    'grows' when the whole range lies above ``flat``; 'flat' when it lies within 1/``flat`` .. ``flat`` (and,
+    unpaired, neither timing is noisy: spread over ``limit``); otherwise 'unclear (noisy)' for a wide range
+    and 'unclear (near the line)' for a tight one that straddles (or lies below) the band.
     """
-    s1, _, s3 = short.quartiles()
-    l1, _, l3 = long.quartiles()
-    if not (s1 > 0 and s3 > 0):
-        return "unclear (noisy)"
-    lo, hi = l1 / s3, l3 / s1
-    noisy = short.noisy(limit) or long.noisy(limit)
+    if len(short.samples) == len(long.samples) >= 5 and min(short.samples) > 0:
+        ratios = Spread(tuple(b / a for a, b in zip(short.samples, long.samples, strict=True)))
+        lo, _, hi = ratios.quartiles()
+        noisy = ratios.noisy(limit)
+    else:
+        s1, _, s3 = short.quartiles()
+        l1, _, l3 = long.quartiles()
+        if not (s1 > 0 and s3 > 0):
+            return "unclear (noisy)"
+        lo, hi = l1 / s3, l3 / s1
+        noisy = short.noisy(limit) or long.noisy(limit)
+        if noisy and lo <= flat:  # unpaired, a noisy timing settles nothing but a clear rise
+            return "unclear (noisy)"
     if lo > flat:
         return "grows"
-    if not noisy and 1 / flat <= lo and hi <= flat:
+    if 1 / flat <= lo and hi <= flat:
         return "flat"
     return "unclear (noisy)" if noisy else "unclear (near the line)"
 
