@@ -163,9 +163,8 @@ def _intro(suite: Suite, mixers: list[str], jobs: int) -> str:
 def _mixer_table(
     suite: Suite, mixers: list[str], records: list[Record], verdicts: dict[str, str] | None = None
 ) -> list[str]:
-    """One column per mixer: parameters, speed, memory, decoding, then each suite entry's metric. ``verdicts``:
-    each mixer's decode-scaling verdict judged with its timing spread (``seqlab.lab.decode.scaling_verdict``);
-    without them, the medians' ratio against 1.2×."""
+    """One column per mixer: parameters, speed, memory, decoding, then each suite entry's metric; ``verdicts``
+    from ``seqlab.lab.decode.scaling_verdict`` (else the medians' ratio against 1.2×)."""
     lines = [
         "| | " + " | ".join(f"{m} ({_family(m)})" for m in mixers) + " |",
         "|---|" + "---:|" * len(mixers),
