@@ -131,3 +131,11 @@ def test_compare_writes_the_report_with_its_settings_and_machine(tmp_path, capsy
     assert main([str(tmp_path)]) == 0 and (tmp_path / "report.html").is_file()  # rebuilt from the files
     assert main([]) == 2
     capsys.readouterr()
+
+
+def test_a_fenced_block_stays_a_preformatted_block():
+    from seqlab.lab.report_html import markdown_to_html
+
+    page = markdown_to_html("## Timing spread\n\n```\nmixer   tokens/s\nrnn     72,975 <3%\n```\n")
+    assert "<pre>mixer   tokens/s\nrnn     72,975 &lt;3%</pre>" in page
+    assert "```" not in page

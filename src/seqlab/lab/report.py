@@ -231,9 +231,9 @@ def write_table(
         "",
         *_mixer_table(suite, mixers, records, verdicts),
         "",
-        "Decode latency is the median time of one `step` after reading the context; 'flat' means within 1.2× "
-        "of the shortest context over the whole interquartile range of both timings, 'grows' above it over the "
-        "whole range, 'unclear' otherwise. State size counts every tensor of the carried state. "
+        "Decode latency is the median time of one `step` after reading the context; 'flat' means the ratio of "
+        "the two contexts' timings, round by round, stays within 1.2× over its interquartile range, 'grows' "
+        "above it, 'unclear' otherwise. State size counts every tensor of the carried state. "
         "Activation memory counts the bytes autograd saves for the backward pass of one forward.",
     ]
     path = out / "table.md"

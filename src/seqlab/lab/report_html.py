@@ -159,14 +159,13 @@ def markdown_to_html(text: str) -> str:
             level = len(heading.group(1)) + 1  # the page's own title is the only h1
             out.append(f"<h{level}>{_inline(heading.group(2))}</h{level}>")
             lines = lines[1:]
-        if len(lines) > 1 and all(line.startswith("|") for line in lines):
+        if lines and lines[0].startswith("```"):  # a fenced block (the speed summary), kept as written
+            out.append(f"<pre>{html.escape(chr(10).join(ln for ln in lines[1:] if ln != '```'))}</pre>")
+        elif len(lines) > 1 and all(line.startswith("|") for line in lines):
             out.append(_table(lines))
         elif lines:
             out.append(f"<p>{_inline(' '.join(lines))}</p>")
     return "\n".join(out)
-
-
-# ---- sections ----------------------------------------------------------------------------------------------
 
 
 def _caption(name: str) -> str:
