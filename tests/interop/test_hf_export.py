@@ -240,6 +240,7 @@ def _train(tmp_path):
             "train",
             "--model.name=test-gpt",
             "--task.name=text",
+            "--task.sampling=random",
             f"--task.source={tmp_path / 'play.txt'}",
             "--task.seq_len=16",
             "--task.batch_size=4",

@@ -14,12 +14,12 @@ SCRIPT = textwrap.dedent(
         from seqlab.training.allocator import keep_freed_memory
         assert keep_freed_memory() and keep_freed_memory()  # applied, and idempotent
     from seqlab.layers.scan import selective_scan
-    b, t, d, n = 32, 72, 120, 16  # the lab's Mamba scan, with chunks of 32: buffers (b, 32, n, d) of 8 MB
+    b, t, d, n = 32, 72, 120, 16  # the lab's Mamba scan, chunked PyTorch path: buffers (b, 32, n, d) of 8 MB
     u, dl = torch.randn(b, t, d, requires_grad=True), torch.randn(b, t, d, requires_grad=True)
     A = (-torch.rand(d, n) - 0.5).requires_grad_()
     B, C = torch.randn(b, t, n, requires_grad=True), torch.randn(b, t, n, requires_grad=True)
     def step():
-        selective_scan(u, dl, A, B, C, delta_softplus=True, chunk_size=32).sum().backward()
+        selective_scan(u, dl, A, B, C, delta_softplus=True, chunk_size=32, impl="chunked").sum().backward()
     step(); step()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(3):

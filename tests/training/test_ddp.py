@@ -141,7 +141,13 @@ def test_fsdp_shards_and_reshards_on_resume(text_file, tmp_path):
     # shards of another model's shape: a clear error, not DCP's planner trace
     run = {
         "model": {"name": "test-gpt", "n_layers": 3},
-        "task": {"name": "text", "source": str(text_file), "seq_len": 16, "batch_size": 4},
+        "task": {
+            "name": "text",
+            "source": str(text_file),
+            "seq_len": 16,
+            "batch_size": 4,
+            "sampling": "random",
+        },
         "train": {"strategy": "fsdp", "progress": False},
     }
     script = (
