@@ -70,3 +70,16 @@ def test_every_option_of_every_command_has_help_text():
     from seqlab.cli import make_parser
 
     assert list(_options_without_help(make_parser(), "seqlab")) == []
+
+
+def test_every_viz_picture_defaults_under_runs():
+    from seqlab.cli import make_parser
+
+    sub = next(a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    viz = next(a for a in sub.choices["viz"]._actions if isinstance(a, argparse._SubParsersAction))
+    defaults = {
+        name: next(a.default for a in p._actions if "--out" in a.option_strings)
+        for name, p in viz.choices.items()
+    }
+    assert len(defaults) >= 7
+    assert all(str(d).startswith("runs/viz/") for d in defaults.values()), defaults

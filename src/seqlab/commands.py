@@ -156,7 +156,7 @@ def add_viz_alignment(vsub) -> None:
     )
     _add_decoding(va)
     va.add_argument("--text", required=True, help="the sentence to translate")
-    va.add_argument("--out", default="alignment.png", help="PNG file to write")
+    va.add_argument("--out", default="runs/viz/alignment.png", help="PNG file to write")
     va.set_defaults(func=_cmd_viz_alignment)
 
 

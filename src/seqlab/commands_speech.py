@@ -190,7 +190,7 @@ def add_viz_speech(vsub) -> None:
         "--test-item", type=non_negative_int, default=None, help="an utterance of the checkpoint's data"
     )
     v.add_argument("--split", default="test", help="with --test-item: train, val or test (default: test)")
-    v.add_argument("--out", default="speech.png", help="PNG file to write")
+    v.add_argument("--out", default="runs/viz/speech.png", help="PNG file to write")
     v.set_defaults(func=_cmd_viz_speech)
 
 

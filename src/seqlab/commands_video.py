@@ -83,7 +83,7 @@ def add_viz_video(vsub) -> None:
     )
     v.add_argument("--split", default="test", help="train, val or test (default: test)")
     v.add_argument("--clip", type=non_negative_int, default=0, help="the clip's index in the split")
-    v.add_argument("--out", default="video.png", help="PNG file to write")
+    v.add_argument("--out", default="runs/viz/video.png", help="PNG file to write")
     v.set_defaults(func=_cmd_viz_video)
 
 

@@ -178,7 +178,7 @@ def add_viz_caption(vsub) -> None:
         "caption", help="where a captioner looks at each word (Show, Attend and Tell, Figure 3)"
     )
     _add_image_source(v)
-    v.add_argument("--out", default="caption-attention.png", help="PNG file to write")
+    v.add_argument("--out", default="runs/viz/caption-attention.png", help="PNG file to write")
     v.set_defaults(func=_cmd_viz_caption)
 
 
