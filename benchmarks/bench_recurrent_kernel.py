@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bench_recurrent import make_step  # the same fwd+bwd step as the torch.nn comparison (same folder)
 from seqlab.kernels.recurrent import build_info, load_recurrent_kernel
 from seqlab.lab.report import cpu_name, hardware_slug
 from seqlab.layers import GRU, RNN
@@ -52,18 +53,6 @@ NOTES = [
     "machine: about 1 ms per fresh MB); torch does the same for all its CPU memory only with "
     "THP_MEM_ALLOC_ENABLE=1, which is not set here",
 ]
-
-
-def make_step(layer: nn.Module, x: torch.Tensor, grad_out: torch.Tensor) -> Callable[[], None]:
-    """One forward + backward through ``layer``; gradients are dropped (set to None) before each."""
-
-    def step() -> None:
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-        out, _ = layer(x)
-        out.backward(grad_out)
-
-    return step
 
 
 def time_pair(steps: dict[str, Callable[[], None]], repeats: int, warmup: int) -> dict[str, list[float]]:
