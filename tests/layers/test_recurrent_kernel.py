@@ -192,8 +192,8 @@ def test_failed_build_warns_once_and_falls_back_to_torch_nn(monkeypatch, caplog)
     def no_compiler():
         raise RuntimeError("error: c++: command not found")
 
-    monkeypatch.setattr(kernel_module, "_loaded", {})
-    monkeypatch.setattr(kernel_module, "_compile", no_compiler)
+    monkeypatch.setattr(kernel_module.EXTENSION, "_loaded", {})
+    monkeypatch.setattr(kernel_module.EXTENSION, "_compile", no_compiler)
     monkeypatch.setattr("seqlab.layers.fastpath._logged", set())
     x = torch.randn(2, 5, IN, dtype=torch.float64)
     with warnings.catch_warnings(record=True) as caught:

@@ -23,106 +23,32 @@ library's exp and tanh, so it matches torch.nn to rounding.
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import threading
-import time
-import warnings
-from pathlib import Path
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from seqlab.kernels.extension import CppExtension
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
 __all__ = ["MODES", "build_info", "load_recurrent_kernel", "recurrent_layer", "recurrent_layer_ref"]
 
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("recurrent.cpp")
-# The vector extensions torch itself dispatches to on this CPU, never -march=native: a cache shared between machines
-# then holds one build per instruction set, each runnable wherever that set is (seqlab.kernels.build does the same).
-# -fno-trapping-math lets the clamps in exp become vector min/max; without it the gate loops stay scalar (10x
-# slower). Neither flag changes a result.
-_ISA_FLAGS = {
-    "AVX2": ["-mavx2", "-mfma"],
-    "AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw"],
-}
 MODES = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2}  # the layer's mode -> the kernel's
-_lock = threading.Lock()
-_loaded: dict[str, object] = {}  # "module" (or None after a failure) and "info", once tried
-
-
-def cache_dir() -> Path:
-    """Where built kernels are kept: ``$TORCH_EXTENSIONS_DIR/seqlab``, else ``$XDG_CACHE_HOME/seqlab/kernels``
-    (by default ``~/.cache/seqlab/kernels``)."""
-    if root := os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return Path(root) / "seqlab"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "seqlab" / "kernels"
-
-
-def build_name_and_flags() -> tuple[str, list[str]]:
-    """``seqlab_recurrent_<isa>_<hash of source and flags>`` and the compiler flags for this CPU."""
-    isa = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
-    flags = ["-O3", "-fno-trapping-math", *_ISA_FLAGS.get(isa, [])]
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
-    return f"seqlab_recurrent_{isa.lower()}_{digest}", flags
-
-
-def _compile() -> tuple[ModuleType, dict]:
-    """Build (or load from the cache) the extension; return it with what the build cost."""
-    from torch.utils.cpp_extension import load  # imported here: it is slow and only needed once
-
-    name, flags = build_name_and_flags()
-    directory = cache_dir() / name
-    directory.mkdir(parents=True, exist_ok=True)
-    library = directory / f"{name}.so"
-    before = library.stat().st_mtime_ns if library.exists() else None
-    start = time.perf_counter()
-    module = load(name, [str(SOURCE)], extra_cflags=flags, build_directory=str(directory), verbose=False)
-    seconds = time.perf_counter() - start
-    cached = before is not None and library.stat().st_mtime_ns == before
-    return module, {"seconds": seconds, "cached": cached, "directory": str(directory)}
-
-
-def _first_error(e: Exception) -> str:
-    """The compiler's first ``error:`` line when there is one, else the exception's first line."""
-    lines = str(e).strip().splitlines() or [""]
-    found = [line for line in lines if "error:" in line]
-    return f"{type(e).__name__}: {(found or lines)[0].strip()[:300]}"
+EXTENSION = CppExtension(
+    "recurrent", "fused recurrent kernel", "GRU and RNN use torch.nn's fused kernels instead"
+)
 
 
 def load_recurrent_kernel() -> ModuleType | None:
     """The compiled kernel, built on the first call of the process; None (after one warning) if it cannot be."""
-    if "module" in _loaded:
-        return _loaded["module"]  # type: ignore[return-value]
-    with _lock:
-        if "module" not in _loaded:
-            try:
-                module, info = _compile()
-            # no compiler, no ninja, a compile error, a broken cache: each means "use torch.nn's kernels"
-            except Exception as e:
-                module, info = None, {"error": _first_error(e)}
-                warnings.warn(
-                    f"seqlab's fused recurrent kernel could not be built ({info['error']}); GRU and RNN use "
-                    "torch.nn's fused kernels instead",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            else:
-                how = "loaded from the cache" if info["cached"] else "built"
-                log.info(
-                    "seqlab's recurrent kernel %s in %.1f s (%s)", how, info["seconds"], info["directory"]
-                )
-            _loaded["info"], _loaded["module"] = info, module
-    return _loaded["module"]  # type: ignore[return-value]
+    return EXTENSION.load()
 
 
 def build_info() -> dict | None:
-    """After ``load_recurrent_kernel()``: ``{"seconds", "cached", "directory"}``, or ``{"error"}`` when the
-    build failed; None before the first load. ``seconds`` is the whole ``load`` call: compile and link when
-    ``cached`` is False, only the up-to-date check and import when it is True."""
-    return _loaded.get("info")  # type: ignore[return-value]
+    """After ``load_recurrent_kernel()``: ``{"seconds", "cached", "directory"}``, or ``{"error"}``; None before."""
+    return EXTENSION.build_info()
 
 
 class _RecurrentLayer(torch.autograd.Function):

@@ -97,6 +97,13 @@ def generate(
         logits, state = model(window, return_state=True)  # (b, t, vocab): read the prompt in one pass
         logits, held = logits[:, -1], window.size(1)  # held: positions in the state
         out = [ids]
+        greedy = getattr(model, "greedy", None)  # a decoder that runs the whole greedy loop in one call
+        if temperature == 0 and greedy is not None and max_new_tokens > 1:
+            nxt = logits.argmax(dim=-1)  # (b,)
+            rest = greedy(nxt, state, max_new_tokens - 1)  # (b, n - 1), or None when it cannot
+            if rest is not None:
+                out += [nxt[:, None], rest]
+                max_new_tokens = 0
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (b,)
             out.append(nxt[:, None])

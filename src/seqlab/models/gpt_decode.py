@@ -20,7 +20,10 @@ of it:
   from a table computed once per generation.
 
 The prompt itself is read by the model's ordinary forward (parallel, fused SDPA) and its caches are copied
-into the buffers. ``LM.generate`` decodes through this class unless ``LM.why_not_fast_path()`` gives a reason
+into the buffers. A float32 model on the CPU then steps through ``seqlab.kernels.decode`` (``decode.cpp``):
+the same step as one C++ call, the whole token in one parallel region with no operator between the products
+(the kernel's cache layout is (b, g, capacity, k)); float64, other devices, or a machine where the kernel
+cannot be built take the torch-op step below, which is also the kernel's reference in the tests. ``LM.generate`` decodes through this class unless ``LM.why_not_fast_path()`` gives a reason
 (``fast_path=False`` among them); the tests hold its logits to ``LM.step``'s. The decoder is for one linear generation: its state is the position it has
 reached, and stepping from any other position is refused rather than silently reading overwritten slots.
 """
@@ -94,6 +97,74 @@ def _proj(weight: Tensor, bias: Tensor | None, vector: bool):
     return lambda x: torch.addmm(bias, x, weight_t)  # bias + x Wᵀ
 
 
+_KERNEL_ACTS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3}  # decode.cpp's activation codes
+
+
+def _kernel_norm(norm) -> tuple[Tensor | None, Tensor | None, float]:
+    bias = getattr(norm, "bias", None)
+    return norm.weight, bias, norm.eps
+
+
+def _native_decoder(model, batch: int, capacity: int, buffers, cos, sin, rope):
+    """decode.cpp's Decoder over the model's weights and the (b, g, capacity, k) caches in ``buffers``, or None
+    when the kernel does not apply (not float32 on the CPU, mixed norm kinds) or cannot be built."""
+    w = model.head.weight
+    if w.dtype != torch.float32 or w.device.type != "cpu":
+        return None
+    norms = [n for blk in model.blocks for n in (blk.norm1, blk.norm2)] + [model.norm]
+    rms = isinstance(norms[0], RMSNorm)
+    if any(isinstance(n, RMSNorm) != rms for n in norms):
+        return None
+    from seqlab.kernels.decode import load_decode_kernel
+
+    kernel = load_decode_kernel()
+    if kernel is None:
+        return None
+
+    def c(t):  # every tensor as the kernel reads it: contiguous float32, detached
+        return None if t is None else t.detach().contiguous()
+
+    layers = []
+    for blk, (k, v) in zip(model.blocks, buffers, strict=True):
+        (n1w, n1b, eps1), (n2w, n2b, eps2) = _kernel_norm(blk.norm1), _kernel_norm(blk.norm2)
+        attn, mlp = blk.mixer, blk.mlp
+        swiglu = isinstance(mlp, SwiGLU)
+        fc1, up, fc2 = (mlp.gate, mlp.up, mlp.down) if swiglu else (mlp.fc1, None, mlp.fc2)
+        layers.append(
+            [c(t) for t in (n1w, n1b, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight)]
+            + [c(attn.out_proj.bias), c(n2w), c(n2b), c(fc1.weight), c(fc1.bias)]
+            + [c(None if up is None else up.weight), c(None if up is None else up.bias)]
+            + [c(fc2.weight), c(fc2.bias), k, v]
+        )
+    fw, fb, feps = _kernel_norm(model.norm)
+    pos_table = None if model.pos_embed is None else model.pos_embed.weight
+    globals_ = [c(model.embed.weight), c(pos_table), c(cos), c(sin), c(fw), c(fb), c(w), c(model.head.bias)]
+    attn, mlp = model.blocks[0].mixer, model.blocks[0].mlp
+    swiglu = isinstance(mlp, SwiGLU)
+    f = (mlp.gate if swiglu else mlp.fc1).weight.size(0)
+    act = _KERNEL_ACTS["silu" if swiglu else mlp.activation]
+    rotary, interleaved = (0, 0) if rope is None else (rope.rotary_dim, int(rope.interleaved))
+    h, g, kd = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    sizes = [
+        batch,
+        w.size(1),
+        h,
+        g,
+        kd,
+        f,
+        w.size(0),
+        capacity,
+        act,
+        int(swiglu),
+        int(rms),
+        rotary,
+        interleaved,
+    ]
+    scale = attn.scale if attn.scale is not None else 1.0 / math.sqrt(kd)
+    consts = [eps1, eps2, feps, scale]  # the blocks' norms share one eps (the config's norm_eps)
+    return kernel.Decoder(layers, globals_, [*sizes, torch.get_num_threads()], consts)
+
+
 def _mlp_fn(mlp, vector: bool):
     """The channel mixer as a function of y on the module's weights (dropout is off in decoding)."""
     if isinstance(mlp, SwiGLU):
@@ -111,9 +182,10 @@ class StaticCacheDecoder:
     reads a prompt (b, t) and returns ``(logits (b, t, v), pos)``; ``decoder.step(ids (b,), pos)`` returns
     ``(logits (b, v), pos + 1)``; ``context_limit``, ``training``, ``eval()`` and ``train()`` are the model's.
     With one sequence (b = 1) the residual stream is a vector (d,) and the projections matrix-vector products.
+    ``use_kernel=False`` keeps a float32 model on the torch-op step instead of ``seqlab.kernels.decode``.
     """
 
-    def __init__(self, model, capacity: int):
+    def __init__(self, model, capacity: int, use_kernel: bool = True):
         if capacity < 1:
             raise ValueError(f"capacity must be a positive number of positions, got {capacity}")
         limit = model.context_limit
@@ -124,6 +196,7 @@ class StaticCacheDecoder:
         self.rope = attn.rope
         self.final_norm = _norm_fn(model.norm)
         self.layers, self.buffers, self.batch, self.pos = [], [], 0, 0
+        self.use_kernel, self.native = use_kernel, None
 
     def _build(self, batch: int) -> None:
         """Each layer as (norm1, qkv, split sizes, out, norm2, mlp), the projections for this batch size."""
@@ -169,16 +242,39 @@ class StaticCacheDecoder:
         logits, caches = self.model(ids, return_state=True)  # (b, t, v), KVCache (b, g, t, k) per layer
         if b != self.batch:
             self._build(b)
-        self.buffers = []
-        for cache in caches:
-            k = cache.k.new_empty(b * self.g, self.kd, self.capacity)  # keys transposed: (b g, k, capacity)
-            v = cache.v.new_empty(b * self.g, self.capacity, self.kd)  # (b g, capacity, k)
-            k[..., :t], v[:, :t] = cache.k.flatten(0, 1).transpose(1, 2), cache.v.flatten(0, 1)
-            self.buffers.append((k, v))
         if self.rope is not None:  # the rotation angles of every position this generation can reach
             self.cos, self.sin = self.rope.cos_sin(torch.arange(self.capacity, device=ids.device))
+        self.native = None
+        if self.use_kernel:  # decode.cpp's layout: (b, g, capacity, k) for keys and values alike
+            shape = (b, self.g, self.capacity, self.kd)
+            self.buffers = [(c.k.new_empty(shape), c.v.new_empty(shape)) for c in caches]
+            for (k, v), cache in zip(self.buffers, caches, strict=True):
+                k[:, :, :t], v[:, :, :t] = cache.k, cache.v
+            cos, sin = (self.cos, self.sin) if self.rope is not None else (None, None)
+            self.native = _native_decoder(self.model, b, self.capacity, self.buffers, cos, sin, self.rope)
+        if self.native is None:
+            self.buffers = []
+            for cache in caches:
+                k = cache.k.new_empty(
+                    b * self.g, self.kd, self.capacity
+                )  # keys transposed: (b g, k, capacity)
+                v = cache.v.new_empty(b * self.g, self.capacity, self.kd)  # (b g, capacity, k)
+                k[..., :t], v[:, :t] = cache.k.flatten(0, 1).transpose(1, 2), cache.v.flatten(0, 1)
+                self.buffers.append((k, v))
         self.pos = t
         return logits, t
+
+    def greedy(self, ids: Tensor, state: int, n: int) -> Tensor | None:
+        """Feed ids (b,) at the decoder's position, then n greedy steps in one kernel call -> tokens (b, n).
+
+        None when the decoder is not on the kernel (the caller then steps token by token) or the buffers cannot
+        hold the n positions; the tokens are those of n ``step`` calls each followed by ``argmax``.
+        """
+        if self.native is None or state != self.pos or self.pos + n > self.capacity:
+            return None
+        tokens = self.native.greedy(ids, self.pos, n)
+        self.pos += n
+        return tokens
 
     def step(self, ids: Tensor, state: int) -> tuple[Tensor, int]:
         """One token per row, ids (b,) -> logits (b, v), at the position the decoder has reached."""
@@ -191,6 +287,9 @@ class StaticCacheDecoder:
             raise ValueError(
                 f"expected ids of shape ({self.batch},), the prompt's batch; got {tuple(ids.shape)}"
             )
+        if self.native is not None:
+            self.pos = pos + 1
+            return self.native.step(ids, pos), pos + 1  # (b, v)
         m, b = self.model, self.batch
         h, g, kd, t = self.h, self.g, self.kd, pos + 1
         unused = m.embed.weight.new_empty(())  # baddbmm's input, ignored at beta=0

@@ -1,0 +1,132 @@
+"""Compiling one of seqlab's pybind C++ kernels on first use, caching it across processes, saying what it cost.
+
+Each kernel is one source file beside this module (``recurrent.cpp``, ``decode.cpp``, ``gelu.cpp``) wrapped by a
+:class:`CppExtension`. Its first ``load()`` in a process builds the file with ``torch.utils.cpp_extension.load``
+(g++ and ninja) or, when an earlier process built it, only imports it; ``build_info()`` says which and how long.
+
+* where: ``$TORCH_EXTENSIONS_DIR/seqlab`` if set, else ``$XDG_CACHE_HOME/seqlab/kernels`` (by default
+  ``~/.cache/seqlab/kernels``), in a folder ``seqlab_<stem>_<isa>_<hash of the sources and flags>``, so an
+  edited source builds afresh;
+* instruction set: ``-O3`` plus the vector extensions torch itself dispatches to on this CPU, never
+  ``-march=native``: a cache shared between machines then holds one build per instruction set, each runnable
+  wherever that set is. ``-fno-trapping-math`` lets the clamps in the polynomial exp become vector min/max
+  (without it those loops stay scalar); neither flag changes a result.
+
+When a kernel cannot be built (no compiler, no ninja, a compile error, a broken cache), ``load()`` warns once,
+naming the reason and what is used instead, and returns None; its callers then take their PyTorch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+__all__ = ["CppExtension", "cache_dir"]
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+_ISA_FLAGS = {
+    "AVX2": ["-mavx2", "-mfma"],
+    "AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw"],
+}
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: ``$TORCH_EXTENSIONS_DIR/seqlab``, else ``$XDG_CACHE_HOME/seqlab/kernels``
+    (by default ``~/.cache/seqlab/kernels``)."""
+    if root := os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(root) / "seqlab"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "seqlab" / "kernels"
+
+
+def _first_error(e: Exception) -> str:
+    """The compiler's first ``error:`` line when there is one, else the exception's first line."""
+    lines = str(e).strip().splitlines() or [""]
+    found = [line for line in lines if "error:" in line]
+    return f"{type(e).__name__}: {(found or lines)[0].strip()[:300]}"
+
+
+class CppExtension:
+    """The kernel in ``<stem>.cpp`` (plus the headers it includes, listed in ``headers``), built on first use.
+
+    ``what`` names it in messages ("fused recurrent kernel"); ``instead`` says what runs without it.
+    """
+
+    def __init__(
+        self, stem: str, what: str, instead: str, headers: tuple[str, ...] = (), openmp: bool = False
+    ):
+        self.source = HERE / f"{stem}.cpp"
+        self.stem, self.what, self.instead = stem, what, instead
+        self.headers = tuple(HERE / h for h in headers)
+        self.openmp = openmp
+        self._lock = threading.Lock()
+        self._loaded: dict[str, object] = {}  # "module" (or None after a failure) and "info", once tried
+
+    def name_and_flags(self) -> tuple[str, list[str]]:
+        """``seqlab_<stem>_<isa>_<hash of sources and flags>`` and the compiler flags for this CPU."""
+        isa = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
+        flags = ["-O3", "-fno-trapping-math", *_ISA_FLAGS.get(isa, [])] + (
+            ["-fopenmp"] if self.openmp else []
+        )
+        text = b"".join(p.read_bytes() for p in (self.source, *self.headers)) + " ".join(flags).encode()
+        return f"seqlab_{self.stem}_{isa.lower()}_{hashlib.sha256(text).hexdigest()[:10]}", flags
+
+    def _compile(self) -> tuple[ModuleType, dict]:
+        """Build (or load from the cache) the extension; return it with what the build cost."""
+        from torch.utils.cpp_extension import load  # imported here: it is slow and only needed once
+
+        name, flags = self.name_and_flags()
+        directory = cache_dir() / name
+        directory.mkdir(parents=True, exist_ok=True)
+        library = directory / f"{name}.so"
+        before = library.stat().st_mtime_ns if library.exists() else None
+        start = time.perf_counter()
+        module = load(
+            name,
+            [str(self.source)],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"] if self.openmp else [],
+            extra_include_paths=[str(HERE)],
+            build_directory=str(directory),
+            verbose=False,
+        )
+        seconds = time.perf_counter() - start
+        cached = before is not None and library.stat().st_mtime_ns == before
+        return module, {"seconds": seconds, "cached": cached, "directory": str(directory)}
+
+    def load(self) -> ModuleType | None:
+        """The compiled module, built on the first call of the process; None (after one warning) if it cannot be."""
+        if "module" in self._loaded:
+            return self._loaded["module"]  # type: ignore[return-value]
+        with self._lock:
+            if "module" not in self._loaded:
+                try:
+                    module, info = self._compile()
+                except Exception as e:  # every failure means "use the PyTorch path"
+                    module, info = None, {"error": _first_error(e)}
+                    warnings.warn(
+                        f"seqlab's {self.what} could not be built ({info['error']}); {self.instead}",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                else:
+                    how = "loaded from the cache" if info["cached"] else "built"
+                    log.info(
+                        "seqlab's %s %s in %.1f s (%s)", self.what, how, info["seconds"], info["directory"]
+                    )
+                self._loaded["info"], self._loaded["module"] = info, module
+        return self._loaded["module"]  # type: ignore[return-value]
+
+    def build_info(self) -> dict | None:
+        """After ``load()``: ``{"seconds", "cached", "directory"}``, or ``{"error"}`` when the build failed; None
+        before the first load. ``seconds`` is the whole ``load`` call: compile and link when ``cached`` is
+        False, only the up-to-date check and import when it is True."""
+        return self._loaded.get("info")  # type: ignore[return-value]
