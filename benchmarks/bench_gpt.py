@@ -9,11 +9,12 @@ seqlab's copy is made by the production converter (``seqlab.interop.hf_gpt2.conv
 * Achieved FLOP/s = 3 x forward FLOPs per token (``seqlab.models.flops``: 2 N_matmul + 4 n_layers t d_attn)
   x tokens/s, as a fraction of the fp32 matmul rate measured in the same run: the best median FLOP/s over
   square matmuls and the model's own GEMM shapes (the ceiling its matmuls can reach on this CPU).
-* Generation: greedy, batch 1, a 16-token prompt and 200 new tokens through each library's KV cache
-  (seqlab ``generate(temperature=0)``, which decodes through ``StaticCacheDecoder``; HF
-  ``generate(do_sample=False)``); tokens/s from the median. Two more rows: seqlab stepping module by module
-  (``fast_path=False``: the reference path), and the ceiling set by the model's matrix-vector
-  products alone (``matvec_ceiling``).
+* Generation: greedy and sampled (temperature 0.8, top-k 50), at batch 1 and batch 8, a 16-token prompt and
+  200 new tokens through each library's KV cache (seqlab ``generate``, which decodes through
+  ``StaticCacheDecoder`` and, for a float32 model on the CPU, the fused kernel ``seqlab.kernels.decode``; HF
+  ``generate``); tokens/s from the median. Alternating with them: the ceiling set by the model's weight
+  products alone (``ceiling_fn``), and at batch 1 greedy seqlab stepping module by module (``fast_path=False``:
+  the reference path).
 
     python benchmarks/bench_gpt.py              # writes benchmarks/results/gpt-<hardware>-torch<version>.md
     python benchmarks/bench_gpt.py --quick      # a smoke run that writes no file
@@ -59,20 +60,20 @@ def matmul_rate(shapes: list[tuple[int, int, int]], repeats: int = 7) -> tuple[f
     return best, best_shape
 
 
-@torch.inference_mode()
-def matvec_ceiling(model, batch: int = 1, repeats: int = 7, rounds: int = 50) -> float:
-    """Seconds per token step of the model's weight products alone, the weights read in decoding order.
+def ceiling_fn(model, batch: int, steps: int):
+    """A call that runs, ``steps`` times, the model's weight products alone, the weights read in decoding order.
 
     Every decoding step streams each weight matrix once (per layer the packed QKV, the output projection
     and the MLP's two layers, then the head): at batch 1 as matrix-vector products (``torch.mv``), at batch b
-    as (b, d_in) x (d_in, d_out) products. This times exactly those products on the model's own weights, with
-    nothing between them. Its inverse (times the batch) is a ceiling on the tokens/s of any fp32 decoder of
-    this model on this machine that reads its weights once per step with torch's kernels.
+    as (b, d_in) x (d_in, d_out) products. This runs exactly those products on the model's own weights, with
+    nothing between them; timed like a generation of ``steps`` tokens (alternating with the decoders), its
+    rate is a ceiling on the tokens/s of any fp32 decoder of this model on this machine that reads its weights
+    once per step through torch's kernels.
     """
     mats = []
     for blk in model.blocks:
         mats += [blk.mixer.in_proj_weight, blk.mixer.out_proj.weight, blk.mlp.fc1.weight, blk.mlp.fc2.weight]
-    mats.append(model.head.weight)
+    mats = [w.detach() for w in mats] + [model.head.weight.detach()]
     if batch == 1:
         inputs = {w.size(1): torch.randn(w.size(1)) for w in mats}
         products = [(torch.mv, w, inputs[w.size(1)]) for w in mats]  # W x, x (d_in,)
@@ -80,19 +81,12 @@ def matvec_ceiling(model, batch: int = 1, repeats: int = 7, rounds: int = 50) ->
         inputs = {w.size(1): torch.randn(batch, w.size(1)) for w in mats}
         products = [(torch.mm, inputs[w.size(1)], w.t()) for w in mats]  # X W^T, X (b, d_in)
 
-    def one_token() -> None:
-        for f, a, b in products:
-            f(a, b)
+    def run() -> None:
+        for _ in range(steps):
+            for f, a, b in products:
+                f(a, b)
 
-    for _ in range(5):
-        one_token()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(rounds):
-            one_token()
-        times.append((time.perf_counter() - t) / rounds)
-    return statistics.median(times)
+    return run
 
 
 def generate_ref(model, prompt, new_tokens):
@@ -141,8 +135,9 @@ def generation_rows(ours, hf, args, batch, sampled, new_tokens, repeats):
     reference = batch == 1 and not sampled
     if reference:
         fns["modules"] = lambda: generate_ref(ours, prompt, new_tokens)
+    fns["ceiling"] = ceiling_fn(ours, batch, new_tokens)
     rate = {k: batch * new_tokens / v for k, v in alternate(fns, repeats).items()}
-    ceiling = batch / matvec_ceiling(ours, batch)
+    ceiling = rate["ceiling"]
     what = f"{'sampled' if sampled else 'greedy'} generation tokens/s, batch {batch} ({new_tokens} new)"
     rows = [
         f"| {what} | {rate['seqlab']:,.0f} | {rate['hf']:,.0f} | {rate['seqlab'] / rate['hf']:.2f} | "
@@ -284,8 +279,9 @@ def main() -> None:
         "seqlab's `generate` decodes through `seqlab.models.gpt_decode.StaticCacheDecoder` (preallocated KV",
         "buffers), which steps a float32 model on the CPU through the fused C++ kernel `seqlab.kernels.decode`",
         f"({kernel_cost()}); `fast_path=False` steps through the modules (LM.step).",
-        "The ceiling row times the matrix-vector products of one token (QKV, output and the MLP's two per layer,",
-        "then the head) with nothing between them (at batch 8, the same products with 8 rows): each streams its",
+        "The ceiling rows time the matrix-vector products of each step (QKV, output and the MLP's two per layer,",
+        "then the head) with nothing between them (at batch 8, the same products with 8 rows), alternating with the",
+        "decoders like a generation of as many tokens: each product streams its",
         "weights once per step, as any fp32 decoder of this model must. The last column of a seqlab row is its",
         "fraction of that ceiling; a fused step (one C++ call, one parallel region) can pass 100%, because the",
         "ceiling pays torch's per-call dispatch and thread start-up 17 times per step.",

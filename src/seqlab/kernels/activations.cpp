@@ -1,0 +1,87 @@
+// GELU with the tanh approximation (Hendrycks & Gimpel 2016; GPT-2's "gelu_new"), forward and backward, one
+// vectorized pass each. Built on first use by seqlab/kernels/activations.py.
+//
+//   z = c (x + a x³),  c = sqrt(2/π), a = 0.044715
+//   gelu(x) = ½ x (1 + tanh z) = x σ(2z)                          since ½ (1 + tanh z) = σ(2z)
+//   gelu'(x) = σ(2z) + x σ(2z) (1 − σ(2z)) · 2c (1 + 3a x²)
+//
+// σ comes from the branch-free polynomial exp of vec_math.h, so the loops vectorize (torch's own CPU kernel for
+// this approximation runs about 5x slower than its erf GELU on the machines seqlab is measured on). Threads:
+// at::parallel_for, torch's own pool.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+
+#include "vec_math.h"
+
+namespace {
+
+using seqlab_vec::exp_;
+using seqlab_vec::sigmoid_;
+
+constexpr int64_t kGrain = 16384;  // elements per task: below this a thread's start-up costs more than it saves
+
+template <typename T>
+void forward(const T* __restrict__ x, T* __restrict__ y, int64_t lo, int64_t hi) {
+  const T c = T(0.7978845608028654), a = T(0.044715);
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
+    const T v = x[i];
+    y[i] = v * sigmoid_(T(2) * c * (v + a * v * v * v));
+  }
+}
+
+template <typename T>
+void backward(const T* __restrict__ g, const T* __restrict__ x, T* __restrict__ dx, int64_t lo, int64_t hi) {
+  const T c = T(0.7978845608028654), a = T(0.044715);
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
+    const T v = x[i];
+    const T e = exp_(T(-2) * c * (v + a * v * v * v));
+    const T s = T(1) / (T(1) + e), s_rest = e * s;  // σ(2z) and 1 − σ(2z) = σ(−2z), without cancellation
+    dx[i] = g[i] * (s + v * s * s_rest * T(2) * c * (T(1) + T(3) * a * v * v));
+  }
+}
+
+void check(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "gelu_tanh: ", name, " must be a contiguous CPU tensor");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, "gelu_tanh: ", name,
+              " must be float32 or float64, got ", t.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor gelu_tanh_forward(const at::Tensor& x) {
+  check(x, "x");
+  at::Tensor y = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gelu_tanh_forward", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    at::parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) { forward(xp, yp, lo, hi); });
+  });
+  return y;
+}
+
+at::Tensor gelu_tanh_backward(const at::Tensor& grad, const at::Tensor& x) {
+  check(x, "x");
+  check(grad, "grad");
+  TORCH_CHECK(grad.sizes() == x.sizes() && grad.scalar_type() == x.scalar_type(),
+              "gelu_tanh: grad and x must share shape and dtype");
+  at::Tensor dx = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gelu_tanh_backward", [&] {
+    const scalar_t* gp = grad.data_ptr<scalar_t>();
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* dp = dx.data_ptr<scalar_t>();
+    at::parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) { backward(gp, xp, dp, lo, hi); });
+  });
+  return dx;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &gelu_tanh_forward, "gelu_tanh(x), x contiguous float32/float64 on the CPU");
+  m.def("backward", &gelu_tanh_backward, "dL/dx of gelu_tanh given dL/dy and x");
+}
