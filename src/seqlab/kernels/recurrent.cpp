@@ -103,13 +103,17 @@ void gru_backward_row(const T* __restrict__ go, const T* __restrict__ ws, const 
   }
 }
 
-// RNN: h = act(pre), in place over the output row that already holds the pre-activation.
+// RNN: h = act(W_hh h_prev + gx), in place over the output row that already holds W_hh h_prev (adding gx here
+// rather than as the matmul's input saves a copy per step).
 template <typename T>
-void rnn_forward_row(T* __restrict__ h, int64_t H, bool relu) {
+void rnn_forward_row(T* __restrict__ h, const T* __restrict__ gx, int64_t H, bool relu) {
   if (relu) {
-    for (int64_t j = 0; j < H; ++j) h[j] = h[j] > T(0) ? h[j] : T(0);
+    for (int64_t j = 0; j < H; ++j) {
+      const T pre = h[j] + gx[j];
+      h[j] = pre > T(0) ? pre : T(0);
+    }
   } else {
-    for (int64_t j = 0; j < H; ++j) h[j] = tanh_(h[j]);
+    for (int64_t j = 0; j < H; ++j) h[j] = tanh_(h[j] + gx[j]);
   }
 }
 
@@ -195,8 +199,8 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
         for (int64_t i = 0; i < B; ++i)
           gru_forward_row(gxs + i * G, ghs + i * G, hps + i * H, hs + i * H, wss + i * 4 * H, H);
       } else {
-        at::addmm_out(h, gx[s], hp, w_hh_t);  // pre-activation, written straight into out[s]
-        rnn_forward_row(h.data_ptr<scalar_t>(), B * H, mode == kRelu);
+        at::mm_out(h, hp, w_hh_t);  // W_hh h_{s-1}, written straight into out[s]
+        rnn_forward_row(h.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>() + s * B * G, B * H, mode == kRelu);
       }
     }
   });
@@ -214,7 +218,7 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "seqlab_recurrent_backward", [&] {
     for (int64_t k = T - 1; k >= 0; --k) {
       const int64_t s = reverse ? T - 1 - k : k;
-      const scalar_t* gos = go[s].data_ptr<scalar_t>();
+      const scalar_t* gos = go.data_ptr<scalar_t>() + s * B * H;  // go and out are contiguous (t, b, H)
       scalar_t *dhs = dh.data_ptr<scalar_t>(), *dghs = dgh[s].data_ptr<scalar_t>();
       if (gru) {
         const scalar_t* hps = previous(out, h0, s, reverse).data_ptr<scalar_t>();
@@ -224,7 +228,7 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
           gru_backward_row(gos + i * H, wss + i * 4 * H, hps + i * H, dhs + i * H, dgxs + i * G, dghs + i * G, H);
         dh.addmm_(dgh[s], w_hh);  // dL/dh_{s-1} += dgh[s] W_hh: (b, 3H) x (3H, H) -> (b, H)
       } else {
-        rnn_backward_row(gos, out[s].data_ptr<scalar_t>(), dhs, dghs, B * H, mode == kRelu);
+        rnn_backward_row(gos, out.data_ptr<scalar_t>() + s * B * H, dhs, dghs, B * H, mode == kRelu);
         at::mm_out(dh, dgh[s], w_hh);  // dL/dh_{s-1} = dpre[s] W_hh: (b, H) x (H, H) -> (b, H)
       }
     }
