@@ -4,8 +4,9 @@ is the selective scan of ``seqlab.layers.scan``.
 
 Notation: ``b`` batch, ``t`` time, ``d`` model width, ``d_inner = expand · d`` channels, ``n`` SSM state size.
 
-Two paths (``seqlab.layers.fastpath``): ``forward`` runs the chunked :func:`selective_scan` (custom backward);
-``forward_ref`` (and ``fast_path=False``) the loop :func:`selective_scan_ref`.
+Two paths (``seqlab.layers.fastpath``): ``forward`` runs :func:`selective_scan` (custom backward) and, on CPU
+without a padding mask, the convolution and its SiLU as one C++ kernel (``seqlab.kernels.causal_conv``);
+``forward_ref`` (and ``fast_path=False``) the loop :func:`selective_scan_ref` and torch's conv1d.
 
 Padding: ``mask`` (b, t), True at real positions, padding on the right. At a padded position the input is
 zeroed, the conv input too, and Δ is set to 0, so that Ā = exp(0 · A) = 1 and B̄ x = Δ B x = 0: the SSM state
@@ -25,6 +26,8 @@ from torch import Tensor, nn
 
 from seqlab.layers.checks import check_input, check_state
 from seqlab.layers.discretization import _log_uniform, _wide
+from seqlab.kernels.causal_conv import causal_conv_silu
+from seqlab.kernels.causal_conv import why_not_kernel as why_not_conv_kernel
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
@@ -161,9 +164,16 @@ class Mamba(FastPathMixin, nn.Module):
         if mask is not None:
             xs = xs.masked_fill(~mask[..., None], 0.0)  # padded conv inputs are zeros, as after a real end
         # causal depthwise conv: the previous d_conv - 1 inputs (zeros at the start) prefix the sequence
-        full = torch.cat([conv_state, xs.transpose(1, 2)], dim=-1)  # (b, d_inner, d_conv + t)
-        w, bias = self.conv1d.weight, self.conv1d.bias  # (d_inner, 1, d_conv), (d_inner,)
-        xs = F.silu(F.conv1d(full[..., 1:], w, bias, groups=self.d_inner)).transpose(1, 2)  # (b, t, d_inner)
+        if fast and mask is None and why_not_conv_kernel(xs) is None:  # one C++ pass on the (b, t, c) layout
+            k = self.d_conv
+            new_conv_state = torch.cat([conv_state, xs[:, -k:].transpose(1, 2)], dim=-1)[..., -k:]
+            w = self.conv1d.weight.view(self.d_inner, k).t()  # (d_conv, d_inner)
+            xs = causal_conv_silu(xs, conv_state[..., 1:].transpose(1, 2), w, self.conv1d.bias)
+        else:
+            full = torch.cat([conv_state, xs.transpose(1, 2)], dim=-1)  # (b, d_inner, d_conv + t)
+            w, bias = self.conv1d.weight, self.conv1d.bias  # (d_inner, 1, d_conv), (d_inner,)
+            xs = F.silu(F.conv1d(full[..., 1:], w, bias, groups=self.d_inner)).transpose(1, 2)  # (b, t, d_inner)
+            new_conv_state = self._last_conv_inputs(full, mask)
         delta, B, C = self._ssm_inputs(xs)
         # Δ = softplus(dt_proj(x)), in float32 at least: (b, t, d_inner)
         delta = F.softplus(_wide(delta) + _wide(self.dt_proj.bias))
@@ -182,7 +192,7 @@ class Mamba(FastPathMixin, nn.Module):
             return_last_state=True,
             **({"chunk_size": self.chunk_size} if fast else {}),
         )
-        return self.out_proj(y), (self._last_conv_inputs(full, mask), ssm_state.to(self.D.dtype))
+        return self.out_proj(y), (new_conv_state, ssm_state.to(self.D.dtype))
 
     def _last_conv_inputs(self, full: Tensor, mask: Tensor | None) -> Tensor:
         """The conv state to carry: the last d_conv of (carried state, inputs), per row up to its last real one.

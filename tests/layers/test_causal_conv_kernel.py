@@ -1,0 +1,70 @@
+"""seqlab.kernels.causal_conv (causal_conv.cpp): Mamba's depthwise causal conv + SiLU against torch's conv1d."""
+
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from seqlab.kernels import causal_conv
+from seqlab.kernels.causal_conv import causal_conv_silu, causal_conv_silu_ref
+from seqlab.layers.mamba import Mamba
+
+needs_compiler = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
+
+
+def inputs(dtype, b=3, t=11, c=37, k=4, bias=True):
+    torch.manual_seed(0)
+    make = lambda *shape: torch.randn(*shape, dtype=dtype, requires_grad=True)  # noqa: E731
+    return make(b, t, c), make(b, k - 1, c), make(k, c), make(c) if bias else None
+
+
+@needs_compiler
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_values_and_every_gradient_match_conv1d(dtype, tol, bias):
+    args = inputs(dtype, bias=bias)  # c = 37: two full 16-channel blocks and a partial one
+    y, ref = causal_conv_silu(*args), causal_conv_silu_ref(*args)
+    assert "CausalConvSilu" in type(y.grad_fn).__name__  # the kernel ran
+    torch.testing.assert_close(y, ref, rtol=tol, atol=tol)
+    wanted = [a for a in args if a is not None]
+    g = torch.randn_like(y)
+    for got, want in zip(torch.autograd.grad(y, wanted, g), torch.autograd.grad(ref, wanted, g), strict=True):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol * 10)
+
+
+@needs_compiler
+def test_gradcheck_and_double_backward():
+    args = inputs(torch.float64, b=2, t=5, c=6)
+    assert torch.autograd.gradcheck(causal_conv_silu, args)
+    assert torch.autograd.gradgradcheck(causal_conv_silu, args)
+
+
+@needs_compiler
+@pytest.mark.parametrize("t", [2, 9])  # shorter than the kernel (the new state reaches into the old) and longer
+def test_mamba_fast_path_equals_its_reference_with_a_carried_state(t):
+    torch.manual_seed(0)
+    m = Mamba(8, d_state=4, d_conv=4).double()
+    x = torch.randn(2, t, 8, dtype=torch.float64)
+    state = (torch.randn(2, m.d_inner, 4, dtype=torch.float64), torch.randn(2, m.d_inner, 4, dtype=torch.float64))
+    (y, (conv, ssm)), (y_ref, (conv_ref, ssm_ref)) = m(x, state), m.forward_ref(x, state)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(conv, conv_ref, rtol=0, atol=0)
+    torch.testing.assert_close(ssm, ssm_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_a_failed_build_falls_back_to_conv1d(monkeypatch):
+    def no_compiler():
+        raise RuntimeError("error: c++: command not found")
+
+    monkeypatch.setattr(causal_conv.EXTENSION, "_loaded", {})
+    monkeypatch.setattr(causal_conv.EXTENSION, "_compile", no_compiler)
+    args = inputs(torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = causal_conv_silu(*args)
+        causal_conv_silu(*args)
+    mine = [w for w in caught if "causal convolution kernel could not be built" in str(w.message)]
+    assert len(mine) == 1 and "command not found" in str(mine[0].message)
+    assert "could not be built" in causal_conv.why_not_kernel(args[0])
+    torch.testing.assert_close(y, causal_conv_silu_ref(*args), rtol=0, atol=0)
