@@ -41,12 +41,17 @@ def test_gradcheck_and_double_backward():
 
 
 @needs_compiler
-@pytest.mark.parametrize("t", [2, 9])  # shorter than the kernel (the new state reaches into the old) and longer
+@pytest.mark.parametrize(
+    "t", [2, 9]
+)  # shorter than the kernel (the new state reaches into the old) and longer
 def test_mamba_fast_path_equals_its_reference_with_a_carried_state(t):
     torch.manual_seed(0)
     m = Mamba(8, d_state=4, d_conv=4).double()
     x = torch.randn(2, t, 8, dtype=torch.float64)
-    state = (torch.randn(2, m.d_inner, 4, dtype=torch.float64), torch.randn(2, m.d_inner, 4, dtype=torch.float64))
+    state = (
+        torch.randn(2, m.d_inner, 4, dtype=torch.float64),
+        torch.randn(2, m.d_inner, 4, dtype=torch.float64),
+    )
     (y, (conv, ssm)), (y_ref, (conv_ref, ssm_ref)) = m(x, state), m.forward_ref(x, state)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(conv, conv_ref, rtol=0, atol=0)

@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.layers.checks import check_input, check_state
-from seqlab.layers.discretization import _log_uniform, _wide
 from seqlab.kernels.causal_conv import causal_conv_silu
 from seqlab.kernels.causal_conv import why_not_kernel as why_not_conv_kernel
+from seqlab.layers.checks import check_input, check_state
+from seqlab.layers.discretization import _log_uniform, _wide
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
@@ -172,7 +172,9 @@ class Mamba(FastPathMixin, nn.Module):
         else:
             full = torch.cat([conv_state, xs.transpose(1, 2)], dim=-1)  # (b, d_inner, d_conv + t)
             w, bias = self.conv1d.weight, self.conv1d.bias  # (d_inner, 1, d_conv), (d_inner,)
-            xs = F.silu(F.conv1d(full[..., 1:], w, bias, groups=self.d_inner)).transpose(1, 2)  # (b, t, d_inner)
+            xs = F.silu(F.conv1d(full[..., 1:], w, bias, groups=self.d_inner)).transpose(
+                1, 2
+            )  # (b, t, d_inner)
             new_conv_state = self._last_conv_inputs(full, mask)
         delta, B, C = self._ssm_inputs(xs)
         # Δ = softplus(dt_proj(x)), in float32 at least: (b, t, d_inner)
