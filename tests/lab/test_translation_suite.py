@@ -68,7 +68,8 @@ def test_a_finished_contender_is_read_back_with_its_own_settings(tmp_path, monke
     monkeypatch.setattr(translation, "TASK", {"name": "translation", "source": str(path), "vocab_size": 300})
     fields = {"d_model": 16, "dropout": 0.0, "max_src_len": 64}
     first = translation._run("Bahdanau", fields, tmp_path, minutes=0.01, seed=0)
-    assert first["steps"] == 50 and first["summary"]["step"] == 50
+    steps = first["steps"]  # the calibration's floor of 50, or more on a fast machine
+    assert steps >= 50 and first["summary"]["step"] == steps
     latest = (tmp_path / "runs" / "bahdanau" / "latest").read_text()
 
     def no_calibration(*args, **kwargs):
@@ -76,5 +77,5 @@ def test_a_finished_contender_is_read_back_with_its_own_settings(tmp_path, monke
 
     monkeypatch.setattr(translation, "_planned", no_calibration)
     again = translation._run("Bahdanau", fields, tmp_path, minutes=5.0, seed=0)
-    assert again["steps"] == 50 and again["summary"]["step"] == 50
+    assert again["steps"] == steps and again["summary"]["step"] == steps
     assert (tmp_path / "runs" / "bahdanau" / "latest").read_text() == latest
