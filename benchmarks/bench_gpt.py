@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import statistics
 import time
 from pathlib import Path
@@ -136,20 +137,23 @@ def generation_rows(ours, hf, args, batch, sampled, new_tokens, repeats):
     if reference:
         fns["modules"] = lambda: generate_ref(ours, prompt, new_tokens)
     fns["ceiling"] = ceiling_fn(ours, batch, new_tokens)
-    rate = {k: batch * new_tokens / v for k, v in alternate(fns, repeats).items()}
+    medians, spread = alternate(fns, repeats)
+    rate = {k: batch * new_tokens / v for k, v in medians.items()}
     ceiling = rate["ceiling"]
     what = f"{'sampled' if sampled else 'greedy'} generation tokens/s, batch {batch} ({new_tokens} new)"
     rows = [
-        f"| {what} | {rate['seqlab']:,.0f} | {rate['hf']:,.0f} | {rate['seqlab'] / rate['hf']:.2f} | "
+        f"| {what} | {cell(rate['seqlab'], spread['seqlab'])} | {cell(rate['hf'], spread['hf'])} | "
+        f"{rate['seqlab'] / rate['hf']:.2f} | "
         f"{rate['seqlab'] / ceiling:.0%} |"
     ]
     if reference:
         rows.append(
-            f"| greedy, batch 1, seqlab stepping module by module (`fast_path=False`) | {rate['modules']:,.0f} | | "
+            f"| greedy, batch 1, seqlab stepping module by module (`fast_path=False`) | "
+            f"{cell(rate['modules'], spread['modules'])} | | "
             f"{rate['modules'] / rate['hf']:.2f} | {rate['modules'] / ceiling:.0%} |"
         )
     rows.append(
-        f"| ceiling at batch {batch}: the weight products alone, per step | {ceiling:,.0f} | | "
+        f"| ceiling at batch {batch}: the weight products alone, per step | {cell(ceiling, spread['ceiling'])} | | "
         f"{ceiling / rate['hf']:.2f} | 100% |"
     )
     ok = None
@@ -175,8 +179,9 @@ def train_step_fn(model, logits_of, batch, lr=1e-3):
     return step
 
 
-def alternate(fns: dict[str, callable], repeats: int) -> dict[str, float]:
-    """Median seconds per call of each function, alternating the order from repeat to repeat."""
+def alternate(fns: dict[str, callable], repeats: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds per call of each function, alternating the order from repeat to repeat, and each one's
+    spread: the interquartile range over the median (a rate's relative spread is the same)."""
     names = list(fns)
     for f in fns.values():  # warm-up
         f()
@@ -186,7 +191,16 @@ def alternate(fns: dict[str, callable], repeats: int) -> dict[str, float]:
             t = time.perf_counter()
             fns[n]()
             times[n].append(time.perf_counter() - t)
-    return {n: statistics.median(v) for n, v in times.items()}
+    spread = {}
+    for n, v in times.items():
+        q1, _, q3 = statistics.quantiles(v, n=4) if len(v) > 1 else (v[0], v[0], v[0])
+        spread[n] = (q3 - q1) / statistics.median(v)
+    return {n: statistics.median(v) for n, v in times.items()}, spread
+
+
+def cell(rate: float, spread: float) -> str:
+    """A rate with its relative interquartile range: '9,796 ±3%'."""
+    return f"{rate:,.0f} ±{spread:.0%}"
 
 
 def main() -> None:
@@ -228,12 +242,13 @@ def main() -> None:
     ours = convert_gpt2(hf)
     batch = torch.randint(0, args.vocab, (args.batch, args.context))
     hf.train(), ours.train()
+    load_before = os.getloadavg()[0]
 
     rows, d = args.batch * args.context, 256
     rate, rate_shape = matmul_rate(
         [(1024, 1024, 1024), (2048, 2048, 2048), (rows, d, 3 * d), (rows, d, 4 * d), (rows, 4 * d, d)]
     )
-    train = alternate(
+    train, train_spread = alternate(
         {
             "seqlab": train_step_fn(ours, lambda m, x: m(x), batch),
             "hf": train_step_fn(hf, lambda m, x: m(x).logits, batch),
@@ -255,8 +270,9 @@ def main() -> None:
         f"# GPT (4 x 256, 4 heads, context {args.context}, vocab {args.vocab}) vs HF GPT2LMHeadModel",
         "",
         f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}, {dt.date.today()}; {repeats} repeats (generation: {gen_repeats}), medians, alternating order."
-        + (" Quick run." if args.quick else ""),
+        f"{transformers.__version__}, {dt.date.today()}; {repeats} repeats (generation: {gen_repeats}), medians "
+        "± the interquartile range over the median, alternating order; load average before / after: "
+        f"{load_before:.2f} / {os.getloadavg()[0]:.2f}." + (" Quick run." if args.quick else ""),
         f"fp32 matmul rate measured in this run: {rate / 1e9:.1f} GFLOP/s (best median over square and the "
         f"model's GEMM shapes, reached at (m, k, n) = {rate_shape}).",
         "",
@@ -265,7 +281,8 @@ def main() -> None:
     ]
     tr = {k: tokens / v for k, v in train.items()}
     lines.append(
-        f"| training tokens/s (batch {args.batch}) | {tr['seqlab']:,.0f} | {tr['hf']:,.0f} | "
+        f"| training tokens/s (batch {args.batch}) | {cell(tr['seqlab'], train_spread['seqlab'])} | "
+        f"{cell(tr['hf'], train_spread['hf'])} | "
         f"{tr['seqlab'] / tr['hf']:.2f} | |"
     )
     fr = {k: v * flops_tok / rate for k, v in tr.items()}
