@@ -44,18 +44,25 @@ inline const T* row(const T* x, const T* s, const Shape& n, int64_t bi, int64_t 
   return tau >= 0 ? x + (bi * n.t + tau) * n.c : s + (bi * (n.k - 1) + (n.k - 1 + tau)) * n.c;
 }
 
+// pre[c - c0] = bias + Σ_j w[j] ⊙ in[t − (k − 1) + j] for the block's channels at (bi, t)
+template <typename T>
+inline void conv_at(const T* x, const T* s, const T* w, const T* bias, const Shape& n, int64_t bi, int64_t t,
+                    int64_t c0, int64_t c1, T* pre) {
+  for (int64_t c = c0; c < c1; ++c) pre[c - c0] = bias ? bias[c] : T(0);
+  for (int64_t j = 0; j < n.k; ++j) {
+    const T* in = row(x, s, n, bi, t - (n.k - 1) + j);
+    const T* wj = w + j * n.c;
+#pragma omp simd
+    for (int64_t c = c0; c < c1; ++c) pre[c - c0] += wj[c] * in[c];
+  }
+}
+
 template <typename T>
 void forward_block(const T* x, const T* s, const T* w, const T* bias, T* y, const Shape& n, int64_t c0, int64_t c1) {
   T pre[kBlock];
   for (int64_t bi = 0; bi < n.b; ++bi)
     for (int64_t t = 0; t < n.t; ++t) {
-      for (int64_t c = c0; c < c1; ++c) pre[c - c0] = bias ? bias[c] : T(0);
-      for (int64_t j = 0; j < n.k; ++j) {
-        const T* in = row(x, s, n, bi, t - (n.k - 1) + j);
-        const T* wj = w + j * n.c;
-#pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) pre[c - c0] += wj[c] * in[c];
-      }
+      conv_at(x, s, w, bias, n, bi, t, c0, c1, pre);
       T* out = y + (bi * n.t + t) * n.c;
 #pragma omp simd
       for (int64_t c = c0; c < c1; ++c) out[c] = pre[c - c0] / (T(1) + exp_(-pre[c - c0]));
@@ -68,13 +75,7 @@ void backward_block(const T* g, const T* x, const T* s, const T* w, const T* bia
   T pre[kBlock], dpre[kBlock];
   for (int64_t bi = 0; bi < n.b; ++bi)
     for (int64_t t = 0; t < n.t; ++t) {
-      for (int64_t c = c0; c < c1; ++c) pre[c - c0] = bias ? bias[c] : T(0);
-      for (int64_t j = 0; j < n.k; ++j) {
-        const T* in = row(x, s, n, bi, t - (n.k - 1) + j);
-        const T* wj = w + j * n.c;
-#pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) pre[c - c0] += wj[c] * in[c];
-      }
+      conv_at(x, s, w, bias, n, bi, t, c0, c1, pre);  // recomputed: cheaper than saving (b, t, c)
       const T* gr = g + (bi * n.t + t) * n.c;
 #pragma omp simd
       for (int64_t c = c0; c < c1; ++c) {
