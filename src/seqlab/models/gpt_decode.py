@@ -23,7 +23,9 @@ The prompt itself is read by the model's ordinary forward (parallel, fused SDPA)
 into the buffers. A float32 model on the CPU then steps through ``seqlab.kernels.decode`` (``decode.cpp``):
 the same step as one C++ call, the whole token in one parallel region with no operator between the products
 (the kernel's cache layout is (b, g, capacity, k)); float64, other devices, or a machine where the kernel
-cannot be built take the torch-op step below, which is also the kernel's reference in the tests. ``LM.generate`` decodes through this class unless ``LM.why_not_fast_path()`` gives a reason
+cannot be built take the torch-op step below, which is also the kernel's reference in the tests.
+
+``LM.generate`` decodes through this class unless ``LM.why_not_fast_path()`` gives a reason
 (``fast_path=False`` among them); the tests hold its logits to ``LM.step``'s. The decoder is for one linear generation: its state is the position it has
 reached, and stepping from any other position is refused rather than silently reading overwritten slots.
 """
@@ -105,6 +107,23 @@ def _kernel_norm(norm) -> tuple[Tensor | None, Tensor | None, float]:
     return norm.weight, bias, norm.eps
 
 
+def _contiguous(t: Tensor | None) -> Tensor | None:
+    """A tensor as the kernel reads it: detached and contiguous (None stays None)."""
+    return None if t is None else t.detach().contiguous()
+
+
+def _kernel_layer(blk, k: Tensor, v: Tensor) -> list[Tensor | None]:
+    """One block's tensors in decode.cpp's order: norm1 w, b; qkv w, b; out w, b; norm2 w, b; fc1 (or SwiGLU's
+    gate) w, b; SwiGLU's up w, b; fc2 (or down) w, b; the key and value caches."""
+    (n1w, n1b, _), (n2w, n2b, _) = _kernel_norm(blk.norm1), _kernel_norm(blk.norm2)
+    attn, mlp = blk.mixer, blk.mlp
+    fc1, up, fc2 = (mlp.gate, mlp.up, mlp.down) if isinstance(mlp, SwiGLU) else (mlp.fc1, None, mlp.fc2)
+    ups = (None, None) if up is None else (up.weight, up.bias)
+    tensors = [n1w, n1b, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight, attn.out_proj.bias]
+    tensors += [n2w, n2b, fc1.weight, fc1.bias, *ups]
+    return [*(_contiguous(t) for t in [*tensors, fc2.weight, fc2.bias]), k, v]
+
+
 def _native_decoder(model, batch: int, capacity: int, buffers, cos, sin, rope):
     """decode.cpp's Decoder over the model's weights and the (b, g, capacity, k) caches in ``buffers``, or None
     when the kernel does not apply (not float32 on the CPU, mixed norm kinds) or cannot be built."""
@@ -120,27 +139,12 @@ def _native_decoder(model, batch: int, capacity: int, buffers, cos, sin, rope):
     kernel = load_decode_kernel()
     if kernel is None:
         return None
-
-    def c(t):  # every tensor as the kernel reads it: contiguous float32, detached
-        return None if t is None else t.detach().contiguous()
-
-    layers = []
-    for blk, (k, v) in zip(model.blocks, buffers, strict=True):
-        (n1w, n1b, eps1), (n2w, n2b, eps2) = _kernel_norm(blk.norm1), _kernel_norm(blk.norm2)
-        attn, mlp = blk.mixer, blk.mlp
-        swiglu = isinstance(mlp, SwiGLU)
-        fc1, up, fc2 = (mlp.gate, mlp.up, mlp.down) if swiglu else (mlp.fc1, None, mlp.fc2)
-        layers.append(
-            [c(t) for t in (n1w, n1b, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight)]
-            + [c(attn.out_proj.bias), c(n2w), c(n2b), c(fc1.weight), c(fc1.bias)]
-            + [c(None if up is None else up.weight), c(None if up is None else up.bias)]
-            + [c(fc2.weight), c(fc2.bias), k, v]
-        )
+    layers = [_kernel_layer(blk, k, v) for blk, (k, v) in zip(model.blocks, buffers, strict=True)]
     fw, fb, feps = _kernel_norm(model.norm)
     pos_table = None if model.pos_embed is None else model.pos_embed.weight
-    globals_ = [c(model.embed.weight), c(pos_table), c(cos), c(sin), c(fw), c(fb), c(w), c(model.head.bias)]
-    attn, mlp = model.blocks[0].mixer, model.blocks[0].mlp
-    swiglu = isinstance(mlp, SwiGLU)
+    globals_ = [model.embed.weight, pos_table, cos, sin, fw, fb, w, model.head.bias]
+    blk = model.blocks[0]  # every block has the same shapes, activation and norm eps (the config's)
+    attn, mlp, swiglu = blk.mixer, blk.mlp, isinstance(blk.mlp, SwiGLU)
     f = (mlp.gate if swiglu else mlp.fc1).weight.size(0)
     act = _KERNEL_ACTS["silu" if swiglu else mlp.activation]
     rotary, interleaved = (0, 0) if rope is None else (rope.rotary_dim, int(rope.interleaved))
@@ -161,7 +165,8 @@ def _native_decoder(model, batch: int, capacity: int, buffers, cos, sin, rope):
         interleaved,
     ]
     scale = attn.scale if attn.scale is not None else 1.0 / math.sqrt(kd)
-    consts = [eps1, eps2, feps, scale]  # the blocks' norms share one eps (the config's norm_eps)
+    consts = [blk.norm1.eps, blk.norm2.eps, feps, scale]
+    globals_ = [_contiguous(t) for t in globals_]
     return kernel.Decoder(layers, globals_, [*sizes, torch.get_num_threads()], consts)
 
 
