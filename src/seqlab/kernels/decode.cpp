@@ -190,13 +190,29 @@ class Decoder {
       TORCH_CHECK(l.size() == 16, "decoder: a layer needs 16 entries");
       for (const auto& t : l)
         if (t.has_value()) check(*t);
-      const int64_t qkv_rows = (h_ + 2 * g_) * k_;
+      const int64_t qkv_rows = (h_ + 2 * g_) * k_, cache = b_ * g_ * capacity_ * k_;
+      const int64_t sizes_of[16] = {d_, d_, qkv_rows * d_, qkv_rows, d_ * h_ * k_, d_, d_, d_,
+                                    f_ * d_, f_, f_ * d_, f_, d_ * f_, d_, cache, cache};
+      for (int i = 0; i < 16; ++i)  // every pointer read below stays inside its tensor
+        TORCH_CHECK(!l[i].has_value() || l[i]->numel() == sizes_of[i], "decoder: layer tensor ", i, " has ",
+                    l[i].has_value() ? l[i]->numel() : 0, " elements, expected ", sizes_of[i]);
+      TORCH_CHECK(l[2].has_value() && l[4].has_value() && l[8].has_value() && l[12].has_value() &&
+                      l[14].has_value() && l[15].has_value() && (!swiglu_ || l[10].has_value()),
+                  "decoder: a layer lacks a weight or a cache");
       layers_.push_back({Norm{ptr(l[0]), ptr(l[1]), float(consts[0]), rms},
                          Norm{ptr(l[6]), ptr(l[7]), float(consts[1]), rms},
                          Proj{ptr(l[2]), ptr(l[3]), qkv_rows, d_}, Proj{ptr(l[4]), ptr(l[5]), d_, h_ * k_},
                          Proj{ptr(l[8]), ptr(l[9]), f_, d_}, Proj{ptr(l[10]), ptr(l[11]), f_, d_},
                          Proj{ptr(l[12]), ptr(l[13]), d_, f_}, l[14]->data_ptr<float>(), l[15]->data_ptr<float>()});
     }
+    TORCH_CHECK(globals_[0].has_value() && globals_[0]->dim() == 2 && globals_[0]->size(1) == d_ &&
+                    globals_[6].has_value() && globals_[6]->numel() == vocab_ * d_,
+                "decoder: the embedding must be (vocab, d) and the head (V, d)");
+    TORCH_CHECK(!globals_[1].has_value() || globals_[1]->numel() >= capacity_ * d_,
+                "decoder: the position table is shorter than the buffers");
+    TORCH_CHECK(rotary_ == 0 || (globals_[2].has_value() && globals_[2]->numel() >= capacity_ * (rotary_ / 2) &&
+                                 globals_[3].has_value() && globals_[3]->numel() >= capacity_ * (rotary_ / 2)),
+                "decoder: RoPE needs cos and sin tables (capacity, rotary dim / 2)");
     final_ = Norm{ptr(globals_[4]), ptr(globals_[5]), float(consts[2]), rms};
     head_ = Proj{ptr(globals_[6]), ptr(globals_[7]), vocab_, d_};
     const auto opts = globals_[0]->options();
