@@ -11,8 +11,9 @@
 // Backward, with g = dL/dy: dpre = g (σ + pre σ (1 − σ)); dbias = Σ dpre; dw[j] = Σ dpre[t] ⊙ in[t − (k − 1) + j];
 // din[τ] = Σ_j dpre[τ + (k − 1) − j] ⊙ w[j], split into dx (τ ≥ 0) and ds (τ < 0). pre is recomputed, not saved.
 //
-// Work is split over channel blocks (at::parallel_for): a block owns its channels' weights and gradients for
-// every (b, t), so no two threads write the same place and nothing needs a reduction across threads.
+// Work is split over channel ranges (at::parallel_for over 16-channel units, each thread one contiguous range):
+// a range owns its channels' weights and gradients for every (b, t), so no two threads write the same place and
+// nothing needs a reduction across threads.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -32,7 +33,8 @@ namespace {
 
 using seqlab_vec::exp_;
 
-constexpr int64_t kBlock = 16;  // channels per task: one 64-byte line of floats
+constexpr int64_t kBlock = 16;  // channels per unit of work: one 64-byte line of floats; a thread takes its
+                                // units as one contiguous channel range, so the vector loops run its whole width
 
 struct Shape {
   int64_t b, t, c, k;
@@ -59,7 +61,8 @@ inline void conv_at(const T* x, const T* s, const T* w, const T* bias, const Sha
 
 template <typename T>
 void forward_block(const T* x, const T* s, const T* w, const T* bias, T* y, const Shape& n, int64_t c0, int64_t c1) {
-  T pre[kBlock];
+  std::vector<T> buffer(c1 - c0);
+  T* pre = buffer.data();
   for (int64_t bi = 0; bi < n.b; ++bi)
     for (int64_t t = 0; t < n.t; ++t) {
       conv_at(x, s, w, bias, n, bi, t, c0, c1, pre);
@@ -72,7 +75,8 @@ void forward_block(const T* x, const T* s, const T* w, const T* bias, T* y, cons
 template <typename T>
 void backward_block(const T* g, const T* x, const T* s, const T* w, const T* bias, T* dx, T* ds, T* dw, T* db,
                     const Shape& n, int64_t c0, int64_t c1) {
-  T pre[kBlock], dpre[kBlock];
+  std::vector<T> buffer(2 * (c1 - c0));
+  T *pre = buffer.data(), *dpre = pre + (c1 - c0);
   for (int64_t bi = 0; bi < n.b; ++bi)
     for (int64_t t = 0; t < n.t; ++t) {
       conv_at(x, s, w, bias, n, bi, t, c0, c1, pre);  // recomputed: cheaper than saving (b, t, c)
@@ -123,9 +127,8 @@ at::Tensor causal_conv_silu_forward(const at::Tensor& x, const at::Tensor& state
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_silu_forward", [&] {
     const scalar_t* bp = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, blocks(n), 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t blk = lo; blk < hi; ++blk)
-        forward_block(x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), bp,
-                      y.data_ptr<scalar_t>(), n, blk * kBlock, std::min(n.c, (blk + 1) * kBlock));
+      forward_block(x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), bp,
+                    y.data_ptr<scalar_t>(), n, lo * kBlock, std::min(n.c, hi * kBlock));
     });
   });
   return y;
@@ -141,11 +144,9 @@ std::vector<at::Tensor> causal_conv_silu_backward(const at::Tensor& grad, const 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_silu_backward", [&] {
     const scalar_t* bp = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, blocks(n), 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t blk = lo; blk < hi; ++blk)
-        backward_block(grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(),
-                       w.data_ptr<scalar_t>(), bp, dx.data_ptr<scalar_t>(), ds.data_ptr<scalar_t>(),
-                       dw.data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), n, blk * kBlock,
-                       std::min(n.c, (blk + 1) * kBlock));
+      backward_block(grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(),
+                     w.data_ptr<scalar_t>(), bp, dx.data_ptr<scalar_t>(), ds.data_ptr<scalar_t>(),
+                     dw.data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), n, lo * kBlock, std::min(n.c, hi * kBlock));
     });
   });
   return {dx, ds, dw, db};
