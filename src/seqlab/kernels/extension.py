@@ -1,8 +1,10 @@
 """Compiling one of seqlab's pybind C++ kernels on first use, caching it across processes, saying what it cost.
 
-Each kernel is one source file beside this module (``recurrent.cpp``, ``decode.cpp``, ``gelu.cpp``) wrapped by a
-:class:`CppExtension`. Its first ``load()`` in a process builds the file with ``torch.utils.cpp_extension.load``
-(g++ and ninja) or, when an earlier process built it, only imports it; ``build_info()`` says which and how long.
+Each kernel is one source file beside this module (``recurrent.cpp``, ``decode.cpp``, ``activations.cpp``,
+``causal_conv.cpp``) wrapped by a :class:`CppExtension`. Its first ``load()`` in a process builds the file with
+``torch.utils.cpp_extension.load`` (g++ and ninja) or, when an earlier process built it, only imports it;
+``build_info()`` says which and how long. (The selective scan, a library of torch operators rather than a
+pybind module, has its own loader in ``build.py``.)
 
 * where: ``$TORCH_EXTENSIONS_DIR/seqlab`` if set, else ``$XDG_CACHE_HOME/seqlab/kernels`` (by default
   ``~/.cache/seqlab/kernels``), in a folder ``seqlab_<stem>_<isa>_<hash of the sources and flags>``, so an
