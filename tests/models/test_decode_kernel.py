@@ -78,12 +78,12 @@ def test_kernel_refuses_bad_tokens_and_positions_with_a_clear_error():
         dec.native.greedy(torch.tensor([1]), pos, 8)
     with pytest.raises(RuntimeError, match=r"expected ids of shape \(1,\) int64"):
         dec.native.step(torch.tensor([1.0]), pos)
-    from seqlab.models.gpt_decode import _native_decoder
+    from seqlab.models.gpt_decode import _decode_kernel, _native_decoder
 
     # key caches that do not match the capacity of 10 positions
     short = [(k[:, :, :4].contiguous(), v) for k, v in dec.buffers]
     with pytest.raises(RuntimeError, match="layer tensor 14 has"):
-        _native_decoder(model, 1, 10, short, None, None, None)
+        _native_decoder(_decode_kernel(model), model, 1, 10, short, None, None, None)
 
 
 def test_float64_and_a_failed_build_take_the_torch_path(monkeypatch):

@@ -124,21 +124,24 @@ def _kernel_layer(blk, k: Tensor, v: Tensor) -> list[Tensor | None]:
     return [*(_contiguous(t) for t in [*tensors, fc2.weight, fc2.bias]), k, v]
 
 
-def _native_decoder(model, batch: int, capacity: int, buffers, cos, sin, rope):
-    """decode.cpp's Decoder over the model's weights and the (b, g, capacity, k) caches in ``buffers``, or None
-    when the kernel does not apply (not float32 on the CPU, mixed norm kinds) or cannot be built."""
+def _decode_kernel(model):
+    """decode.cpp's module when it applies to this model (float32 on the CPU, one kind of norm throughout) and
+    builds; None otherwise, and the decoder takes the torch-op step."""
     w = model.head.weight
     if w.dtype != torch.float32 or w.device.type != "cpu":
         return None
     norms = [n for blk in model.blocks for n in (blk.norm1, blk.norm2)] + [model.norm]
-    rms = isinstance(norms[0], RMSNorm)
-    if any(isinstance(n, RMSNorm) != rms for n in norms):
+    if len({isinstance(n, RMSNorm) for n in norms}) > 1:
         return None
     from seqlab.kernels.decode import load_decode_kernel
 
-    kernel = load_decode_kernel()
-    if kernel is None:
-        return None
+    return load_decode_kernel()
+
+
+def _native_decoder(kernel, model, batch: int, capacity: int, buffers, cos, sin, rope):
+    """``kernel.Decoder`` (see :func:`_decode_kernel`) over the model's weights and the (b, g, capacity, k) key
+    and value caches in ``buffers``."""
+    w, rms = model.head.weight, isinstance(model.norm, RMSNorm)
     layers = [_kernel_layer(blk, k, v) for blk, (k, v) in zip(model.blocks, buffers, strict=True)]
     fw, fb, feps = _kernel_norm(model.norm)
     pos_table = None if model.pos_embed is None else model.pos_embed.weight
@@ -249,21 +252,22 @@ class StaticCacheDecoder:
             self._build(b)
         if self.rope is not None:  # the rotation angles of every position this generation can reach
             self.cos, self.sin = self.rope.cos_sin(torch.arange(self.capacity, device=ids.device))
-        self.native = None
-        if self.use_kernel:  # decode.cpp's layout: (b, g, capacity, k) for keys and values alike
+        kernel = _decode_kernel(self.model) if self.use_kernel else None
+        self.native, self.buffers = None, []
+        if kernel is not None:  # decode.cpp's layout: (b, g, capacity, k) for keys and values alike
             shape = (b, self.g, self.capacity, self.kd)
             self.buffers = [(c.k.new_empty(shape), c.v.new_empty(shape)) for c in caches]
             for (k, v), cache in zip(self.buffers, caches, strict=True):
                 k[:, :, :t], v[:, :, :t] = cache.k, cache.v
             cos, sin = (self.cos, self.sin) if self.rope is not None else (None, None)
-            self.native = _native_decoder(self.model, b, self.capacity, self.buffers, cos, sin, self.rope)
-        if self.native is None:
-            self.buffers = []
+            self.native = _native_decoder(
+                kernel, self.model, b, self.capacity, self.buffers, cos, sin, self.rope
+            )
+        else:
             for cache in caches:
-                k = cache.k.new_empty(
-                    b * self.g, self.kd, self.capacity
-                )  # keys transposed: (b g, k, capacity)
-                v = cache.v.new_empty(b * self.g, self.capacity, self.kd)  # (b g, capacity, k)
+                # keys transposed, (b g, k, capacity), so that the scores are a plain product; values (b g, capacity, k)
+                k = cache.k.new_empty(b * self.g, self.kd, self.capacity)
+                v = cache.v.new_empty(b * self.g, self.capacity, self.kd)
                 k[..., :t], v[:, :t] = cache.k.flatten(0, 1).transpose(1, 2), cache.v.flatten(0, 1)
                 self.buffers.append((k, v))
         self.pos = t
