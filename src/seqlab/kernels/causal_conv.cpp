@@ -32,6 +32,7 @@
 namespace {
 
 using seqlab_vec::exp_;
+using seqlab_vec::silu_;
 
 constexpr int64_t kBlock = 16;  // channels per unit of work: one 64-byte line of floats; a thread takes its
                                 // units as one contiguous channel range, so the vector loops run its whole width
@@ -68,7 +69,7 @@ void forward_block(const T* x, const T* s, const T* w, const T* bias, T* y, cons
       conv_at(x, s, w, bias, n, bi, t, c0, c1, pre);
       T* out = y + (bi * n.t + t) * n.c;
 #pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) out[c] = pre[c - c0] / (T(1) + exp_(-pre[c - c0]));
+      for (int64_t c = c0; c < c1; ++c) out[c] = silu_(pre[c - c0]);
     }
 }
 

@@ -35,6 +35,8 @@
 namespace {
 
 using seqlab_vec::exp_;
+using seqlab_vec::gelu_tanh_;
+using seqlab_vec::silu_;
 using Opt = std::optional<at::Tensor>;
 
 enum Act : int64_t { kRelu = 0, kGelu = 1, kGeluTanh = 2, kSilu = 3 };
@@ -151,12 +153,10 @@ inline float activate(float v, int64_t act) {
       return v > 0.0f ? v : 0.0f;
     case kGelu:
       return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
-    case kGeluTanh: {
-      const float z = 0.7978845608028654f * (v + 0.044715f * v * v * v);  // tanh(z) = 2 σ(2z) - 1
-      return v / (1.0f + exp_(-2.0f * z));                               // 0.5 v (1 + tanh z) = v σ(2z)
-    }
+    case kGeluTanh:
+      return gelu_tanh_(v);
     default:
-      return v / (1.0f + exp_(-v));  // silu
+      return silu_(v);
   }
 }
 
@@ -315,7 +315,7 @@ class Decoder {
       const float* ur = hid + (b_ + i) * f_;
       if (swiglu_) {
 #pragma omp simd
-        for (int64_t j = lo; j < hi; ++j) hr[j] = hr[j] / (1.0f + exp_(-hr[j])) * ur[j];
+        for (int64_t j = lo; j < hi; ++j) hr[j] = silu_(hr[j]) * ur[j];
       } else if (act_ == kGelu) {
         for (int64_t j = lo; j < hi; ++j) hr[j] = activate(hr[j], kGelu);  // erf: the C library's, scalar
       } else {

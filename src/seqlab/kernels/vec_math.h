@@ -91,4 +91,16 @@ inline T sigmoid_(T x) {
   return T(1) / (T(1) + exp_(-x));
 }
 
+// silu(x) = x σ(x)
+template <typename T>
+inline T silu_(T x) {
+  return x * sigmoid_(x);
+}
+
+// GELU with the tanh approximation: ½ x (1 + tanh z) = x σ(2z), z = √(2/π) (x + 0.044715 x³)
+template <typename T>
+inline T gelu_tanh_(T x) {
+  return x * sigmoid_(T(2) * T(0.7978845608028654) * (x + T(0.044715) * x * x * x));
+}
+
 }  // namespace seqlab_vec
