@@ -73,3 +73,12 @@ def test_a_failed_build_falls_back_to_conv1d(monkeypatch):
     assert len(mine) == 1 and "command not found" in str(mine[0].message)
     assert "could not be built" in causal_conv.why_not_kernel(args[0])
     torch.testing.assert_close(y, causal_conv_silu_ref(*args), rtol=0, atol=0)
+
+
+@needs_compiler
+def test_the_kernel_refuses_mismatched_shapes_before_reading_them():
+    x, state, weight, _ = inputs(torch.float32)
+    with pytest.raises(RuntimeError, match=r"the bias must be a contiguous \(c,\) tensor"):
+        causal_conv_silu(x, state, weight, torch.randn(5))
+    with pytest.raises(RuntimeError, match=r"the state must be contiguous \(b, k - 1, c\)"):
+        causal_conv_silu(x, state[:, :2], weight, None)

@@ -104,13 +104,16 @@ void backward_block(const T* g, const T* x, const T* s, const T* w, const T* bia
     }
 }
 
-Shape check(const at::Tensor& x, const at::Tensor& s, const at::Tensor& w) {
+Shape check(const at::Tensor& x, const at::Tensor& s, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.is_contiguous(), "causal_conv: x must be contiguous (b, t, c)");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, "causal_conv: float32 or float64");
   const Shape n{x.size(0), x.size(1), x.size(2), w.size(0)};
   TORCH_CHECK(w.dim() == 2 && w.size(1) == n.c && w.is_contiguous(), "causal_conv: w must be contiguous (k, c)");
   TORCH_CHECK(s.dim() == 3 && s.size(0) == n.b && s.size(1) == n.k - 1 && s.size(2) == n.c && s.is_contiguous(),
               "causal_conv: the state must be contiguous (b, k - 1, c)");
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == n.c && bias->is_contiguous() &&
+                                     bias->scalar_type() == x.scalar_type()),
+              "causal_conv: the bias must be a contiguous (c,) tensor of x's dtype");
   for (const auto* t : {&s, &w})
     TORCH_CHECK(t->scalar_type() == x.scalar_type(), "causal_conv: x, state and w must share one dtype");
   return n;
@@ -123,7 +126,7 @@ int64_t blocks(const Shape& n) { return (n.c + kBlock - 1) / kBlock; }
 // x (b, t, c), state (b, k - 1, c), w (k, c), bias (c,) or None -> silu(causal depthwise conv) (b, t, c)
 at::Tensor causal_conv_silu_forward(const at::Tensor& x, const at::Tensor& state, const at::Tensor& w,
                                     const std::optional<at::Tensor>& bias) {
-  const Shape n = check(x, state, w);
+  const Shape n = check(x, state, w, bias);
   at::Tensor y = at::empty({n.b, n.t, n.c}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_silu_forward", [&] {
     const scalar_t* bp = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
@@ -138,7 +141,7 @@ at::Tensor causal_conv_silu_forward(const at::Tensor& x, const at::Tensor& state
 // -> {dx (b, t, c), dstate (b, k - 1, c), dw (k, c), dbias (c,)}
 std::vector<at::Tensor> causal_conv_silu_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& state,
                                                   const at::Tensor& w, const std::optional<at::Tensor>& bias) {
-  const Shape n = check(x, state, w);
+  const Shape n = check(x, state, w, bias);
   TORCH_CHECK(grad.sizes() == x.sizes() && grad.is_contiguous(), "causal_conv: grad must be contiguous like x");
   at::Tensor dx = at::zeros_like(x), ds = at::zeros_like(state), dw = at::zeros_like(w);
   at::Tensor db = at::zeros({n.c}, x.options());
