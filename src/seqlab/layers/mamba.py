@@ -172,9 +172,8 @@ class Mamba(FastPathMixin, nn.Module):
         else:
             full = torch.cat([conv_state, xs.transpose(1, 2)], dim=-1)  # (b, d_inner, d_conv + t)
             w, bias = self.conv1d.weight, self.conv1d.bias  # (d_inner, 1, d_conv), (d_inner,)
-            xs = F.silu(F.conv1d(full[..., 1:], w, bias, groups=self.d_inner)).transpose(
-                1, 2
-            )  # (b, t, d_inner)
+            xs = F.silu(F.conv1d(full[..., 1:], w, bias, groups=self.d_inner))  # (b, d_inner, t)
+            xs = xs.transpose(1, 2)  # (b, t, d_inner)
             new_conv_state = self._last_conv_inputs(full, mask)
         delta, B, C = self._ssm_inputs(xs)
         # Δ = softplus(dt_proj(x)), in float32 at least: (b, t, d_inner)
