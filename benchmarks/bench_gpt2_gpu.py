@@ -135,7 +135,8 @@ def main() -> None:
     )
     print(text)
     if not a.smoke:
-        path = RESULTS / f"gpt2-gpu-{hardware_slug(r['device'])}-torch{torch.__version__.split('+')[0]}.md"
+        kind = "gpt2-gpu-compile" if a.compile else "gpt2-gpu"
+        path = RESULTS / f"{kind}-{hardware_slug(r['device'])}-torch{torch.__version__.split('+')[0]}.md"
         path.write_text(text, encoding="utf-8")
         print(f"written to {path}")
 

@@ -2,6 +2,7 @@
 signature of the PyTorch code it speeds up. This package imports torch only; the layers import it.
 
 * :func:`selective_scan_kernel`: Mamba's selective scan on the CPU, forward and backward, fused.
+* ``triton_scan.selective_scan_triton``: the same scan on CUDA tensors, as Triton kernels (imported on use).
 """
 
 from seqlab.kernels.build import BuildInfo, build_info, cache_root, kernel_unavailable, load_kernel

@@ -45,7 +45,10 @@ and cache; forward + backward at b=16, t=256, d=512, n=16 is 3.5x faster, a Mamb
 the lab's widths (the projections and the conv are the rest); TorchInductor's compile of the loop reference,
 measured too, ran 1.8x slower than the kernel at t=16 and did not finish compiling at t=256
 (benchmarks/results/scan-kernel-*). Without a compiler, or when the build fails, a warning says so once and
-the chunked scan runs; other devices go to the chunked scan too. ``impl="chunked"`` or ``"kernel"`` forces one.
+the chunked scan runs. On CUDA tensors the scan runs Triton kernels of the same design
+(``seqlab.kernels.triton_scan``: one program per batch row and 32 channels, the state in registers, the same
+recomputing backward) where Triton is installed, and the chunked scan where not. ``impl="chunked"``,
+``"kernel"`` or ``"triton"`` forces one.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqlab.kernels import selective_scan_kernel, why_not_kernel
+from seqlab.kernels.triton_scan import selective_scan_triton, why_not_triton
 
 __all__ = ["auto_chunk_size", "selective_scan", "selective_scan_ref"]
 
@@ -234,23 +238,31 @@ def selective_scan(
     initial_state: Tensor | None = None,
     return_last_state: bool = False,
     chunk_size: int | None = None,
-    impl: Literal["auto", "kernel", "chunked"] = "auto",
+    impl: Literal["auto", "kernel", "triton", "chunked"] = "auto",
 ):
     r"""The selective scan, fast, with a memory-light custom backward. Same contract as ``selective_scan_ref``.
 
-    ``impl``: "auto" runs the C++ kernel where it takes the inputs (CPU, built) and the chunked PyTorch scan
-    otherwise; "kernel" or "chunked" forces one (for comparisons). ``chunk_size`` is the number of positions
+    ``impl``: "auto" runs the C++ kernel where it takes the inputs (CPU, built), the Triton kernels on CUDA
+    tensors where Triton is installed, and the chunked PyTorch scan otherwise; "kernel", "triton" or "chunked"
+    forces one (for comparisons). ``chunk_size`` is the number of positions
     between the states kept for backward (one per chunk); in the chunked scan it also trades Python steps
     against the size of one chunk's buffers (b, chunk_size, n, d). None picks the kernel's default or
     :func:`auto_chunk_size`. The backward's derivation: docs/scan.md.
     """
     args = (u, delta, A, B, C, D, z, delta_bias)
-    if impl not in ("auto", "kernel", "chunked"):
-        raise ValueError(f"impl must be 'auto', 'kernel' or 'chunked', got {impl!r}")
+    if impl not in ("auto", "kernel", "triton", "chunked"):
+        raise ValueError(f"impl must be 'auto', 'kernel', 'triton' or 'chunked', got {impl!r}")
     if impl != "chunked":
         _check(u, delta, A, B, C, initial_state)
+    rest = (delta_softplus, initial_state, return_last_state, chunk_size)
+    if impl in ("auto", "triton") and (u.device.type != "cpu" or impl == "triton"):
+        if (reason := why_not_triton(*args, initial_state)) is None:
+            return selective_scan_triton(*args, *rest)
+        if impl == "triton":
+            raise RuntimeError(f"selective_scan(impl='triton'): {reason}")
+    if impl in ("auto", "kernel"):
         if (reason := why_not_kernel(*args, initial_state)) is None:
-            return selective_scan_kernel(*args, delta_softplus, initial_state, return_last_state, chunk_size)
+            return selective_scan_kernel(*args, *rest)
         if impl == "kernel":
             raise RuntimeError(f"selective_scan(impl='kernel'): {reason}")
     dtype = u.dtype
