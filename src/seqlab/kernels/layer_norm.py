@@ -1,0 +1,75 @@
+"""LayerNorm over the last dimension through a C++ kernel (``layer_norm.cpp``), forward and backward.
+
+:func:`layer_norm` is ``F.layer_norm(x, (n,), weight, bias, eps)`` with the same values (float32: within a few
+ulps; the row sums are added in a different order) and an autograd backward of its own. It takes the kernel for
+contiguous float32/float64 CPU tensors with a weight when the kernel builds, and ``F.layer_norm`` otherwise
+(other devices, dtypes, layouts, no weight, or no compiler: then once, a warning). A backward with
+``create_graph=True`` (double backward) differentiates ``F.layer_norm`` itself.
+
+Why: torch's CPU LayerNorm backward costs about 150 ns per row of 60 floats; at the lab's width a Mamba LM spent
+4% of its training step in it (benchmarks/bench_scan_kernel.py), and GPT and ViT steps run several per block.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqlab.kernels.extension import CppExtension
+
+__all__ = ["EXTENSION", "layer_norm", "why_not_kernel"]
+
+EXTENSION = CppExtension(
+    "layer_norm",
+    "LayerNorm kernel",
+    "LayerNorm uses torch's kernel instead",
+    openmp=True,
+)
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+        y, mean, rstd = EXTENSION.load().forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a backward that autograd can differentiate again
+            with torch.enable_grad():
+                inputs = [t for t in (x, weight, bias) if t is not None]
+                y = F.layer_norm(x, (x.size(-1),), weight, bias, ctx.eps)
+                grads = iter(torch.autograd.grad(y, inputs, grad, create_graph=True))
+                return next(grads), next(grads), (next(grads) if bias is not None else None), None
+        dx, dw, db = EXTENSION.load().backward(grad.contiguous(), x, weight, mean, rstd)
+        return dx, dw, (db if bias is not None else None), None
+
+
+def why_not_kernel(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> str | None:
+    """None when :func:`layer_norm` would run the kernel for these tensors, else why not."""
+    if x.device.type != "cpu":
+        return f"the kernel runs on the CPU, x is on {x.device.type}"
+    if x.dtype not in (torch.float32, torch.float64):
+        return f"the kernel takes float32 or float64, x is {x.dtype}"
+    if weight is None:
+        return "the kernel needs a weight (elementwise_affine=True)"
+    if any(t is not None and (t.dtype != x.dtype or t.device != x.device) for t in (weight, bias)):
+        return "weight and bias must share x's dtype and device"
+    if not x.is_contiguous() or x.dim() == 0 or x.numel() == 0:
+        return "x is not a contiguous, non-empty tensor"
+    if torch.compiler.is_compiling():
+        return "torch.compile is tracing"
+    if EXTENSION.load() is None:
+        return f"the kernel could not be built: {EXTENSION.build_info()['error']}"
+    return None
+
+
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """(x − mean) / sqrt(var + eps) ⊙ weight + bias over the last dimension of x; any leading shape."""
+    if why_not_kernel(x, weight, bias) is not None:
+        return F.layer_norm(x, (x.size(-1),), weight, bias, eps)
+    return _LayerNorm.apply(x, weight.contiguous(), None if bias is None else bias.contiguous(), float(eps))
