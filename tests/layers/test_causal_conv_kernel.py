@@ -34,6 +34,36 @@ def test_values_and_every_gradient_match_conv1d(dtype, tol, bias):
 
 
 @needs_compiler
+@pytest.mark.parametrize(("b", "t"), [(2, 150), (1, 64), (1, 61), (2, 1)])
+def test_rows_split_into_segments_match_conv1d(b, t):
+    """The kernel splits each batch row into segments of 64 output rows (with a 3-row halo in the backward):
+    lengths across, at and just inside a segment boundary, and shorter than the kernel."""
+    args = inputs(torch.float64, b=b, t=t, c=20)
+    y, ref = causal_conv_silu(*args), causal_conv_silu_ref(*args)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(y)
+    for got, want in zip(torch.autograd.grad(y, args, g), torch.autograd.grad(ref, args, g), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-11)
+
+
+@needs_compiler
+def test_a_view_with_strided_rows_is_read_in_place():
+    """Mamba passes the x half of in_proj's (b, t, 2c) output: rows 2c apart, read without a copy."""
+    torch.manual_seed(0)
+    both = torch.randn(3, 70, 2 * 20, dtype=torch.float64, requires_grad=True)
+    x = both.chunk(2, dim=-1)[0]
+    _, state, w, bias = inputs(torch.float64, b=3, t=70, c=20)
+    y, ref = causal_conv_silu(x, state, w, bias), causal_conv_silu_ref(x, state, w, bias)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():  # the compiled operator itself takes the view (no copy made on the way)
+        torch.testing.assert_close(causal_conv.EXTENSION.load().forward(x, state, w, bias), ref)
+    g = torch.randn_like(y)
+    args = (both, state, w, bias)
+    for got, want in zip(torch.autograd.grad(y, args, g), torch.autograd.grad(ref, args, g), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-11)
+
+
+@needs_compiler
 def test_gradcheck_and_double_backward():
     args = inputs(torch.float64, b=2, t=5, c=6)
     assert torch.autograd.gradcheck(causal_conv_silu, args)

@@ -11,15 +11,18 @@
 // Backward, with g = dL/dy: dpre = g (σ + pre σ (1 − σ)); dbias = Σ dpre; dw[j] = Σ dpre[t] ⊙ in[t − (k − 1) + j];
 // din[τ] = Σ_j dpre[τ + (k − 1) − j] ⊙ w[j], split into dx (τ ≥ 0) and ds (τ < 0). pre is recomputed, not saved.
 //
-// Work is split over channel ranges (at::parallel_for over 16-channel units, each thread one contiguous range):
-// a range owns its channels' weights and gradients for every (b, t), so no two threads write the same place and
-// nothing needs a reduction across threads.
+// Work is split over (batch row, segment of kSegment output rows) units, each covering every channel: a thread writes
+// only its own rows of y and dx, so no cache line of them is shared between threads (a row of c floats is rarely a
+// whole number of 64-byte lines, so splitting by channels made the threads write the same lines). The backward
+// writes each input row's gradient once, as a gather over the k rows of dpre that read it, kept in a ring of k
+// rows: a unit recomputes the k - 1 rows of dpre past its end (a halo) and accumulates dw, dbias only over its own
+// rows, into per-thread sums added up at the end.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -39,75 +42,102 @@ constexpr int64_t kBlock = 16;  // channels per unit of work: one 64-byte line o
 
 struct Shape {
   int64_t b, t, c, k;
+  int64_t ldx;  // x's row stride: c when contiguous, 2c for the x half of Mamba's (b, t, 2c) in_proj output
 };
 
-// in[bi, τ, c0..c1) for τ in [−(k − 1), t): a pointer to the row (channel stride 1)
+constexpr int64_t kSegment = 64;  // output rows per unit of work (of one batch row)
+
+// in[bi, τ, :] for τ in [−(k − 1), t): a pointer to the row
 template <typename T>
 inline const T* row(const T* x, const T* s, const Shape& n, int64_t bi, int64_t tau) {
-  return tau >= 0 ? x + (bi * n.t + tau) * n.c : s + (bi * (n.k - 1) + (n.k - 1 + tau)) * n.c;
+  return tau >= 0 ? x + (bi * n.t + tau) * n.ldx : s + (bi * (n.k - 1) + (n.k - 1 + tau)) * n.c;
 }
 
-// pre[c - c0] = bias + Σ_j w[j] ⊙ in[t − (k − 1) + j] for the block's channels at (bi, t)
+// pre = bias + Σ_j w[j] ⊙ in[t − (k − 1) + j] at (bi, t), every channel
 template <typename T>
-inline void conv_at(const T* x, const T* s, const T* w, const T* bias, const Shape& n, int64_t bi, int64_t t,
-                    int64_t c0, int64_t c1, T* pre) {
-  for (int64_t c = c0; c < c1; ++c) pre[c - c0] = bias ? bias[c] : T(0);
+inline void conv_at(const T* x, const T* s, const T* w, const T* bias, const Shape& n, int64_t bi, int64_t t, T* pre) {
+  for (int64_t c = 0; c < n.c; ++c) pre[c] = bias ? bias[c] : T(0);
   for (int64_t j = 0; j < n.k; ++j) {
     const T* in = row(x, s, n, bi, t - (n.k - 1) + j);
     const T* wj = w + j * n.c;
 #pragma omp simd
-    for (int64_t c = c0; c < c1; ++c) pre[c - c0] += wj[c] * in[c];
+    for (int64_t c = 0; c < n.c; ++c) pre[c] += wj[c] * in[c];
   }
 }
 
+// y rows [t0, t1) of batch row bi
 template <typename T>
-void forward_block(const T* x, const T* s, const T* w, const T* bias, T* y, const Shape& n, int64_t c0, int64_t c1) {
-  std::vector<T> buffer(c1 - c0);
-  T* pre = buffer.data();
-  for (int64_t bi = 0; bi < n.b; ++bi)
-    for (int64_t t = 0; t < n.t; ++t) {
-      conv_at(x, s, w, bias, n, bi, t, c0, c1, pre);
-      T* out = y + (bi * n.t + t) * n.c;
+void forward_rows(const T* x, const T* s, const T* w, const T* bias, T* y, const Shape& n, int64_t bi, int64_t t0,
+                  int64_t t1, T* pre) {
+  for (int64_t t = t0; t < t1; ++t) {
+    conv_at(x, s, w, bias, n, bi, t, pre);
+    T* out = y + (bi * n.t + t) * n.c;
 #pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) out[c] = silu_(pre[c - c0]);
-    }
+    for (int64_t c = 0; c < n.c; ++c) out[c] = silu_(pre[c]);
+  }
 }
 
+// dpre = g (σ + pre σ (1 − σ)) at (bi, t), every channel; pre is recomputed, not saved
 template <typename T>
-void backward_block(const T* g, const T* x, const T* s, const T* w, const T* bias, T* dx, T* ds, T* dw, T* db,
-                    const Shape& n, int64_t c0, int64_t c1) {
-  std::vector<T> buffer(2 * (c1 - c0));
-  T *pre = buffer.data(), *dpre = pre + (c1 - c0);
-  for (int64_t bi = 0; bi < n.b; ++bi)
-    for (int64_t t = 0; t < n.t; ++t) {
-      conv_at(x, s, w, bias, n, bi, t, c0, c1, pre);  // recomputed: cheaper than saving (b, t, c)
-      const T* gr = g + (bi * n.t + t) * n.c;
+inline void dpre_at(const T* g, const T* x, const T* s, const T* w, const T* bias, const Shape& n, int64_t bi,
+                    int64_t t, T* pre, T* dpre) {
+  conv_at(x, s, w, bias, n, bi, t, pre);
+  const T* gr = g + (bi * n.t + t) * n.c;
 #pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) {
-        const T p = pre[c - c0], e = exp_(-p);
-        const T sig = T(1) / (T(1) + e);
-        dpre[c - c0] = gr[c] * (sig + p * sig * (e * sig));  // σ(1 − σ) = σ · e σ, without cancellation
-        db[c] += dpre[c - c0];
+  for (int64_t c = 0; c < n.c; ++c) {
+    const T p = pre[c], e = exp_(-p);
+    const T sig = T(1) / (T(1) + e);
+    dpre[c] = gr[c] * (sig + p * sig * (e * sig));  // σ(1 − σ) = σ · e σ, without cancellation
+  }
+}
+
+// The input-gradient rows τ in [τ0, τ1) of batch row bi (τ < 0: the state's rows), each written once:
+// din[τ] = Σ_j dpre[τ + (k − 1) − j] ⊙ w[j]. dw and db gather the unit's own dpre rows t in [max(τ0, 0), τ1).
+// ring holds k rows of dpre, row t in slot t mod k; rows before 0 or from t on are zero.
+template <typename T>
+void backward_rows(const T* g, const T* x, const T* s, const T* w, const T* bias, T* dx, T* ds, T* dw, T* db,
+                   const Shape& n, int64_t bi, int64_t tau0, int64_t tau1, T* pre, T* ring) {
+  std::fill(ring, ring + n.k * n.c, T(0));
+  for (int64_t t = tau0; t < tau1 + n.k - 1; ++t) {
+    if (t >= 0) {  // rows before 0 stay zero: the ring starts zeroed and t only grows
+      T* dpre = ring + (t % n.k) * n.c;
+      if (t < n.t) {
+        dpre_at(g, x, s, w, bias, n, bi, t, pre, dpre);
+      } else {
+        std::fill(dpre, dpre + n.c, T(0));
       }
-      for (int64_t j = 0; j < n.k; ++j) {
-        const int64_t tau = t - (n.k - 1) + j;
-        const T* in = row(x, s, n, bi, tau);
-        T* din = tau >= 0 ? dx + (bi * n.t + tau) * n.c : ds + (bi * (n.k - 1) + (n.k - 1 + tau)) * n.c;
-        const T* wj = w + j * n.c;
-        T* dwj = dw + j * n.c;
+      if (t < tau1 && t < n.t) {  // the unit's own row: its share of dw and db
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) {
-          dwj[c] += dpre[c - c0] * in[c];
-          din[c] += dpre[c - c0] * wj[c];
+        for (int64_t c = 0; c < n.c; ++c) db[c] += dpre[c];
+        for (int64_t j = 0; j < n.k; ++j) {
+          const T* in = row(x, s, n, bi, t - (n.k - 1) + j);
+          T* dwj = dw + j * n.c;
+#pragma omp simd
+          for (int64_t c = 0; c < n.c; ++c) dwj[c] += dpre[c] * in[c];
         }
       }
     }
+    const int64_t tau = t - (n.k - 1);
+    if (tau < tau0) continue;
+    T* din = tau >= 0 ? dx + (bi * n.t + tau) * n.c : ds + (bi * (n.k - 1) + (n.k - 1 + tau)) * n.c;
+    for (int64_t c = 0; c < n.c; ++c) din[c] = T(0);
+    for (int64_t j = 0; j < n.k; ++j) {
+      const int64_t src = tau + (n.k - 1) - j;  // ≥ tau ≥ τ0 − ... : its slot holds dpre[src] or zero (src < 0)
+      const T* dp = ring + (((src % n.k) + n.k) % n.k) * n.c;
+      const T* wj = w + j * n.c;
+      if (src < 0) continue;
+#pragma omp simd
+      for (int64_t c = 0; c < n.c; ++c) din[c] += dp[c] * wj[c];
+    }
+  }
 }
 
 Shape check(const at::Tensor& x, const at::Tensor& s, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.is_contiguous(), "causal_conv: x must be contiguous (b, t, c)");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3 && x.stride(2) == 1 && x.stride(1) >= x.size(2) &&
+                  x.stride(0) == x.size(1) * x.stride(1),
+              "causal_conv: x must be (b, t, c) with contiguous channels and evenly spaced rows");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, "causal_conv: float32 or float64");
-  const Shape n{x.size(0), x.size(1), x.size(2), w.size(0)};
+  const Shape n{x.size(0), x.size(1), x.size(2), w.size(0), x.stride(1)};
   TORCH_CHECK(w.dim() == 2 && w.size(1) == n.c && w.is_contiguous(), "causal_conv: w must be contiguous (k, c)");
   TORCH_CHECK(s.dim() == 3 && s.size(0) == n.b && s.size(1) == n.k - 1 && s.size(2) == n.c && s.is_contiguous(),
               "causal_conv: the state must be contiguous (b, k - 1, c)");
@@ -119,7 +149,7 @@ Shape check(const at::Tensor& x, const at::Tensor& s, const at::Tensor& w, const
   return n;
 }
 
-int64_t blocks(const Shape& n) { return (n.c + kBlock - 1) / kBlock; }
+int64_t segments(const Shape& n, int64_t rows) { return (rows + kSegment - 1) / kSegment; }
 
 }  // namespace
 
@@ -128,11 +158,16 @@ at::Tensor causal_conv_silu_forward(const at::Tensor& x, const at::Tensor& state
                                     const std::optional<at::Tensor>& bias) {
   const Shape n = check(x, state, w, bias);
   at::Tensor y = at::empty({n.b, n.t, n.c}, x.options());
+  const int64_t per_row = segments(n, n.t);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_silu_forward", [&] {
     const scalar_t* bp = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
-    at::parallel_for(0, blocks(n), 1, [&](int64_t lo, int64_t hi) {
-      forward_block(x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), bp,
-                    y.data_ptr<scalar_t>(), n, lo * kBlock, std::min(n.c, hi * kBlock));
+    at::parallel_for(0, n.b * per_row, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<scalar_t> pre(n.c);
+      for (int64_t unit = lo; unit < hi; ++unit) {
+        const int64_t bi = unit / per_row, t0 = (unit % per_row) * kSegment;
+        forward_rows(x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), bp,
+                     y.data_ptr<scalar_t>(), n, bi, t0, std::min(n.t, t0 + kSegment), pre.data());
+      }
     });
   });
   return y;
@@ -142,18 +177,25 @@ at::Tensor causal_conv_silu_forward(const at::Tensor& x, const at::Tensor& state
 std::vector<at::Tensor> causal_conv_silu_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& state,
                                                   const at::Tensor& w, const std::optional<at::Tensor>& bias) {
   const Shape n = check(x, state, w, bias);
-  TORCH_CHECK(grad.sizes() == x.sizes() && grad.is_contiguous(), "causal_conv: grad must be contiguous like x");
-  at::Tensor dx = at::zeros_like(x), ds = at::zeros_like(state), dw = at::zeros_like(w);
-  at::Tensor db = at::zeros({n.c}, x.options());
+  TORCH_CHECK(grad.sizes() == x.sizes() && grad.is_contiguous(), "causal_conv: grad must be contiguous (b, t, c)");
+  at::Tensor dx = at::empty(x.sizes(), x.options()), ds = at::empty_like(state);
+  const int64_t rows = n.t + n.k - 1, per_row = segments(n, rows), threads = at::get_num_threads();
+  at::Tensor parts = at::zeros({threads, n.k + 1, n.c}, x.options());  // per thread: dw (k, c), then dbias (c)
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_silu_backward", [&] {
     const scalar_t* bp = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
-    at::parallel_for(0, blocks(n), 1, [&](int64_t lo, int64_t hi) {
-      backward_block(grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(),
-                     w.data_ptr<scalar_t>(), bp, dx.data_ptr<scalar_t>(), ds.data_ptr<scalar_t>(),
-                     dw.data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), n, lo * kBlock, std::min(n.c, hi * kBlock));
+    at::parallel_for(0, n.b * per_row, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<scalar_t> pre(n.c), ring(n.k * n.c);
+      scalar_t* dw = parts.data_ptr<scalar_t>() + at::get_thread_num() * (n.k + 1) * n.c;
+      for (int64_t unit = lo; unit < hi; ++unit) {
+        const int64_t bi = unit / per_row, tau0 = (unit % per_row) * kSegment - (n.k - 1);
+        backward_rows(grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(),
+                      w.data_ptr<scalar_t>(), bp, dx.data_ptr<scalar_t>(), ds.data_ptr<scalar_t>(), dw,
+                      dw + n.k * n.c, n, bi, tau0, std::min(n.t, tau0 + kSegment), pre.data(), ring.data());
+      }
     });
   });
-  return {dx, ds, dw, db};
+  at::Tensor sums = parts.sum(0);  // (k + 1, c)
+  return {dx, ds, sums.narrow(0, 0, n.k).contiguous(), sums[n.k].contiguous()};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

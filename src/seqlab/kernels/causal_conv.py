@@ -68,4 +68,8 @@ def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor | No
     """silu(causal depthwise conv) of x (b, t, c) after state (b, k-1, c), weight (k, c), bias (c,) -> (b, t, c)."""
     if why_not_kernel(x) is not None:
         return causal_conv_silu_ref(x, state, weight, bias)
-    return _CausalConvSilu.apply(x.contiguous(), state.contiguous(), weight.contiguous(), bias)
+    if x.dim() == 3 and not (
+        x.stride(2) == 1 and x.stride(1) >= x.size(2) and x.stride(0) == x.size(1) * x.stride(1)
+    ):
+        x = x.contiguous()  # the kernel reads rows with a stride (a view of in_proj's output), not any layout
+    return _CausalConvSilu.apply(x, state.contiguous(), weight.contiguous(), bias)
