@@ -117,6 +117,40 @@ def test_non_contiguous_and_half_precision_inputs():
     torch.testing.assert_close(h, h_ref, atol=1e-4, rtol=1e-4)
 
 
+def test_views_with_spaced_rows_are_read_in_place():
+    """The Mamba block's B, C (slices of x_proj's output) and z (half of in_proj's) reach the kernel as views."""
+    b, t, d, n = 2, 21, 19, 5
+    g = torch.Generator().manual_seed(4)
+    proj = torch.randn(b, t, 3 + 2 * n, generator=g, dtype=F64, requires_grad=True)  # dt (3), B, C
+    xz = torch.randn(b, t, 2 * d, generator=g, dtype=F64, requires_grad=True)  # u, z
+    rest = _inputs(b, t, d, n, seed=5, options=["D", "delta_bias", "initial_state"])
+    delta, A = rest.pop("delta").requires_grad_(), rest.pop("A")
+    for name in ("u", "B", "C"):  # these come from the wide tensors below
+        del rest[name]
+
+    def run(fn, **kw):
+        u, z = xz.chunk(2, dim=-1)
+        B, C = proj[..., 3 : 3 + n], proj[..., 3 + n :]
+        return _call(fn, {"u": u, "delta": delta, "A": A, "B": B, "C": C, "z": z, **rest}, **kw)
+
+    y, h = run(selective_scan_kernel, chunk_size=8)
+    y_ref, h_ref = run(selective_scan_ref)
+    torch.testing.assert_close(y, y_ref, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(h, h_ref, atol=1e-10, rtol=1e-10)
+    w = torch.randn_like(y)
+    got = torch.autograd.grad((y * w).sum() + h.sum(), [proj, xz, delta])
+    want = torch.autograd.grad((y_ref * w).sum() + h_ref.sum(), [proj, xz, delta])
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e, atol=1e-9, rtol=1e-9)
+    u, z = xz.detach().chunk(2, dim=-1)
+    B, C = proj.detach()[..., 3 : 3 + n], proj.detach()[..., 3 + n :]
+    # the compiled operator itself takes the views (no copy made on the way)
+    out = torch.ops.seqlab_scan.fwd(u.contiguous(), delta.detach(), A, B, C, None, z, None, None, True, 8)
+    torch.testing.assert_close(
+        out[0], selective_scan_ref(u, delta.detach(), A, B, C, z=z, delta_softplus=True)
+    )
+
+
 def test_large_decays_stay_finite():
     x = {k: v.float() for k, v in _inputs(1, 200, 4, 16).items()}
     x["delta"], x["A"] = x["delta"] * 50, x["A"] * 10  # Δ·A down to about -10^3 per step

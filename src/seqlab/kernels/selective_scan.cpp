@@ -43,10 +43,11 @@ using seqlab_vec::exp_, seqlab_vec::sigmoid_, seqlab_vec::softplus_;
 // ---------------------------------------------------------------------------------------------------------------
 
 template <typename T>
-struct Scan {  // raw pointers into contiguous tensors; D, z, bias null when not given
+struct Scan {  // raw pointers into the tensors; D, z, bias null when not given
   const T *u, *delta, *A, *B, *C, *D, *z, *bias;
   int64_t b, t, d, n, L, nc;  // L positions per chunk, nc = ⌈t / L⌉ chunks
   bool softplus;
+  int64_t ldz, ldB, ldC;  // row strides of z, B, C: views of the block's projections need no copy
 };
 
 // `rows` rows of W values, `stride` apart in the source, zero past the m valid channels (and back)
@@ -103,6 +104,7 @@ struct Block {  // one task: batch row bi, channels c0 .. c0 + m - 1 (block j of
   }
   int64_t row(const Scan<T>& s, int64_t i) const { return (bi * s.t + i) * s.d + c0; }  // (bi, i, c0) in (b, t, d)
   int64_t bt(const Scan<T>& s, int64_t i) const { return (bi * s.t + i) * s.n; }       // (bi, i, 0) in (b, t, n)
+  int64_t pos(const Scan<T>& s, int64_t i) const { return bi * s.t + i; }              // (bi, i) as one row index
 };
 
 // Δ_i = softplus(delta_i + bias) (or without softplus) and u_i for the block's channels; zero past m
@@ -128,9 +130,9 @@ inline void load_position(const Scan<T>& s, const Block<T, W>& k, int64_t i, T* 
 //   Ā = exp(Δ A_k),  h_k = Ā ⊙ hprev_k + Δ u B_k,  y += h_k C_k
 // hprev may be h (in place). With Store, Ā is kept in abar (n, W) for the backward.
 template <typename T, int W, bool Store>
-inline void forward_position(const Scan<T>& s, const T* At, const T* dt, const T* uv, int64_t bt, const T* hprev,
+inline void forward_position(const Scan<T>& s, const T* At, const T* dt, const T* uv, int64_t pos, const T* hprev,
                              T* h, T* abar, T* y) {
-  const T *Bi = s.B + bt, *Ci = s.C + bt;
+  const T *Bi = s.B + pos * s.ldB, *Ci = s.C + pos * s.ldC;
   T du[W];
 #pragma omp simd
   for (int c = 0; c < W; ++c) du[c] = dt[c] * uv[c], y[c] = 0;
@@ -156,7 +158,7 @@ inline void finish_output(const Scan<T>& s, const Block<T, W>& k, int64_t i, con
   for (int c = 0; c < W; ++c) y[c] += k.Dv[c] * uv[c], o[c] = y[c];
   if (s.z) {
     T zv[W];
-    load_row<T, W>(s.z + k.row(s, i), k.m, zv);
+    load_row<T, W>(s.z + k.pos(s, i) * s.ldz + k.c0, k.m, zv);
 #pragma omp simd
     for (int c = 0; c < W; ++c) o[c] *= zv[c] * sigmoid_(zv[c]);
   }
@@ -174,7 +176,7 @@ void forward_task(const Scan<T>& s, const T* h0, int64_t task, T* y, T* h_last, 
     if (i % s.L == 0)
       store_rows<T, W>(h.data(), s.d, s.n, k.m, bounds + (k.bi * s.nc + i / s.L) * s.n * s.d + k.c0);
     load_position(s, k, i, dt, uv);
-    forward_position<T, W, false>(s, k.At.data(), dt, uv, k.bt(s, i), h.data(), h.data(), nullptr, yv);
+    forward_position<T, W, false>(s, k.At.data(), dt, uv, k.pos(s, i), h.data(), h.data(), nullptr, yv);
     finish_output(s, k, i, uv, yv, y);
   }
   store_state<T, W>(h.data(), s.n, k.m, h_last + (k.bi * s.d + k.c0) * s.n);
@@ -212,7 +214,7 @@ void recompute_chunk(const Scan<T>& s, const Block<T, W>& k, const T* bounds, in
     T *dt = w.DT.data() + l * W, *y = w.Y.data() + l * W;
     load_position(s, k, i, dt, uv);
     const T* hprev = l ? w.H.data() + (l - 1) * nW : w.h0.data();
-    forward_position<T, W, true>(s, k.At.data(), dt, uv, k.bt(s, i), hprev, w.H.data() + l * nW,
+    forward_position<T, W, true>(s, k.At.data(), dt, uv, k.pos(s, i), hprev, w.H.data() + l * nW,
                                  w.Ab.data() + l * nW, y);
 #pragma omp simd
     for (int c = 0; c < W; ++c) y[c] += k.Dv[c] * uv[c];
@@ -227,7 +229,7 @@ inline void gate_backward(const Scan<T>& s, const Grads<T>& g, const Block<T, W>
   load_row<T, W>(g.dy + k.row(s, i), k.m, gy);
   if (s.z) {
     T zv[W], dz[W];
-    load_row<T, W>(s.z + k.row(s, i), k.m, zv);
+    load_row<T, W>(s.z + k.pos(s, i) * s.ldz + k.c0, k.m, zv);
 #pragma omp simd
     for (int c = 0; c < W; ++c) {
       const T sg = sigmoid_(zv[c]);
@@ -308,7 +310,7 @@ void backward_chunk(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& k, i
     load_row<T, W>(s.u + k.row(s, i), k.m, uv);
     gate_backward(s, g, k, i, w.Y.data() + l * W, uv, gy, w);
     const T* hprev = l ? w.H.data() + (l - 1) * nW : w.h0.data();
-    const Position<T> p{s.B + bt, s.C + bt, w.DT.data() + l * W, uv, gy, w.H.data() + l * nW, hprev,
+    const Position<T> p{s.B + k.pos(s, i) * s.ldB, s.C + k.pos(s, i) * s.ldC, w.DT.data() + l * W, uv, gy, w.H.data() + l * nW, hprev,
                         w.Ab.data() + l * nW};
     adjoint_position(s, k.At.data(), p, w, g.dB_part + part, g.dC_part + part, gb, ddt);
     input_grads(s, g, k, i, p, gb, ddt, w);
@@ -345,6 +347,14 @@ void check_optional(const OptTensor& x, const Tensor& like, std::vector<int64_t>
   if (x && x->defined()) check(*x, like, std::move(shape), name);
 }
 
+// (b, t, m) with contiguous last dimension and rows evenly spaced: a view of a wider projection output is fine
+void check_rows(const Tensor& x, const Tensor& like, std::vector<int64_t> shape, const char* name) {
+  TORCH_CHECK(x.sizes() == at::IntArrayRef(shape), name, " has shape ", x.sizes(), ", expected ", shape);
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == like.scalar_type() && x.stride(2) == 1 &&
+                  x.stride(1) >= x.size(2) && x.stride(0) == x.size(1) * x.stride(1),
+              name, " must be a CPU tensor of u's dtype with contiguous, evenly spaced rows");
+}
+
 void check_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
                   const OptTensor& D, const OptTensor& z, const OptTensor& bias, int64_t chunk) {
   TORCH_CHECK(u.dim() == 3 && A.dim() == 2, "u must be (b, t, d) and A (d, n)");
@@ -353,10 +363,10 @@ void check_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const T
   check(u, u, {b, t, d}, "u");
   check(delta, u, {b, t, d}, "delta");
   check(A, u, {d, n}, "A");
-  check(B, u, {b, t, n}, "B");
-  check(C, u, {b, t, n}, "C");
+  check_rows(B, u, {b, t, n}, "B");
+  check_rows(C, u, {b, t, n}, "C");
   check_optional(D, u, {d}, "D");
-  check_optional(z, u, {b, t, d}, "z");
+  if (z && z->defined()) check_rows(*z, u, {b, t, d}, "z");
   check_optional(bias, u, {d}, "delta_bias");
 }
 
@@ -371,7 +381,8 @@ Scan<T> make_scan(const Tensor& u, const Tensor& delta, const Tensor& A, const T
   const int64_t t = u.size(1);
   return Scan<T>{u.data_ptr<T>(), delta.data_ptr<T>(), A.data_ptr<T>(), B.data_ptr<T>(), C.data_ptr<T>(),
                  ptr<T>(D),       ptr<T>(z),           ptr<T>(bias),    u.size(0),       t,
-                 u.size(2),       A.size(1),           chunk,           (t + chunk - 1) / chunk, softplus};
+                 u.size(2),       A.size(1),           chunk,           (t + chunk - 1) / chunk, softplus,
+                 z && z->defined() ? z->stride(1) : 0, B.stride(1), C.stride(1)};
 }
 
 int64_t tasks(const Tensor& u, int width) {

@@ -59,8 +59,19 @@ def why_not_kernel(
     return kernel_unavailable()
 
 
+def _spaced_rows(x: Tensor) -> bool:
+    """(b, t, m) with a contiguous last dimension and evenly spaced rows: the views the kernel reads in place."""
+    return (
+        x.dim() == 3
+        and x.stride(2) == 1
+        and x.stride(1) >= x.size(2)
+        and x.stride(0) == x.size(1) * x.stride(1)
+    )
+
+
 class _KernelScan(torch.autograd.Function):
-    """u, delta, A, B, C, D?, z?, delta_bias?, h0? (contiguous, one dtype) -> y (b, t, d), last state (b, d, n)."""
+    """u, delta, A, B, C, D?, z?, delta_bias?, h0? (one dtype; contiguous, B, C, z with spaced rows allowed) -> y (b, t, d),
+    last state (b, d, n)."""
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, h0, softplus: bool, chunk: int):
@@ -129,7 +140,10 @@ def selective_scan_kernel(
         raise RuntimeError(f"the selective-scan kernel is unavailable: {reason}")
     dtype, wide = u.dtype, torch.promote_types(u.dtype, torch.float32)
     inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    ready = [None if x is None else x.to(wide).contiguous() for x in inputs]
+    ready = [None if x is None else x.to(wide) for x in inputs]
+    for i, x in enumerate(ready):  # B, C and z may be views with spaced rows (the kernel reads them in place)
+        if x is not None and not (i in (3, 4, 6) and _spaced_rows(x)):
+            ready[i] = x.contiguous()
     chunk = min(
         int(chunk_size), max(u.size(1), 1)
     )  # the backward's buffers hold one chunk: never longer than t
