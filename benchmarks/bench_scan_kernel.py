@@ -9,9 +9,9 @@ interquartile ranges over the repeats:
 * Mamba LM training step (forward + cross-entropy + backward), tokens/s, at the widths seqlab uses: the lab's
   suites (the width matched to their 60k-parameter budget, 2 layers, batch 32 x 128), the
   configs/mamba-shakespeare.yaml run (d_model 192, 4 layers, 32 x 128) and benchmarks/bench_mamba.py's model
-  (d_model 256, 4 layers, 16 x 256). The same model runs on seqlab's kernels (``selective_scan(impl="kernel")``
-  and the fused causal conv + SiLU, ``seqlab.kernels.causal_conv``) and on PyTorch alone
-  (``impl="chunked"`` and torch's conv1d): the "chunked" column is the step before any kernel.
+  (d_model 256, 4 layers, 16 x 256). The same model runs on seqlab's kernels (``selective_scan(impl="kernel")``,
+  the fused causal conv + SiLU, ``seqlab.kernels.causal_conv``, and LayerNorm) and on PyTorch alone
+  (``impl="chunked"``, torch's conv1d and F.layer_norm): the "chunked" column is the step before any kernel.
 * The raw scan, forward + backward of sum(y), at b=16, t=256, d=512, n=16 with D, the z gate, delta_bias and
   softplus (the Mamba block's call): the kernel, the chunked scan, and ``torch.compile`` (Inductor's CPU code
   generation) of ``selective_scan_ref``, the loop over t.
@@ -39,6 +39,7 @@ import torch
 import torch._inductor.config
 import torch.nn.functional as F
 
+import seqlab.kernels.layer_norm as layer_norm_module
 import seqlab.layers.mamba as mamba_module
 from seqlab.kernels import build_info, load_kernel
 from seqlab.lab.budget import lab_model_fields
@@ -75,15 +76,18 @@ def lm_settings() -> list[tuple[str, dict, int, int]]:
 @contextlib.contextmanager
 def scan_impl(impl: str):
     """The Mamba block's selective_scan with ``impl`` fixed (the block looks the names up at each call); for
-    "chunked" the conv kernel is off too, so that contender is PyTorch alone."""
-    original = mamba_module.selective_scan, mamba_module.why_not_conv_kernel
+    "chunked" the conv and LayerNorm kernels are off too, so that contender is PyTorch alone."""
+    original = mamba_module.selective_scan, mamba_module.why_not_conv_kernel, layer_norm_module.why_not_kernel
     mamba_module.selective_scan = functools.partial(selective_scan, impl=impl)
     if impl == "chunked":
         mamba_module.why_not_conv_kernel = lambda x: "the PyTorch-only contender"
+        layer_norm_module.why_not_kernel = lambda *a: "the PyTorch-only contender"
     try:
         yield
     finally:
-        mamba_module.selective_scan, mamba_module.why_not_conv_kernel = original
+        mamba_module.selective_scan, mamba_module.why_not_conv_kernel, layer_norm_module.why_not_kernel = (
+            original
+        )
 
 
 def lm_step(model, ids) -> None:
@@ -236,7 +240,7 @@ def report(args, lm_rows, raw, short, fresh) -> list[str]:
         "",
         "## Mamba LM training step (forward + cross-entropy + backward), vocab 65",
         "",
-        "seqlab's kernels (the fused scan, and the causal conv + SiLU) against the same model in PyTorch alone.",
+        "seqlab's kernels (the fused scan, the causal conv + SiLU, and LayerNorm) against the same model in PyTorch alone.",
         "",
         *lm_table(lm_rows),
         "",

@@ -139,6 +139,14 @@ class Mamba(FastPathMixin, nn.Module):
         shapes = {"conv_state": (b, di, self.d_conv), "ssm_state": (b, di, self.d_state)}
         check_state("Mamba", state, shapes, x, (x.dtype, torch.promote_types(x.dtype, torch.float32)))
 
+    def _in_proj(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """in_proj(x) split into the conv's input and the gate. As two products, one per half of the weight, the
+        backward adds two (b, t, d) input gradients instead of concatenating two (b, t, d_inner) output
+        gradients into one: less copying (measured: a lab-width Mamba LM step 1-2% faster)."""
+        w, bias = self.in_proj.weight, self.in_proj.bias
+        halves = (None, None) if bias is None else bias.chunk(2)
+        return tuple(F.linear(x, wh, bh) for wh, bh in zip(w.chunk(2), halves, strict=True))
+
     def _ssm_inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (..., d_inner) -> Δ before bias and softplus (..., d_inner), B and C (..., n)."""
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
@@ -160,7 +168,7 @@ class Mamba(FastPathMixin, nn.Module):
         if mask is not None and (mask := check_padding_mask(mask, b, t, x.device)) is not None:
             x = x.masked_fill(~mask[..., None], 0.0)  # padded inputs (even NaN) go no further
         conv_state, ssm_state = self.init_state(b, device=x.device, dtype=x.dtype) if state is None else state
-        xs, z = self.in_proj(x).chunk(2, dim=-1)  # (b, t, 2 d_inner) -> 2 x (b, t, d_inner)
+        xs, z = self._in_proj(x)  # (b, t, d) -> 2 x (b, t, d_inner)
         if mask is not None:
             xs = xs.masked_fill(~mask[..., None], 0.0)  # padded conv inputs are zeros, as after a real end
         # causal depthwise conv: the previous d_conv - 1 inputs (zeros at the start) prefix the sequence
@@ -176,8 +184,11 @@ class Mamba(FastPathMixin, nn.Module):
             xs = xs.transpose(1, 2)  # (b, t, d_inner)
             new_conv_state = self._last_conv_inputs(full, mask)
         delta, B, C = self._ssm_inputs(xs)
-        # Δ = softplus(dt_proj(x)), in float32 at least: (b, t, d_inner)
-        delta = F.softplus(_wide(delta) + _wide(self.dt_proj.bias))
+        # Δ = softplus(dt_proj(x)), in float32 at least: (b, t, d_inner); without a mask the fast scan adds the
+        # bias and takes the softplus itself (fused into its kernels)
+        fused = {"delta_bias": _wide(self.dt_proj.bias), "delta_softplus": True}
+        if not (fast and mask is None):
+            delta, fused = F.softplus(_wide(delta) + fused["delta_bias"]), {}
         if mask is not None:
             delta = delta.masked_fill(~mask[..., None], 0.0)  # Δ = 0: Ā = 1, B̄ x = 0, the state is held
         scan = selective_scan if fast else selective_scan_ref
@@ -191,6 +202,7 @@ class Mamba(FastPathMixin, nn.Module):
             z=z,
             initial_state=ssm_state,
             return_last_state=True,
+            **fused,
             **({"chunk_size": self.chunk_size} if fast else {}),
         )
         return self.out_proj(y), (new_conv_state, ssm_state.to(self.D.dtype))
