@@ -34,3 +34,30 @@ def test_a_missing_package_is_named_with_its_install_line(capsys, monkeypatch):
     assert "ready   task shakespeare / text" in out  # the corpus ships inside seqlab
     assert "ready   task video" in out
     assert commands_doctor.missing(("mnist1d|sklearn",)) == []  # either one will do
+
+
+def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_path):
+    import torch
+
+    from seqlab.kernels import build as scan_build
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # an empty cache: nothing built yet
+    monkeypatch.setattr(scan_build, "_missing_tool", lambda: None)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    labels = [
+        "selective scan (Mamba)",
+        "GRU / RNN",
+        "causal conv (Mamba)",
+        "decoding step (GPT)",
+        "tanh-GELU",
+    ]
+    for label in [*labels, "LayerNorm"]:
+        assert f"{label:<23} built on first use" in out, label
+    assert list(tmp_path.iterdir()) == []  # doctor built nothing
+    gpu = "not used: no CUDA GPU" if not torch.cuda.is_available() else "selective scan on GPU"
+    assert gpu in out
+
+    monkeypatch.setattr(scan_build, "_missing_tool", lambda: "no C++ compiler: 'c++' is not on PATH")
+    assert main(["doctor"]) == 0
+    assert "GRU / RNN               cannot build: no C++ compiler" in capsys.readouterr().out

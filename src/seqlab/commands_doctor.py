@@ -1,6 +1,7 @@
 """``seqlab doctor``: what this machine has and what each task and suite needs, before anything spends minutes.
 
-It prints the Python, torch (CPU or CUDA build, threads, devices) and CPU; every optional package with its
+It prints the Python, torch (CPU or CUDA build, threads, devices) and CPU; each compiled kernel (built already,
+built on first use, or why it cannot be; the GPU scan's Triton); every optional package with its
 version or the line that installs it; the data sets read from Debian packages or other PyPI packages; and for
 each task and ``seqlab compare`` suite, ready or what is missing. It imports nothing heavy to find a package
 (``importlib.util.find_spec``), so it answers in a second or two. Exit status 0 (it is a report, not a check).
@@ -182,8 +183,46 @@ def _machine() -> list[str]:
     ]
 
 
+def _kernels() -> list[str]:
+    """Each compiled kernel: already built on this machine (in the cache), built on first use, or why it cannot
+    be; and the GPU scan's Triton. Nothing is built here: doctor stays a second or two."""
+    import torch
+
+    from seqlab.kernels import activations, causal_conv, decode, layer_norm, recurrent
+    from seqlab.kernels import build as scan_build
+    from seqlab.kernels.extension import cache_dir
+
+    scan_name, _ = scan_build._build_name_and_flags()
+    libraries = [("selective scan (Mamba)", scan_build.cache_root() / scan_name / f"{scan_name}.so")]
+    for label, extension in (
+        ("GRU / RNN", recurrent.EXTENSION),
+        ("causal conv (Mamba)", causal_conv.EXTENSION),
+        ("decoding step (GPT)", decode.EXTENSION),
+        ("tanh-GELU", activations.EXTENSION),
+        ("LayerNorm", layer_norm.EXTENSION),
+    ):
+        name, _ = extension.name_and_flags()
+        libraries.append((label, cache_dir() / name / f"{name}.so"))
+    tool = scan_build._missing_tool()
+    lines = []
+    for label, library in libraries:
+        if library.exists():
+            state = f"built ({library.parent})"
+        else:
+            state = f"cannot build: {tool}" if tool else "built on first use (10-60 s once, then cached)"
+        lines.append(f"  {label:<23} {state}")
+    if not torch.cuda.is_available():
+        gpu = "not used: no CUDA GPU"
+    elif _installed("triton"):
+        gpu = f"ready (triton {_version('triton')})"
+    else:
+        gpu = "missing: pip install triton (the chunked PyTorch scan runs instead)"
+    return [*lines, f"  {'selective scan on GPU':<23} {gpu}"]
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    lines = ["machine", *(f"  {m}" for m in _machine()), "", "packages"]
+    lines = ["machine", *(f"  {m}" for m in _machine()), "", "kernels (CPU: C++; GPU: Triton)", *_kernels()]
+    lines += ["", "packages"]
     for name, (what, how) in PACKAGES.items():
         state = _version(name) if _installed(name) else f"missing: {how}"
         lines.append(f"  {name:<14} {state:<34} {what}")
