@@ -133,20 +133,30 @@ def selective_scan_kernel(
     between the states saved for backward (None: :data:`DEFAULT_CHUNK`). Raises RuntimeError when the kernel
     cannot be built; :func:`why_not_kernel` says beforehand whether it takes the inputs.
     """
-    chunk_size = DEFAULT_CHUNK if chunk_size is None else chunk_size
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    chunk = checked_chunk(chunk_size, DEFAULT_CHUNK, u.size(1))
     if (reason := kernel_unavailable()) is not None:
         raise RuntimeError(f"the selective-scan kernel is unavailable: {reason}")
-    dtype, wide = u.dtype, torch.promote_types(u.dtype, torch.float32)
     inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    ready = [None if x is None else x.to(wide) for x in inputs]
-    for i, x in enumerate(ready):  # B, C and z may be views with spaced rows (the kernel reads them in place)
-        if x is not None and not (i in (3, 4, 6) and _spaced_rows(x)):
-            ready[i] = x.contiguous()
-    chunk = min(
-        int(chunk_size), max(u.size(1), 1)
-    )  # the backward's buffers hold one chunk: never longer than t
-    y, h = _KernelScan.apply(*ready, bool(delta_softplus), chunk)
-    y = y.to(dtype)
+    y, h = _KernelScan.apply(*widened(inputs, views=(3, 4, 6)), bool(delta_softplus), chunk)
+    y = y.to(u.dtype)
     return (y, h) if return_last_state else y
+
+
+def checked_chunk(chunk_size: int | None, default: int, t: int) -> int:
+    """Positions per saved state: ``chunk_size`` (None: ``default``), never longer than t (the backward's buffers
+    hold one chunk); a ValueError below 1."""
+    chunk_size = default if chunk_size is None else chunk_size
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+    return min(int(chunk_size), max(t, 1))
+
+
+def widened(inputs: tuple[Tensor | None, ...], views: tuple[int, ...] = ()) -> list[Tensor | None]:
+    """The scan's inputs in float32 at least (float64 stays), contiguous; those at the indices in ``views`` may
+    stay (b, t, m) views with spaced rows, which the CPU kernel reads in place."""
+    wide = torch.promote_types(inputs[0].dtype, torch.float32)
+    ready = [None if x is None else x.to(wide) for x in inputs]
+    for i, x in enumerate(ready):
+        if x is not None and not (i in views and _spaced_rows(x)):
+            ready[i] = x.contiguous()
+    return ready

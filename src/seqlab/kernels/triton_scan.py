@@ -43,6 +43,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from seqlab.kernels.selective_scan import checked_chunk, widened
+
 __all__ = ["selective_scan_triton", "triton_unavailable", "why_not_triton"]
 
 DEFAULT_CHUNK = 64
@@ -198,15 +200,10 @@ def selective_scan_triton(
     between the states saved for backward (None: :data:`DEFAULT_CHUNK`). :func:`why_not_triton` says
     beforehand whether it takes the inputs.
     """
-    chunk_size = DEFAULT_CHUNK if chunk_size is None else chunk_size
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
-    if (reason := why_not_triton(u, delta, A, B, C, D, z, delta_bias, initial_state)) is not None:
-        raise RuntimeError(f"the Triton selective scan cannot run: {reason}")
-    dtype, wide = u.dtype, torch.promote_types(u.dtype, torch.float32)
+    chunk = checked_chunk(chunk_size, DEFAULT_CHUNK, u.size(1))
     inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
-    ready = [None if x is None else x.to(wide).contiguous() for x in inputs]
-    chunk = min(int(chunk_size), u.size(1))  # the scratch holds one chunk: never longer than t
-    y, h = _TritonScan.apply(*ready, bool(delta_softplus), chunk)
-    y = y.to(dtype)
+    if (reason := why_not_triton(*inputs)) is not None:
+        raise RuntimeError(f"the Triton selective scan cannot run: {reason}")
+    y, h = _TritonScan.apply(*widened(inputs), bool(delta_softplus), chunk)
+    y = y.to(u.dtype)
     return (y, h) if return_last_state else y
