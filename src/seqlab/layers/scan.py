@@ -46,7 +46,7 @@ the lab's widths (the projections and the conv are the rest); TorchInductor's co
 measured too, ran 1.8x slower than the kernel at t=16 and did not finish compiling at t=256
 (benchmarks/results/scan-kernel-*). Without a compiler, or when the build fails, a warning says so once and
 the chunked scan runs. On CUDA tensors the scan runs Triton kernels of the same design
-(``seqlab.kernels.triton_scan``: one program per batch row and 32 channels, the state in registers, the same
+(``seqlab.kernels.triton_scan``: one program per batch row and 8 channels, the state in registers, the same
 recomputing backward) where Triton is installed, and the chunked scan where not. ``impl="chunked"``,
 ``"kernel"`` or ``"triton"`` forces one.
 """
