@@ -22,11 +22,52 @@ from torch.autograd.function import once_differentiable
 
 from seqlab.kernels.build import kernel_unavailable
 
-__all__ = ["DEFAULT_CHUNK", "selective_scan_kernel", "why_not_kernel"]
+__all__ = [
+    "DEFAULT_CHUNK",
+    "check_scan_shapes",
+    "selective_scan_kernel",
+    "unsupported_shapes",
+    "why_not_kernel",
+]
 
 DEFAULT_CHUNK = 64
 """Positions between saved states. The backward's buffers per thread are 2·chunk·n·W values (W = 16 float32
 or 8 float64 channels: 128 KiB at n = 16); the saved states (b, t / chunk, n, d) are 1/4 of u's size at n = 16."""
+
+
+def check_scan_shapes(
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_state: Tensor | None = None
+) -> None:
+    """A ValueError naming the expected and the given shape unless u, delta (b, t, d), A (d, n), B, C (b, t, n)
+    and initial_state (b, d, n) agree: the contract of every selective scan (reference, chunked, kernels)."""
+    if u.dim() != 3:
+        raise ValueError(f"u must be (b, t, d), got shape {tuple(u.shape)}")
+    b, t, d = u.shape
+    if delta.shape != u.shape:
+        raise ValueError(f"delta must have u's shape {tuple(u.shape)}, got {tuple(delta.shape)}")
+    if A.dim() != 2 or A.size(0) != d:
+        raise ValueError(f"A must be (d, n) = ({d}, n), got {tuple(A.shape)}")
+    n = A.size(1)
+    for name, m in (("B", B), ("C", C)):
+        if tuple(m.shape) != (b, t, n):
+            raise ValueError(f"{name} must be (b, t, n) = {(b, t, n)}, got {tuple(m.shape)}")
+    if initial_state is not None and tuple(initial_state.shape) != (b, d, n):
+        raise ValueError(f"initial_state must be (b, d, n) = {(b, d, n)}, got {tuple(initial_state.shape)}")
+
+
+def unsupported_shapes(
+    u: Tensor, D: Tensor | None, z: Tensor | None, delta_bias: Tensor | None
+) -> str | None:
+    """Why a fused scan (the C++ or the Triton one) cannot take D, z and delta_bias, or None: they must be (d,),
+    (b, t, d) and (d,) exactly, where the reference would broadcast other shapes."""
+    if u.dim() != 3 or u.size(1) == 0:
+        return "u is not a non-empty (b, t, d) sequence"
+    b, t, d = u.shape
+    expected = {"D": (D, (d,)), "z": (z, (b, t, d)), "delta_bias": (delta_bias, (d,))}
+    for name, (x, shape) in expected.items():
+        if x is not None and tuple(x.shape) != shape:
+            return f"{name} has shape {tuple(x.shape)}, the kernel takes {shape} only"
+    return None
 
 
 def why_not_kernel(
@@ -49,14 +90,7 @@ def why_not_kernel(
         return "the inputs are not all on the CPU"
     if not u.is_floating_point():
         return f"u has dtype {u.dtype}; the kernel computes in float32 or float64"
-    if u.dim() != 3 or u.size(1) == 0:
-        return "u is not a non-empty (b, t, d) sequence"
-    b, t, d = u.shape
-    expected = {"D": (D, (d,)), "z": (z, (b, t, d)), "delta_bias": (delta_bias, (d,))}
-    for name, (x, shape) in expected.items():
-        if x is not None and tuple(x.shape) != shape:
-            return f"{name} has shape {tuple(x.shape)}, the kernel takes {shape} only"
-    return kernel_unavailable()
+    return unsupported_shapes(u, D, z, delta_bias) or kernel_unavailable()
 
 
 def _spaced_rows(x: Tensor) -> bool:

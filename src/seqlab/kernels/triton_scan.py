@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from seqlab.kernels.selective_scan import checked_chunk, widened
+from seqlab.kernels.selective_scan import check_scan_shapes, checked_chunk, unsupported_shapes, widened
 
 __all__ = ["selective_scan_triton", "triton_unavailable", "why_not_triton"]
 
@@ -81,8 +81,8 @@ def why_not_triton(
     delta_bias: Tensor | None = None,
     initial_state: Tensor | None = None,
 ) -> str | None:
-    """None when :func:`selective_scan_triton` takes these inputs, else why not. Shapes are checked by the caller
-    (``seqlab.layers.scan``); this says whether the device, dtype and Triton allow the kernel."""
+    """None when :func:`selective_scan_triton` takes these inputs, else why not: the device, the dtype, the shapes
+    of D, z and delta_bias (the others are :func:`check_scan_shapes`'), and Triton itself."""
     given = [x for x in (u, delta, A, B, C, D, z, delta_bias, initial_state) if x is not None]
     devices = {x.device.type for x in given}
     if devices != {"cuda"} and not (_interpreting() and devices == {"cpu"}):
@@ -91,9 +91,7 @@ def why_not_triton(
         return "torch.compile is tracing (the Triton scan is not registered as a custom op)"
     if not u.is_floating_point():
         return f"u has dtype {u.dtype}; the Triton scan computes in float32 or float64"
-    if u.dim() != 3 or u.size(1) == 0:
-        return "u is not a non-empty (b, t, d) sequence"
-    return triton_unavailable()
+    return unsupported_shapes(u, D, z, delta_bias) or triton_unavailable()
 
 
 @functools.cache
@@ -200,6 +198,7 @@ def selective_scan_triton(
     between the states saved for backward (None: :data:`DEFAULT_CHUNK`). :func:`why_not_triton` says
     beforehand whether it takes the inputs.
     """
+    check_scan_shapes(u, delta, A, B, C, initial_state)
     chunk = checked_chunk(chunk_size, DEFAULT_CHUNK, u.size(1))
     inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     if (reason := why_not_triton(*inputs)) is not None:

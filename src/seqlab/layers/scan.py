@@ -60,30 +60,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqlab.kernels import selective_scan_kernel, why_not_kernel
+from seqlab.kernels.selective_scan import check_scan_shapes
 from seqlab.kernels.triton_scan import selective_scan_triton, why_not_triton
 
 __all__ = ["auto_chunk_size", "selective_scan", "selective_scan_ref"]
 
 
-def _check(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_state: Tensor | None) -> None:
-    if u.dim() != 3:
-        raise ValueError(f"u must be (b, t, d), got shape {tuple(u.shape)}")
-    b, t, d = u.shape
-    if delta.shape != u.shape:
-        raise ValueError(f"delta must have u's shape {tuple(u.shape)}, got {tuple(delta.shape)}")
-    if A.dim() != 2 or A.size(0) != d:
-        raise ValueError(f"A must be (d, n) = ({d}, n), got {tuple(A.shape)}")
-    n = A.size(1)
-    for name, m in (("B", B), ("C", C)):
-        if tuple(m.shape) != (b, t, n):
-            raise ValueError(f"{name} must be (b, t, n) = {(b, t, n)}, got {tuple(m.shape)}")
-    if initial_state is not None and tuple(initial_state.shape) != (b, d, n):
-        raise ValueError(f"initial_state must be (b, d, n) = {(b, d, n)}, got {tuple(initial_state.shape)}")
-
-
 def _widened(u, delta, A, B, C, delta_bias, delta_softplus, initial_state) -> tuple[Tensor, ...]:
     """The checked inputs in float32 at least, delta with its bias and softplus; and h0 (b, d, n)."""
-    _check(u, delta, A, B, C, initial_state)
+    check_scan_shapes(u, delta, A, B, C, initial_state)
     wide = torch.promote_types(u.dtype, torch.float32)
     u, delta, A, B, C = (x.to(wide) for x in (u, delta, A, B, C))
     if delta_bias is not None:
@@ -253,7 +238,7 @@ def selective_scan(
     if impl not in ("auto", "kernel", "triton", "chunked"):
         raise ValueError(f"impl must be 'auto', 'kernel', 'triton' or 'chunked', got {impl!r}")
     if impl != "chunked":
-        _check(u, delta, A, B, C, initial_state)
+        check_scan_shapes(u, delta, A, B, C, initial_state)
     rest = (delta_softplus, initial_state, return_last_state, chunk_size)
     if impl in ("auto", "triton") and (u.device.type != "cpu" or impl == "triton"):
         if (reason := why_not_triton(*args, initial_state)) is None:
