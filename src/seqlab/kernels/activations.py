@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.kernels.extension import CppExtension
+from seqlab.kernels.extension import CppExtension, cpu_float_reason
 
 __all__ = ["EXTENSION", "gelu_tanh"]
 
@@ -47,11 +47,6 @@ class _GeluTanh(torch.autograd.Function):
 
 def gelu_tanh(x: Tensor) -> Tensor:
     """½ x (1 + tanh(√(2/π) (x + 0.044715 x³))), elementwise, any shape."""
-    if (
-        x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.float64)
-        and x.is_contiguous()
-        and EXTENSION.load() is not None
-    ):
+    if cpu_float_reason(x) is None and x.is_contiguous() and EXTENSION.unbuilt_reason() is None:
         return _GeluTanh.apply(x)
     return F.gelu(x, approximate="tanh")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.kernels.extension import CppExtension
+from seqlab.kernels.extension import CppExtension, cpu_float_reason, spaced_rows
 
 __all__ = ["EXTENSION", "causal_conv_silu", "causal_conv_silu_ref", "why_not_kernel"]
 
@@ -55,21 +55,13 @@ class _CausalConvSilu(torch.autograd.Function):
 
 def why_not_kernel(x: Tensor) -> str | None:
     """None when :func:`causal_conv_silu` would run the kernel for x, else why not."""
-    if x.device.type != "cpu":
-        return f"the kernel runs on the CPU, x is on {x.device.type}"
-    if x.dtype not in (torch.float32, torch.float64):
-        return f"the kernel takes float32 or float64, x is {x.dtype}"
-    if EXTENSION.load() is None:
-        return f"the kernel could not be built: {EXTENSION.build_info()['error']}"
-    return None
+    return cpu_float_reason(x) or EXTENSION.unbuilt_reason()
 
 
 def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """silu(causal depthwise conv) of x (b, t, c) after state (b, k-1, c), weight (k, c), bias (c,) -> (b, t, c)."""
     if why_not_kernel(x) is not None:
         return causal_conv_silu_ref(x, state, weight, bias)
-    if x.dim() == 3 and not (
-        x.stride(2) == 1 and x.stride(1) >= x.size(2) and x.stride(0) == x.size(1) * x.stride(1)
-    ):
+    if x.dim() == 3 and not spaced_rows(x):
         x = x.contiguous()  # the kernel reads rows with a stride (a view of in_proj's output), not any layout
     return _CausalConvSilu.apply(x, state.contiguous(), weight.contiguous(), bias)

@@ -32,7 +32,7 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["CppExtension", "cache_dir"]
+__all__ = ["CppExtension", "cache_dir", "cpu_float_reason", "spaced_rows"]
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -48,6 +48,26 @@ def cache_dir() -> Path:
     if root := os.environ.get("TORCH_EXTENSIONS_DIR"):
         return Path(root) / "seqlab"
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "seqlab" / "kernels"
+
+
+def cpu_float_reason(x: torch.Tensor) -> str | None:
+    """Why a C++ kernel here cannot take x, as far as all of them care (a float32 or float64 CPU tensor), or None."""
+    if x.device.type != "cpu":
+        return f"the kernel runs on the CPU, x is on {x.device.type}"
+    if x.dtype not in (torch.float32, torch.float64):
+        return f"the kernel takes float32 or float64, x is {x.dtype}"
+    return None
+
+
+def spaced_rows(x: torch.Tensor) -> bool:
+    """(b, t, m) with a contiguous last dimension and evenly spaced rows: the views of a wider projection output
+    (Mamba's in_proj and x_proj halves) that the scan and causal-conv kernels read in place."""
+    return (
+        x.dim() == 3
+        and x.stride(2) == 1
+        and x.stride(1) >= x.size(2)
+        and x.stride(0) == x.size(1) * x.stride(1)
+    )
 
 
 def _first_error(e: Exception) -> str:
@@ -126,6 +146,12 @@ class CppExtension:
                     )
                 self._loaded["info"], self._loaded["module"] = info, module
         return self._loaded["module"]  # type: ignore[return-value]
+
+    def unbuilt_reason(self) -> str | None:
+        """None once the kernel is loaded (building it on the first call), else why it could not be built."""
+        if self.load() is None:
+            return f"the kernel could not be built: {self.build_info()['error']}"
+        return None
 
     def build_info(self) -> dict | None:
         """After ``load()``: ``{"seconds", "cached", "directory"}``, or ``{"error"}`` when the build failed; None

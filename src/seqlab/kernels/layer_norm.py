@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.kernels.extension import CppExtension
+from seqlab.kernels.extension import CppExtension, cpu_float_reason
 
 __all__ = ["EXTENSION", "layer_norm", "why_not_kernel"]
 
@@ -51,10 +51,8 @@ class _LayerNorm(torch.autograd.Function):
 
 def why_not_kernel(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> str | None:
     """None when :func:`layer_norm` would run the kernel for these tensors, else why not."""
-    if x.device.type != "cpu":
-        return f"the kernel runs on the CPU, x is on {x.device.type}"
-    if x.dtype not in (torch.float32, torch.float64):
-        return f"the kernel takes float32 or float64, x is {x.dtype}"
+    if (reason := cpu_float_reason(x)) is not None:
+        return reason
     if weight is None:
         return "the kernel needs a weight (elementwise_affine=True)"
     if any(t is not None and (t.dtype != x.dtype or t.device != x.device) for t in (weight, bias)):
@@ -63,9 +61,7 @@ def why_not_kernel(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> str
         return "x is not a contiguous, non-empty tensor"
     if torch.compiler.is_compiling():
         return "torch.compile is tracing"
-    if EXTENSION.load() is None:
-        return f"the kernel could not be built: {EXTENSION.build_info()['error']}"
-    return None
+    return EXTENSION.unbuilt_reason()
 
 
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:

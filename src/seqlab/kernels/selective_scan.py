@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from seqlab.kernels.build import kernel_unavailable
+from seqlab.kernels.extension import spaced_rows
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -91,16 +92,6 @@ def why_not_kernel(
     if not u.is_floating_point():
         return f"u has dtype {u.dtype}; the kernel computes in float32 or float64"
     return unsupported_shapes(u, D, z, delta_bias) or kernel_unavailable()
-
-
-def _spaced_rows(x: Tensor) -> bool:
-    """(b, t, m) with a contiguous last dimension and evenly spaced rows: the views the kernel reads in place."""
-    return (
-        x.dim() == 3
-        and x.stride(2) == 1
-        and x.stride(1) >= x.size(2)
-        and x.stride(0) == x.size(1) * x.stride(1)
-    )
 
 
 class _KernelScan(torch.autograd.Function):
@@ -191,6 +182,6 @@ def widened(inputs: tuple[Tensor | None, ...], views: tuple[int, ...] = ()) -> l
     wide = torch.promote_types(inputs[0].dtype, torch.float32)
     ready = [None if x is None else x.to(wide) for x in inputs]
     for i, x in enumerate(ready):
-        if x is not None and not (i in views and _spaced_rows(x)):
+        if x is not None and not (i in views and spaced_rows(x)):
             ready[i] = x.contiguous()
     return ready
