@@ -42,7 +42,7 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
     from seqlab.kernels import build as scan_build
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # an empty cache: nothing built yet
-    monkeypatch.setattr(scan_build, "_missing_tool", lambda: None)
+    monkeypatch.setattr(scan_build, "missing_tool", lambda: None)
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     labels = [
@@ -58,6 +58,6 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
     gpu = "not used: no CUDA GPU" if not torch.cuda.is_available() else "selective scan on GPU"
     assert gpu in out
 
-    monkeypatch.setattr(scan_build, "_missing_tool", lambda: "no C++ compiler: 'c++' is not on PATH")
+    monkeypatch.setattr(scan_build, "missing_tool", lambda: "no C++ compiler: 'c++' is not on PATH")
     assert main(["doctor"]) == 0
     assert "GRU / RNN               cannot build: no C++ compiler" in capsys.readouterr().out

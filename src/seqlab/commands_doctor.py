@@ -190,10 +190,8 @@ def _kernels() -> list[str]:
 
     from seqlab.kernels import activations, causal_conv, decode, layer_norm, recurrent
     from seqlab.kernels import build as scan_build
-    from seqlab.kernels.extension import cache_dir
 
-    scan_name, _ = scan_build._build_name_and_flags()
-    libraries = [("selective scan (Mamba)", scan_build.cache_root() / scan_name / f"{scan_name}.so")]
+    libraries = [("selective scan (Mamba)", scan_build.library())]
     for label, extension in (
         ("GRU / RNN", recurrent.EXTENSION),
         ("causal conv (Mamba)", causal_conv.EXTENSION),
@@ -201,9 +199,8 @@ def _kernels() -> list[str]:
         ("tanh-GELU", activations.EXTENSION),
         ("LayerNorm", layer_norm.EXTENSION),
     ):
-        name, _ = extension.name_and_flags()
-        libraries.append((label, cache_dir() / name / f"{name}.so"))
-    tool = scan_build._missing_tool()
+        libraries.append((label, extension.library()))
+    tool = scan_build.missing_tool()
     lines = []
     for label, library in libraries:
         if library.exists():

@@ -34,11 +34,21 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BuildInfo", "build_info", "cache_root", "kernel_unavailable", "load_kernel"]
+__all__ = [
+    "ISA_FLAGS",
+    "BuildInfo",
+    "build_info",
+    "cache_root",
+    "kernel_unavailable",
+    "library",
+    "library_path",
+    "load_kernel",
+    "missing_tool",
+]
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("selective_scan.cpp")
-_ISA_FLAGS = {
+ISA_FLAGS = {  # the vector extensions torch itself dispatches to on this CPU (never -march=native)
     "AVX2": ["-mavx2", "-mfma"],
     "AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw"],
 }
@@ -66,9 +76,21 @@ _info: BuildInfo | None = None  # set once per process by load_kernel
 
 
 def cache_root() -> Path:
+    """Where every compiled kernel is kept: ``$TORCH_EXTENSIONS_DIR/seqlab``, else ``$XDG_CACHE_HOME/seqlab/kernels``
+    (by default ``~/.cache/seqlab/kernels``), one folder per build name."""
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
         return Path(os.environ["TORCH_EXTENSIONS_DIR"]) / "seqlab"
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "seqlab" / "kernels"
+
+
+def library_path(name: str) -> Path:
+    """The library a build named ``name`` leaves in the cache."""
+    return cache_root() / name / f"{name}.so"
+
+
+def library() -> Path:
+    """The selective scan's library on this machine (present once built)."""
+    return library_path(_build_name_and_flags()[0])
 
 
 def _build_name_and_flags() -> tuple[str, list[str]]:
@@ -78,11 +100,12 @@ def _build_name_and_flags() -> tuple[str, list[str]]:
     isa = "".join(ch for ch in capability.lower() if ch.isalnum()) or "default"
     # -fno-tree-pre: GCC's partial redundancy elimination turns the clamp in the kernel's exp into branches,
     # which stops the vectorizer (other compilers ignore the flag with a warning)
-    flags = ["-O3", "-fopenmp", "-fno-tree-pre", *_ISA_FLAGS.get(capability, [])]
+    flags = ["-O3", "-fopenmp", "-fno-tree-pre", *ISA_FLAGS.get(capability, [])]
     return f"seqlab_scan_{isa}_{py}_torch{version}", flags
 
 
-def _missing_tool() -> str | None:
+def missing_tool() -> str | None:
+    """Why no C++ kernel can be built here (no compiler, no ninja), or None."""
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler: {compiler!r} is not on PATH (install g++, or set CXX)"
@@ -121,10 +144,10 @@ def _mtime(path: Path) -> int | None:
 
 def _build() -> BuildInfo:
     name, flags = _build_name_and_flags()
-    folder = cache_root() / name
-    library = folder / f"{name}.so"
+    library = library_path(name)
+    folder = library.parent
     start, before = time.perf_counter(), _mtime(library)
-    reason = _missing_tool()
+    reason = missing_tool()
     if reason is None:
         try:
             _compile(name, flags, folder)

@@ -6,8 +6,8 @@ Each kernel is one source file beside this module (``recurrent.cpp``, ``decode.c
 ``build_info()`` says which and how long. (The selective scan, a library of torch operators rather than a
 pybind module, has its own loader in ``build.py``.)
 
-* where: ``$TORCH_EXTENSIONS_DIR/seqlab`` if set, else ``$XDG_CACHE_HOME/seqlab/kernels`` (by default
-  ``~/.cache/seqlab/kernels``), in a folder ``seqlab_<stem>_<isa>_<hash of the sources and flags>``, so an
+* where (``build.cache_root``, shared with the scan): ``$TORCH_EXTENSIONS_DIR/seqlab`` if set, else
+  ``$XDG_CACHE_HOME/seqlab/kernels`` (by default ``~/.cache/seqlab/kernels``), in a folder ``seqlab_<stem>_<isa>_<hash of the sources and flags>``, so an
   edited source builds afresh;
 * instruction set: ``-O3`` plus the vector extensions torch itself dispatches to on this CPU, never
   ``-march=native``: a cache shared between machines then holds one build per instruction set, each runnable
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
 import warnings
@@ -32,22 +31,12 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["CppExtension", "cache_dir", "cpu_float_reason", "spaced_rows"]
+from seqlab.kernels.build import ISA_FLAGS, library_path
+
+__all__ = ["CppExtension", "cpu_float_reason", "spaced_rows"]
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-_ISA_FLAGS = {
-    "AVX2": ["-mavx2", "-mfma"],
-    "AVX512": ["-mavx2", "-mfma", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw"],
-}
-
-
-def cache_dir() -> Path:
-    """Where built kernels are kept: ``$TORCH_EXTENSIONS_DIR/seqlab``, else ``$XDG_CACHE_HOME/seqlab/kernels``
-    (by default ``~/.cache/seqlab/kernels``)."""
-    if root := os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return Path(root) / "seqlab"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "seqlab" / "kernels"
 
 
 def cpu_float_reason(x: torch.Tensor) -> str | None:
@@ -96,19 +85,23 @@ class CppExtension:
     def name_and_flags(self) -> tuple[str, list[str]]:
         """``seqlab_<stem>_<isa>_<hash of sources and flags>`` and the compiler flags for this CPU."""
         isa = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
-        flags = ["-O3", "-fno-trapping-math", "-fno-tree-pre", *_ISA_FLAGS.get(isa, [])]
+        flags = ["-O3", "-fno-trapping-math", "-fno-tree-pre", *ISA_FLAGS.get(isa, [])]
         flags += ["-fopenmp"] if self.openmp else []
         text = b"".join(p.read_bytes() for p in (self.source, *self.headers)) + " ".join(flags).encode()
         return f"seqlab_{self.stem}_{isa.lower()}_{hashlib.sha256(text).hexdigest()[:10]}", flags
+
+    def library(self) -> Path:
+        """This kernel's library on this machine (present once built)."""
+        return library_path(self.name_and_flags()[0])
 
     def _compile(self) -> tuple[ModuleType, dict]:
         """Build (or load from the cache) the extension; return it with what the build cost."""
         from torch.utils.cpp_extension import load  # imported here: it is slow and only needed once
 
         name, flags = self.name_and_flags()
-        directory = cache_dir() / name
+        library = library_path(name)
+        directory = library.parent
         directory.mkdir(parents=True, exist_ok=True)
-        library = directory / f"{name}.so"
         before = library.stat().st_mtime_ns if library.exists() else None
         start = time.perf_counter()
         module = load(
