@@ -156,8 +156,8 @@ def test_shapes_the_kernels_cannot_read_are_refused_before_launch(monkeypatch):
     xs = _inputs(2, 5, 4, 3, full=False)
     u, delta, A, B, C = xs[:5]
     with pytest.raises(ValueError, match=r"B must be \(b, t, n\) = \(2, 5, 3\), got \(2, 5, 4\)"):
-        selective_scan_triton(u, delta, A, torch.zeros(2, 5, 4, dtype=u.dtype), C)
-    reason = why_not_triton(u, delta, A, B, C, D=torch.zeros(3, dtype=u.dtype))
+        selective_scan_triton(u, delta, A, torch.zeros(2, 5, 4, dtype=u.dtype, device=u.device), C)
+    reason = why_not_triton(u, delta, A, B, C, D=torch.zeros(3, dtype=u.dtype, device=u.device))
     assert reason == "D has shape (3,), the kernel takes (4,) only"
     with pytest.raises(RuntimeError, match=r"D has shape \(3,\)"):
-        selective_scan_triton(u, delta, A, B, C, D=torch.zeros(3, dtype=u.dtype))
+        selective_scan_triton(u, delta, A, B, C, D=torch.zeros(3, dtype=u.dtype, device=u.device))
