@@ -12,8 +12,10 @@ nothing to attend to yields a zero output and zero (finite) gradients, where the
 0/0 = NaN (torch.nn.MultiheadAttention returns NaN there, pytorch issue 41508).
 
 :func:`scaled_dot_product_attention` hands the work to ``torch.nn.functional.scaled_dot_product_attention``
-(fused kernels: flash on CPU and GPU, memory-efficient, cuDNN); :func:`scaled_dot_product_attention_ref`
-writes the equation out and can return the weights.
+(fused kernels: flash on CPU and GPU, memory-efficient, cuDNN), or on the CPU, for the sequences it was written
+for (no mask but the causal one, no dropout, up to 2,048 keys: :func:`seqlab.kernels.attention.why_not_kernel`),
+to seqlab's own kernel, which is faster there; :func:`scaled_dot_product_attention_ref` writes the equation out
+and can return the weights.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqlab.kernels import attention as attention_kernel
 from seqlab.layers.masks import causal_mask, combine_masks
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_ref"]
@@ -99,6 +102,8 @@ def scaled_dot_product_attention(
     with ``mask``; grouped-query k/v (g < h) need no flag; a fully masked query row returns zeros, not NaN.
     """
     mask, is_causal = _prepare_mask(q, k, v, mask, is_causal)
+    if attention_kernel.why_not_kernel(q, k, v, mask, dropout_p, is_causal) is None:
+        return attention_kernel.attention(q, k, v, is_causal, scale)  # seqlab's CPU kernel, short sequences
     keep = None
     if mask is not None:
         keep = mask.any(-1, keepdim=True)  # (..., t_q, 1): rows that have at least one key to attend to

@@ -1,0 +1,374 @@
+// Scaled dot-product attention on the CPU for short sequences, forward and backward, one (batch, head) pair
+// per task. Built on first use by seqlab/kernels/attention.py.
+//
+//   S = Q Kᵀ                     (t_q, t_k)        one block of query rows at a time, all keys at once
+//   P = softmax(scale S + M)                       M = −∞ above the diagonal when causal
+//   O = P V                      (t_q, d)          lse = log Σ_j exp(scale S_ij)  kept per row
+//
+// backward, from dO (Dao et al. 2022, arXiv 2205.14135, eqs. in their §B.2), P recomputed from S and lse:
+//
+//   Δ_i = Σ_d dO_id O_id      dP = dO Vᵀ      dS = P ⊙ (dP − Δ)
+//   dQ = scale dS K           dK = scale dSᵀ Q      dV = Pᵀ dO
+//
+// Why a kernel: at the sequence lengths of a ViT (50-200 patches) or a small GPT (256), torch's CPU flash
+// attention spends most of its time around its matrix products rather than in them. Here a whole row block
+// of scores lives in one buffer (the softmax is exact, two passes over the row, no running rescale), and every
+// product is C (+)= A B with A and B row-major, run by one register-blocked micro-kernel: 6 rows × 32 columns of
+// C in 12 vector registers, a row of B loaded once per step and each A element broadcast from memory.
+// Tensors are read and written through their strides (q, k, v may be views of one packed projection; the
+// outputs are laid out (b, t, h, d) so that merging the heads is free); each (b, h) task owns its rows of dq,
+// dk, dv, so there are no atomics and the results do not depend on the thread count.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "vec_math.h"
+
+namespace {
+
+using seqlab_vec::exp_;
+
+template <typename T>
+struct Vec {
+  static constexpr int W = 64 / sizeof(T);  // lanes in a 64-byte vector: 16 floats, 8 doubles
+  typedef T V __attribute__((vector_size(64)));
+};
+
+template <typename T>
+inline typename Vec<T>::V load(const T* p) {
+  typename Vec<T>::V v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <typename T>
+inline void store(T* p, typename Vec<T>::V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+// C[R × S·W] (+)= A[R × K] B[K × S·W]; A's element (r, k) at A[r ar + k ak] (ak = 1: row-major A; ar = 1: A
+// read transposed from a row-major Aᵀ), row strides ldb and ldc
+template <typename T, int R, int S>
+inline void micro(int64_t K, const T* __restrict__ A, int64_t ar, int64_t ak, const T* __restrict__ B,
+                  int64_t ldb, T* __restrict__ C, int64_t ldc, bool accumulate) {
+  using V = typename Vec<T>::V;
+  constexpr int W = Vec<T>::W;
+  V acc[R][S];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) acc[r][s] = accumulate ? load(C + r * ldc + s * W) : V{};
+  for (int64_t k = 0; k < K; ++k) {
+    V b[S];
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) b[s] = load(B + k * ldb + s * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const V a = A[r * ar + k * ak] - V{};  // a broadcast (x − 0 = x for every x, so GCC emits no add)
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) acc[r][s] += a * b[s];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) store(C + r * ldc + s * W, acc[r][s]);
+}
+
+template <typename T, int S>
+inline void micro_rows(int rows, int64_t K, const T* A, int64_t ar, int64_t ak, const T* B, int64_t ldb, T* C,
+                       int64_t ldc, bool accumulate) {
+  switch (rows) {
+    case 6: return micro<T, 6, S>(K, A, ar, ak, B, ldb, C, ldc, accumulate);
+    case 5: return micro<T, 5, S>(K, A, ar, ak, B, ldb, C, ldc, accumulate);
+    case 4: return micro<T, 4, S>(K, A, ar, ak, B, ldb, C, ldc, accumulate);
+    case 3: return micro<T, 3, S>(K, A, ar, ak, B, ldb, C, ldc, accumulate);
+    case 2: return micro<T, 2, S>(K, A, ar, ak, B, ldb, C, ldc, accumulate);
+    default: return micro<T, 1, S>(K, A, ar, ak, B, ldb, C, ldc, accumulate);
+  }
+}
+
+// C[M × N] (+)= op(A) B, op(A) = A (M × K, row stride lda) or, with a_transposed, Aᵀ for A (K × M, row stride
+// lda); B (K × N, row stride ldb); N a multiple of the vector width
+template <typename T>
+void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, bool a_transposed, const T* B, int64_t ldb,
+          T* C, int64_t ldc, bool accumulate) {
+  constexpr int W = Vec<T>::W;
+  const int64_t ar = a_transposed ? 1 : lda, ak = a_transposed ? lda : 1;
+  for (int64_t j = 0; j < N; j += 2 * W) {
+    const bool two = j + 2 * W <= N;
+    for (int64_t i = 0; i < M; i += 6) {
+      const int rows = int(std::min<int64_t>(6, M - i));
+      if (two)
+        micro_rows<T, 2>(rows, K, A + i * ar, ar, ak, B + j, ldb, C + i * ldc + j, ldc, accumulate);
+      else
+        micro_rows<T, 1>(rows, K, A + i * ar, ar, ak, B + j, ldb, C + i * ldc + j, ldc, accumulate);
+    }
+  }
+}
+
+// dst[c × r] = src[r × c]ᵀ (src row stride lds, dst row stride ldd)
+template <typename T>
+void transpose(int64_t r, int64_t c, const T* src, int64_t lds, T* dst, int64_t ldd) {
+  constexpr int64_t kTile = 16;
+  for (int64_t i0 = 0; i0 < r; i0 += kTile)
+    for (int64_t j0 = 0; j0 < c; j0 += kTile)
+      for (int64_t i = i0; i < std::min(r, i0 + kTile); ++i)
+        for (int64_t j = j0; j < std::min(c, j0 + kTile); ++j) dst[j * ldd + i] = src[i * lds + j];
+}
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// K (t × d, row stride ld) as Kᵀ (d × t_pad, row stride ldt ≥ t_pad), the columns t ... t_pad − 1 zeroed
+template <typename T>
+void transpose_padded(int64_t t, int64_t d, const T* src, int64_t ld, T* dst, int64_t t_pad, int64_t ldt) {
+  transpose(t, d, src, ld, dst, ldt);
+  for (int64_t c = 0; c < d; ++c) std::fill(dst + c * ldt + t, dst + c * ldt + t_pad, T(0));
+}
+
+// asks the cache for rows [0, t) of d elements each, row stride ld: the next task's inputs are requested while
+// this task computes (its rows lie far apart when q, k, v are views of one projection, and the first touch
+// of each was a tenth of the backward's time)
+template <typename T>
+void prefetch_rows(const T* p, int64_t t, int64_t d, int64_t ld) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t c = 0; c < d; c += kLine) __builtin_prefetch(p + i * ld + c);
+}
+
+constexpr int64_t kRows = 24;  // query rows per block: 4 micro-kernel row groups
+
+// A (b, h, t, d) tensor's data as strided rows: element (bi, hi, ti, di) at p[bi sb + hi sh + ti st + di]
+template <typename T>
+struct Rows {
+  T* p;
+  int64_t sb, sh, st;
+  Rows(const at::Tensor& x) : p(x.data_ptr<T>()), sb(x.stride(0)), sh(x.stride(1)), st(x.stride(2)) {}
+  T* at(int64_t bi, int64_t hi) const { return p + bi * sb + hi * sh; }
+};
+
+// the scores of query rows [i0, i0 + m) against keys [0, n): S (m × n_pad, row stride n_pad) = Q Kᵀ, computed
+// from the keys transposed (zero columns past n); then P = exp(scale S − lse) in place, 0 where masked
+// (causal: key j > query i; and the padding columns j ≥ n). forward: lse computed here and stored; backward:
+// lse given.
+// (no-split-loops: GCC would otherwise split each loop at `valid` and run the tail as a scalar add chain)
+template <typename T>
+__attribute__((optimize("no-split-loops"))) void scores_to_probs(int64_t m, int64_t n, int64_t n_pad, int64_t i0, bool causal, T scale, T* s, T* lse_rows,
+                     bool compute_lse) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < m; ++r) {
+    T* __restrict__ row = s + r * n_pad;
+    const int64_t valid = causal ? std::min(n, i0 + r + 1) : n;
+    // every loop runs over the whole padded row (a multiple of the vector width: no remainder loops), the
+    // columns past `valid` selected away
+    if (compute_lse) {
+      T mx = neg_inf;
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < n_pad; ++j) {
+        const T x = j < valid ? row[j] : neg_inf;
+        mx = x > mx ? x : mx;
+      }
+      mx *= scale;
+      T sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < n_pad; ++j) {
+        const T e = j < valid ? exp_(row[j] * scale - mx) : T(0);
+        row[j] = e;
+        sum += e;
+      }
+      lse_rows[r] = mx + std::log(sum);
+      const T inv = T(1) / sum;
+#pragma omp simd
+      for (int64_t j = 0; j < n_pad; ++j) row[j] *= inv;
+    } else {
+      const T lse = lse_rows[r];
+#pragma omp simd
+      for (int64_t j = 0; j < n_pad; ++j) row[j] = j < valid ? exp_(row[j] * scale - lse) : T(0);
+    }
+  }
+}
+
+template <typename T>
+void forward_task(int64_t bi, int64_t hi, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
+                  T* lse, int64_t tq, int64_t tk, int64_t d, bool causal, T scale, std::vector<T>& work) {
+  constexpr int W = Vec<T>::W;
+  const int64_t n_pad = round_up(tk, W), ldt = n_pad + W;  // ldt: Kᵀ's row stride, never a multiple of 4 KiB
+  work.resize(d * ldt + kRows * n_pad);
+  T* kt = work.data();
+  T* s = kt + d * ldt;
+  const T* qp = q.at(bi, hi);
+  const T* kp = k.at(bi, hi);
+  const T* vp = v.at(bi, hi);
+  T* op = o.at(bi, hi);
+  transpose_padded(tk, d, kp, k.st, kt, n_pad, ldt);
+  for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
+    const int64_t m = std::min(kRows, tq - i0);
+    const int64_t n = causal ? std::min(tk, i0 + m) : tk;  // keys any row of the block sees
+    const int64_t np = round_up(n, W);
+    gemm<T>(m, np, d, qp + i0 * q.st, q.st, false, kt, ldt, s, np, false);
+    scores_to_probs<T>(m, n, np, i0, causal, scale, s, lse + i0, true);
+    gemm<T>(m, d, n, s, np, false, vp, v.st, op + i0 * o.st, o.st, false);
+  }
+}
+
+template <typename T>
+void backward_task(int64_t bi, int64_t hi, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v,
+                   const Rows<T>& o, const Rows<T>& g, const T* lse, const Rows<T>& dq, const Rows<T>& dk,
+                   const Rows<T>& dv, int64_t tq, int64_t tk, int64_t d, bool causal, T scale,
+                   std::vector<T>& work) {
+  constexpr int W = Vec<T>::W;
+  const int64_t n_pad = round_up(tk, W), ldt = n_pad + W;
+  work.resize(2 * d * ldt + 2 * kRows * n_pad + kRows);
+  T* kt = work.data();
+  T* vt = kt + d * ldt;
+  T* p = vt + d * ldt;        // P, (kRows × np)
+  T* dp = p + kRows * n_pad;  // dP, then dS
+  T* delta = dp + kRows * n_pad;
+  const T* qp = q.at(bi, hi);
+  const T* kp = k.at(bi, hi);
+  const T* vp = v.at(bi, hi);
+  const T* op = o.at(bi, hi);
+  const T* gp = g.at(bi, hi);
+  T* dqp = dq.at(bi, hi);
+  T* dkp = dk.at(bi, hi);
+  T* dvp = dv.at(bi, hi);
+  transpose_padded(tk, d, kp, k.st, kt, n_pad, ldt);
+  transpose_padded(tk, d, vp, v.st, vt, n_pad, ldt);
+  for (int64_t j = 0; j < tk; ++j) {  // this task's rows of dk and dv, accumulated below
+    std::fill(dkp + j * dk.st, dkp + j * dk.st + d, T(0));
+    std::fill(dvp + j * dv.st, dvp + j * dv.st + d, T(0));
+  }
+  for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
+    const int64_t m = std::min(kRows, tq - i0);
+    const int64_t n = causal ? std::min(tk, i0 + m) : tk;
+    const int64_t np = round_up(n, W);
+    const T* qi = qp + i0 * q.st;
+    const T* gi = gp + i0 * g.st;
+    for (int64_t r = 0; r < m; ++r) {
+      const T* orow = op + (i0 + r) * o.st;
+      const T* grow = gi + r * g.st;
+      T acc = 0;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t c = 0; c < d; ++c) acc += orow[c] * grow[c];
+      delta[r] = acc;
+    }
+    gemm<T>(m, np, d, qi, q.st, false, kt, ldt, p, np, false);  // S
+    scores_to_probs<T>(m, n, np, i0, causal, scale, p, const_cast<T*>(lse + i0), false);  // P
+    gemm<T>(m, np, d, gi, g.st, false, vt, ldt, dp, np, false);  // dP = dO Vᵀ
+    for (int64_t r = 0; r < m; ++r) {  // dS = scale P ⊙ (dP − Δ)
+      const T* __restrict__ prow = p + r * np;
+      T* __restrict__ drow = dp + r * np;
+      const T dl = delta[r];
+#pragma omp simd
+      for (int64_t j = 0; j < np; ++j) drow[j] = scale * prow[j] * (drow[j] - dl);
+    }
+    gemm<T>(m, d, n, dp, np, false, kp, k.st, dqp + i0 * dq.st, dq.st, false);  // dQ = dS K
+    // dV += Pᵀ dO and dK += dSᵀ Q, over the keys this block sees (P and dS read transposed in place)
+    gemm<T>(n, d, m, p, np, true, gi, g.st, dvp, dv.st, true);
+    gemm<T>(n, d, m, dp, np, true, qi, q.st, dkp, dk.st, true);
+  }
+}
+
+// each thread's work buffer, kept between calls (a fresh one would be page-faulted in on every call)
+template <typename T>
+std::vector<T>& scratch() {
+  thread_local std::vector<T> work;
+  return work;
+}
+
+void check(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 4 && t.stride(3) == 1, "attention: ", name,
+              " must be a (b, h, t, d) CPU tensor with a contiguous last dimension");
+  TORCH_CHECK(t.scalar_type() == like.scalar_type() && (t.scalar_type() == at::kFloat ||
+                                                         t.scalar_type() == at::kDouble),
+              "attention: ", name, " must be float32 or float64 like q");
+}
+
+// an empty (b, h, t, d) tensor laid out as (b, t, h, d)
+at::Tensor heads_last(const at::Tensor& like, int64_t b, int64_t h, int64_t t, int64_t d) {
+  return at::empty({b, t, h, d}, like.options()).transpose(1, 2);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          bool causal, double scale) {
+  check(q, "q", q);
+  check(k, "k", q);
+  check(v, "v", q);
+  const int64_t b = q.size(0), h = q.size(1), tq = q.size(2), d = q.size(3), tk = k.size(2);
+  TORCH_CHECK(k.size(0) == b && v.size(0) == b && k.size(1) == h && v.size(1) == h && v.size(2) == tk &&
+                  k.size(3) == d && v.size(3) == d,
+              "attention: q (b, h, t_q, d), k and v (b, h, t_k, d) expected");
+  TORCH_CHECK(d % (64 / int64_t(q.element_size())) == 0, "attention: head dim must be a multiple of ",
+              64 / q.element_size());
+  TORCH_CHECK(!causal || tq == tk, "attention: causal needs t_q == t_k");
+  at::Tensor o = heads_last(q, b, h, tq, d);
+  at::Tensor lse = at::empty({b, h, tq}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_forward", [&] {
+    const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o);
+    scalar_t* lp = lse.data_ptr<scalar_t>();
+    at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<scalar_t>& work = scratch<scalar_t>();
+      for (int64_t t = lo; t < hi; ++t) {
+        if (t + 1 < hi) {
+          const int64_t bn = (t + 1) / h, hn = (t + 1) % h;
+          prefetch_rows(qr.at(bn, hn), tq, d, qr.st);
+          prefetch_rows(kr.at(bn, hn), tk, d, kr.st);
+          prefetch_rows(vr.at(bn, hn), tk, d, vr.st);
+        }
+        forward_task<scalar_t>(t / h, t % h, qr, kr, vr, orr, lp + t * tq, tq, tk, d, causal, scalar_t(scale),
+                               work);
+      }
+    });
+  });
+  return {o, lse};
+}
+
+std::vector<at::Tensor> attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
+                                           bool causal, double scale) {
+  check(grad, "grad", q);
+  check(q, "q", q);
+  check(k, "k", q);
+  check(v, "v", q);
+  check(o, "o", q);
+  const int64_t b = q.size(0), h = q.size(1), tq = q.size(2), d = q.size(3), tk = k.size(2);
+  TORCH_CHECK(grad.sizes() == q.sizes() && o.sizes() == q.sizes() && lse.is_contiguous() &&
+                  lse.numel() == b * h * tq,
+              "attention: grad and o must be shaped like q, lse (b, h, t_q)");
+  at::Tensor dq = heads_last(q, b, h, tq, d);
+  at::Tensor dk = heads_last(q, b, h, tk, d);
+  at::Tensor dv = heads_last(q, b, h, tk, d);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_backward", [&] {
+    const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o), gr(grad), dqr(dq), dkr(dk), dvr(dv);
+    const scalar_t* lp = lse.data_ptr<scalar_t>();
+    at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<scalar_t>& work = scratch<scalar_t>();
+      for (int64_t t = lo; t < hi; ++t) {
+        if (t + 1 < hi) {
+          const int64_t bn = (t + 1) / h, hn = (t + 1) % h;
+          for (const auto* x : {&qr, &orr, &gr}) prefetch_rows(x->at(bn, hn), tq, d, x->st);
+          for (const auto* x : {&kr, &vr}) prefetch_rows(x->at(bn, hn), tk, d, x->st);
+        }
+        backward_task<scalar_t>(t / h, t % h, qr, kr, vr, orr, gr, lp + t * tq, dqr, dkr, dvr, tq, tk, d, causal,
+                                scalar_t(scale), work);
+      }
+    });
+  });
+  return {dq, dk, dv};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &attention_forward, "(out, lse) of softmax(scale q kᵀ [+ causal mask]) v");
+  m.def("backward", &attention_backward, "(dq, dk, dv) given dL/dout, q, k, v, out, lse");
+}

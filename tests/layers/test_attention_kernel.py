@@ -1,0 +1,162 @@
+"""seqlab.kernels.attention (attention.cpp) against torch's scaled_dot_product_attention and seqlab's written-out
+reference, and the dispatch in seqlab.layers.sdpa that sends short sequences to it."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqlab.kernels import attention as kernel
+from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_ref
+
+needs_compiler = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
+
+
+def packed(b, t, h, d, dtype, seed=0):
+    """q, k, v (b, h, t, d) as strided views of one (b, t, 3 h d) projection, as the attention layers make them,
+    and that projection (the leaf the gradients reach)."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(b, t, 3 * h * d, generator=g, dtype=dtype).requires_grad_()
+    q, k, v = (x.view(b, t, h, d).transpose(1, 2) for x in qkv.split(h * d, dim=-1))
+    return qkv, q, k, v
+
+
+def grads(out, inputs, seed=1):
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    return torch.autograd.grad(out, inputs, g)
+
+
+@needs_compiler
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    ("b", "t", "h", "d"),
+    [
+        (2, 50, 3, 16),
+        (1, 1, 2, 16),
+        (3, 24, 1, 32),
+        (2, 65, 2, 64),
+        (1, 97, 2, 48),
+    ],  # t around the block of 24
+)
+def test_matches_reference_in_float64(b, t, h, d, causal):
+    d = d // 2  # the same vector widths in doubles
+    qkv, q, k, v = packed(b, t, h, d, torch.float64)
+    out = kernel.attention(q, k, v, causal)
+    ref = scaled_dot_product_attention_ref(q, k, v, is_causal=causal)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grads(out, qkv)[0], grads(ref, qkv)[0], rtol=1e-11, atol=1e-12)
+
+
+@needs_compiler
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("b", "t", "h", "d"), [(4, 50, 4, 32), (2, 256, 2, 64), (1, 37, 3, 16)])
+def test_matches_torch_in_float32(b, t, h, d, causal):
+    qkv, q, k, v = packed(b, t, h, d, torch.float32)
+    out = kernel.attention(q, k, v, causal)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(grads(out, qkv)[0], grads(ref, qkv)[0], rtol=1e-4, atol=2e-5)
+
+
+@needs_compiler
+def test_cross_attention_lengths_and_scale():
+    """t_q != t_k, separate k and v tensors, a scale of the caller's."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 40, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, 70, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 3, 70, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    out = kernel.attention(q, k, v, scale=0.3)
+    ref = scaled_dot_product_attention_ref(q, k, v, scale=0.3)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for a, r in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-12)
+
+
+@needs_compiler
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_and_double_backward(causal):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (
+        torch.randn(1, 2, 9, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)
+    )
+    fn = lambda q, k, v: kernel.attention(q, k, v, causal)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+    assert torch.autograd.gradgradcheck(fn, (q, k, v))
+
+
+@needs_compiler
+def test_large_scores_stay_finite():
+    """The softmax subtracts each row's maximum: scores of several thousand neither overflow nor give NaN."""
+    _, q, k, v = packed(2, 40, 2, 16, torch.float32)
+    q, k = q * 30, k * 30
+    out = kernel.attention(q, k, v)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@needs_compiler
+def test_output_layout_and_no_grad_path():
+    """The output is (b, h, t, d) over (b, t, h, d) memory (merging heads is a view); without autograd the
+    kernel is called directly, with the same numbers."""
+    _, q, k, v = packed(2, 33, 3, 16, torch.float32)
+    out = kernel.attention(q, k, v)
+    assert out.shape == (2, 3, 33, 16) and out.transpose(1, 2).is_contiguous()
+    with torch.no_grad():
+        again = kernel.attention(q, k, v)
+    assert not again.requires_grad
+    assert torch.equal(out.detach(), again)
+
+
+@needs_compiler
+def test_same_result_on_any_thread_count():
+    qkv, q, k, v = packed(3, 70, 4, 32, torch.float32)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = kernel.attention(q, k, v, True)
+            results.append((out.detach(), grads(out, qkv)[0]))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_why_not_kernel_names_each_case():
+    q = torch.randn(2, 4, 40, 32)
+    kv = torch.randn(2, 4, 40, 32)
+    why = kernel.why_not_kernel
+    assert "mask" in why(q, kv, kv, torch.ones(40, 40, dtype=torch.bool), 0.0, False)
+    assert "dropout" in why(q, kv, kv, None, 0.1, False)
+    assert "heads" in why(q, kv[:, :2], kv[:, :2], None, 0.0, False)
+    assert "head dim" in why(q[..., :24], kv[..., :24], kv[..., :24], None, 0.0, False)
+    assert "queries" in why(q[:, :, :1], kv, kv, None, 0.0, False)  # a decoding step
+    assert "t_q == t_k" in why(q[:, :, :35], kv, kv, None, 0.0, True)
+    assert "float32 or float64" in why(q.half(), kv.half(), kv.half(), None, 0.0, False)
+    long = torch.randn(1, 1, kernel.MAX_KEYS + 1, 16)
+    assert "keys" in why(long, long, long, None, 0.0, False)
+
+
+@needs_compiler
+def test_sdpa_and_the_attention_layer_take_the_kernel():
+    """seqlab's SDPA sends an eligible call to the kernel (its output has the kernel's layout) and a masked one
+    to torch; MultiheadAttention's outputs and gradients equal its written-out reference path."""
+    _, q, k, v = packed(2, 40, 2, 16, torch.float32)
+    assert kernel.why_not_kernel(q, k, v, None, 0.0, False) is None
+    fast = scaled_dot_product_attention(q, k, v)
+    assert fast.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(fast, F.scaled_dot_product_attention(q, k, v), rtol=1e-5, atol=2e-6)
+    mask = torch.rand(40, 40, generator=torch.Generator().manual_seed(0)) > 0.3
+    masked = scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(masked, scaled_dot_product_attention_ref(q, k, v, mask), rtol=1e-5, atol=2e-6)
+
+    torch.manual_seed(0)
+    mha = MultiheadAttention(64, n_heads=4, causal=True).double()
+    x = torch.randn(3, 48, 64, dtype=torch.float64, requires_grad=True)
+    y, _ = mha(x)
+    y_ref, _ = mha.forward_ref(x)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grads(y, x)[0], grads(y_ref, x)[0], rtol=1e-11, atol=1e-12)
