@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from seqlab.kernels import attention as kernel
 from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.positional import RotaryEmbedding
 from seqlab.layers.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_ref
 
 needs_compiler = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
@@ -136,8 +137,9 @@ def test_why_not_kernel_names_each_case():
     assert "queries" in why(q[:, :, :1], kv, kv, None, 0.0, False)  # a decoding step
     assert "t_q == t_k" in why(q[:, :, :35], kv, kv, None, 0.0, True)
     assert "float32 or float64" in why(q.half(), kv.half(), kv.half(), None, 0.0, False)
-    long = torch.randn(1, 1, kernel.MAX_KEYS + 1, 16)
+    long = torch.randn(1, 1, kernel.MAX_KEYS["bidirectional"] + 1, 16)
     assert "keys" in why(long, long, long, None, 0.0, False)
+    assert why(long, long, long, None, 0.0, True) is None  # causal rows hold out longer
 
 
 @needs_compiler
@@ -160,3 +162,40 @@ def test_sdpa_and_the_attention_layer_take_the_kernel():
     y_ref, _ = mha.forward_ref(x)
     torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grads(y, x)[0], grads(y_ref, x)[0], rtol=1e-11, atol=1e-12)
+
+
+@needs_compiler
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_path_matches_the_general_one(causal):
+    """Self-attention from the packed projection (the layer's path when nothing else is asked) gives the
+    general path's outputs, cache and every gradient; its gradient reaches the projection in one piece."""
+    torch.manual_seed(0)
+    mha = MultiheadAttention(64, n_heads=4, causal=causal).double()
+    assert mha._why_not_packed(torch.zeros(1, 40, 64, dtype=torch.float64)) is None
+    x = torch.randn(3, 40, 64, dtype=torch.float64, requires_grad=True)
+    y, cache = mha(x)
+    y_ref, cache_ref = mha.forward_ref(x)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    assert torch.equal(cache.k, cache_ref.k) and torch.equal(cache.v, cache_ref.v) and cache.pos == 40
+    params = [x, *mha.parameters()]
+    for a, r in zip(grads(y, params), grads(y_ref, params), strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-12)
+    qkv = torch.randn(2, 40, 3 * 64, dtype=torch.float64, requires_grad=True)
+    out = kernel.attention_packed(qkv, 4, causal)
+    with torch.no_grad():
+        assert torch.equal(kernel.attention_packed(qkv, 4, causal), out.detach())
+
+
+@needs_compiler
+def test_packed_gradcheck():
+    qkv = torch.randn(1, 7, 3 * 2 * 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: kernel.attention_packed(t, 2, True), (qkv,))
+    assert torch.autograd.gradgradcheck(lambda t: kernel.attention_packed(t, 2, True), (qkv,))
+
+
+def test_the_layer_keeps_its_general_path_where_the_kernel_does_not_apply():
+    x = torch.zeros(1, 40, 64)
+    assert "RoPE" in MultiheadAttention(64, 4, rope=RotaryEmbedding(16))._why_not_packed(x)
+    assert "dropout" in MultiheadAttention(64, 4, dropout=0.1).train()._why_not_packed(x)
+    assert "heads" in MultiheadAttention(64, 4, n_kv_heads=2)._why_not_packed(x)
+    assert "queries" in MultiheadAttention(64, 4)._why_not_packed(x[:, :3])

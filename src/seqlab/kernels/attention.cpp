@@ -16,8 +16,9 @@
 // product is C (+)= A B with A and B row-major, run by one register-blocked micro-kernel: 6 rows × 32 columns of
 // C in 12 vector registers, a row of B loaded once per step and each A element broadcast from memory.
 // Tensors are read and written through their strides (q, k, v may be views of one packed projection; the
-// outputs are laid out (b, t, h, d) so that merging the heads is free); each (b, h) task owns its rows of dq,
-// dk, dv, so there are no atomics and the results do not depend on the thread count.
+// output is laid out (b, t, h, d) so that merging the heads is free, and the gradients are written where the caller
+// says, e.g. into one packed (b, t, 3 h d) gradient); each (b, h) task owns its rows of dq, dk, dv, so there
+// are no atomics and the results do not depend on the thread count.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -334,21 +335,17 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
   return {o, lse};
 }
 
-std::vector<at::Tensor> attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
-                                           const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
-                                           bool causal, double scale) {
-  check(grad, "grad", q);
-  check(q, "q", q);
-  check(k, "k", q);
-  check(v, "v", q);
-  check(o, "o", q);
+void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const at::Tensor& o, const at::Tensor& lse, bool causal, double scale, const at::Tensor& dq,
+                        const at::Tensor& dk, const at::Tensor& dv) {
+  for (const auto& [t, name] : {std::pair{&grad, "grad"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
+                                {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
+    check(*t, name, q);
   const int64_t b = q.size(0), h = q.size(1), tq = q.size(2), d = q.size(3), tk = k.size(2);
-  TORCH_CHECK(grad.sizes() == q.sizes() && o.sizes() == q.sizes() && lse.is_contiguous() &&
+  TORCH_CHECK(grad.sizes() == q.sizes() && o.sizes() == q.sizes() && dq.sizes() == q.sizes() &&
+                  dk.sizes() == k.sizes() && dv.sizes() == v.sizes() && lse.is_contiguous() &&
                   lse.numel() == b * h * tq,
-              "attention: grad and o must be shaped like q, lse (b, h, t_q)");
-  at::Tensor dq = heads_last(q, b, h, tq, d);
-  at::Tensor dk = heads_last(q, b, h, tk, d);
-  at::Tensor dv = heads_last(q, b, h, tk, d);
+              "attention: grad, o and dq must be shaped like q, dk and dv like k and v, lse (b, h, t_q)");
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_backward", [&] {
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o), gr(grad), dqr(dq), dkr(dk), dvr(dv);
     const scalar_t* lp = lse.data_ptr<scalar_t>();
@@ -365,10 +362,9 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad, const at::Ten
       }
     });
   });
-  return {dq, dk, dv};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &attention_forward, "(out, lse) of softmax(scale q kᵀ [+ causal mask]) v");
-  m.def("backward", &attention_backward, "(dq, dk, dv) given dL/dout, q, k, v, out, lse");
+  m.def("backward", &attention_backward, "dq, dk, dv (written into the last three) given dL/dout, q, k, v, out, lse");
 }

@@ -9,9 +9,10 @@ input gradients come back in that layout too.
 It takes what it was written for, and :func:`why_not_kernel` says why not otherwise (then
 :func:`seqlab.layers.sdpa.scaled_dot_product_attention` calls torch): float32/float64 CPU tensors, as many key
 heads as query heads, no mask other than the causal one (with t_q == t_k), no dropout, a head dim that is a
-multiple of 16 floats (8 doubles) up to 256, up to 2,048 keys, whose scores for a block of 24 queries are
-held in one buffer so that the softmax is exact in two passes, and at least 32 queries (decoding steps, with
-one query each, run faster in torch's kernel: transposing the keys once per call costs as much as the step).
+multiple of 16 floats (8 doubles) up to 256, and the lengths where it was measured faster than torch's: at
+least 32 queries (decoding steps, with one query each, run faster in torch's kernel: transposing the keys once
+per call costs as much as the step) and at most 512 keys, 1,024 when causal (``MAX_KEYS``). The scores of a
+block of 24 queries against all keys are held in one buffer, so the softmax is exact in two passes.
 
 Measured in ``benchmarks/bench_attention_kernel.py``.
 """
@@ -21,9 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqlab.kernels.extension import CppExtension, cpu_float_reason
+from seqlab.kernels.extension import CppExtension
 
-__all__ = ["EXTENSION", "MAX_KEYS", "attention", "why_not_kernel"]
+__all__ = ["EXTENSION", "MAX_KEYS", "attention", "attention_packed", "why_not_kernel", "why_not_shapes"]
 
 EXTENSION = CppExtension(
     "attention",
@@ -33,9 +34,23 @@ EXTENSION = CppExtension(
     openmp=True,
 )
 
-MAX_KEYS = 2048  # the key length up to which a block's scores stay in one buffer
+# the key lengths up to which the kernel beats torch's (benchmarks/results/attention-kernel-*): its products
+# run from cache-sized blocks at about the same rate at any length, while torch's overheads shrink as the
+# sequence grows; a causal row block reads half the keys on average, so it holds out twice as long
+MAX_KEYS = {"causal": 1024, "bidirectional": 512}
 MAX_HEAD_DIM = 256
 MIN_QUERIES = 32  # below this torch's kernel is faster: decoding steps (t_q = 1) go to torch
+
+
+def _heads_last(b: int, h: int, t: int, d: int, like: Tensor) -> Tensor:
+    """An empty (b, h, t, d) tensor over (b, t, h, d) memory."""
+    return torch.empty(b, t, h, d, dtype=like.dtype, device=like.device).transpose(1, 2)
+
+
+def _heads(x: Tensor, n_heads: int) -> Tensor:
+    """(b, t, h d) -> the (b, h, t, d) view."""
+    b, t, width = x.shape
+    return x.view(b, t, n_heads, width // n_heads).transpose(1, 2)
 
 
 class _Attention(torch.autograd.Function):
@@ -55,8 +70,39 @@ class _Attention(torch.autograd.Function):
                 return (*torch.autograd.grad(y, (q, k, v), grad, create_graph=True), None, None)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        dq, dk, dv = EXTENSION.load().backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale)
+        (b, h, t_q, d), t_k = q.shape, k.size(2)
+        dq, dk, dv = _heads_last(b, h, t_q, d, q), _heads_last(b, h, t_k, d, q), _heads_last(b, h, t_k, d, q)
+        EXTENSION.load().backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv)
         return dq, dk, dv, None, None
+
+
+class _PackedAttention(torch.autograd.Function):
+    """Self-attention from one (b, t, 3 h d) projection [q | k | v]; its gradient is written in that layout
+    directly (three separate gradients would be concatenated into it by autograd, a copy of the whole)."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, n_heads: int, causal: bool, scale: float) -> Tensor:
+        q, k, v = (_heads(x, n_heads) for x in qkv.chunk(3, dim=-1))
+        out, lse = EXTENSION.load().forward(q, k, v, causal, scale)
+        ctx.save_for_backward(qkv, out, lse)
+        ctx.n_heads, ctx.causal, ctx.scale = n_heads, causal, scale
+        return out.transpose(1, 2).flatten(2)  # (b, t, h d), a view
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        qkv, out, lse = ctx.saved_tensors
+        h = ctx.n_heads
+        if torch.is_grad_enabled():
+            with torch.enable_grad():
+                y = _written_out(*(_heads(x, h) for x in qkv.chunk(3, dim=-1)), ctx.causal, ctx.scale)
+                (dqkv,) = torch.autograd.grad(y.transpose(1, 2).flatten(2), qkv, grad, create_graph=True)
+                return dqkv, None, None, None
+        grad = _heads(grad if grad.stride(-1) == 1 else grad.contiguous(), h)
+        dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
+        q, k, v = (_heads(x, h) for x in qkv.chunk(3, dim=-1))
+        dq, dk, dv = (_heads(x, h) for x in dqkv.chunk(3, dim=-1))
+        EXTENSION.load().backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv)
+        return dqkv, None, None, None
 
 
 def _written_out(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
@@ -67,34 +113,47 @@ def _written_out(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) ->
     return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
+def why_not_shapes(
+    dtype: torch.dtype, device: torch.device, h: int, g: int, t_q: int, t_k: int, d: int, is_causal: bool
+) -> str | None:
+    """None when the kernel takes attention of these dtype, device, heads (h query, g key/value), lengths and
+    head dim (with no mask but the causal one and no dropout), else why not."""
+    if device.type != "cpu":
+        return f"the kernel runs on the CPU, q is on {device.type}"
+    if dtype not in (torch.float32, torch.float64):
+        return f"the kernel takes float32 or float64, q is {dtype}"
+    if g != h:
+        return "the kernel needs as many key/value heads as query heads"
+    if is_causal and t_q != t_k:
+        return "the kernel's causal mask needs t_q == t_k"
+    width = 64 * 8 // torch.finfo(dtype).bits  # one 64-byte vector of elements
+    if d % width or d > MAX_HEAD_DIM:
+        return f"the kernel needs a head dim that is a multiple of {width} up to {MAX_HEAD_DIM}, got {d}"
+    most = MAX_KEYS["causal" if is_causal else "bidirectional"]
+    if not 1 <= t_k <= most:
+        kind = "causal" if is_causal else "bidirectional"
+        return f"past {most} keys ({kind}; here {t_k}) torch's kernel is faster"
+    if t_q < MIN_QUERIES:
+        return f"below {MIN_QUERIES} queries (here {t_q}: decoding) torch's kernel is faster"
+    if torch.compiler.is_compiling():
+        return "torch.compile is tracing"
+    return EXTENSION.unbuilt_reason()
+
+
 def why_not_kernel(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
 ) -> str | None:
     """None when :func:`attention` would run the kernel for these arguments, else why not."""
-    if (reason := cpu_float_reason(q)) is not None:
-        return reason
     if mask is not None:
         return "the kernel takes no mask (only the causal structure)"
     if dropout_p > 0:
         return "the kernel has no dropout"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "the kernel takes (b, h, t, d) tensors"
-    if k.size(1) != q.size(1):
-        return "the kernel needs as many key/value heads as query heads"
-    if is_causal and q.size(2) != k.size(2):
-        return "the kernel's causal mask needs t_q == t_k"
     if any(t.dtype != q.dtype or t.device != q.device for t in (k, v)):
         return "q, k and v must share dtype and device"
-    width = 64 // q.element_size()
-    if q.size(-1) % width or q.size(-1) > MAX_HEAD_DIM:
-        return f"the kernel needs a head dim that is a multiple of {width} up to {MAX_HEAD_DIM}, got {q.size(-1)}"
-    if not 1 <= k.size(2) <= MAX_KEYS:
-        return f"the kernel takes 1 to {MAX_KEYS} keys, got {k.size(2)}"
-    if q.size(2) < MIN_QUERIES:
-        return f"below {MIN_QUERIES} queries (here {q.size(2)}: decoding) torch's kernel is faster"
-    if torch.compiler.is_compiling():
-        return "torch.compile is tracing"
-    return EXTENSION.unbuilt_reason()
+    h, t_q, d = q.shape[1:]
+    return why_not_shapes(q.dtype, q.device, h, k.size(1), t_q, k.size(2), d, is_causal)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: float | None = None) -> Tensor:
@@ -106,3 +165,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: f
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         return EXTENSION.load().forward(q, k, v, bool(is_causal), scale)[0]  # no graph to record
     return _Attention.apply(q, k, v, bool(is_causal), scale)
+
+
+def attention_packed(
+    qkv: Tensor, n_heads: int, is_causal: bool = False, scale: float | None = None
+) -> Tensor:
+    """Self-attention over qkv (b, t, 3 h d) = [q | k | v] (each h heads of d): -> (b, t, h d), the heads merged.
+
+    Call it where :func:`why_not_shapes` returned None (qkv's last dimension must be contiguous)."""
+    d = qkv.size(-1) // (3 * n_heads)
+    scale = d**-0.5 if scale is None else float(scale)
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    if not (torch.is_grad_enabled() and qkv.requires_grad):
+        q, k, v = (_heads(x, n_heads) for x in qkv.chunk(3, dim=-1))
+        return EXTENSION.load().forward(q, k, v, bool(is_causal), scale)[0].transpose(1, 2).flatten(2)
+    return _PackedAttention.apply(qkv, n_heads, bool(is_causal), scale)

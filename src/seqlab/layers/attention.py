@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.kernels import attention as attention_kernel
 from seqlab.layers.checks import check_attention_call, check_input
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.kv_cache import KVBuffer, KVCache, append_kv
@@ -199,6 +200,9 @@ class MultiheadAttention(FastPathMixin, nn.Module):
     def _attend(self, query, key, value, mask, state, need_weights: bool, fast: bool):
         check_attention_call(self, query, key, value, mask, state)
         b, t_q, _ = query.shape
+        plain = key is None and value is None and mask is None and state is None and not need_weights
+        if fast and plain and self._why_not_packed(query) is None:
+            return self._packed_self_attention(query)
         if key is None:  # self-attention
             if value is not None:
                 raise ValueError("value without key: pass key too for cross-attention, or neither for self")
@@ -216,6 +220,27 @@ class MultiheadAttention(FastPathMixin, nn.Module):
             return y, new_state
         _, w = scaled_dot_product_attention_ref(q, k, v, m, 0.0, is_causal, self.scale, return_weights=True)
         return y, new_state, w
+
+    def _why_not_packed(self, x: Tensor) -> str | None:
+        """None when self-attention over x (no cache, mask or weights asked) runs seqlab's CPU kernel straight
+        from the packed [q | k | v] projection (:func:`seqlab.kernels.attention.attention_packed`)."""
+        if self.rope is not None or self.window is not None:
+            return "RoPE and sliding windows go through the general path"
+        if self.training and self.dropout > 0:
+            return "attention dropout goes through the general path"
+        t = x.size(1)
+        h, g, kd = self.n_heads, self.n_kv_heads, self.head_dim
+        return attention_kernel.why_not_shapes(x.dtype, x.device, h, g, t, t, kd, self.causal)
+
+    def _packed_self_attention(self, x: Tensor) -> tuple[Tensor, KVCache]:
+        """Self-attention through the kernel, its gradient written straight into the projection's layout; the
+        same outputs and cache as the general path."""
+        b, t, _ = x.shape
+        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, 3 h k)
+        out = attention_kernel.attention_packed(qkv, self.n_heads, self.causal, self.scale)  # (b, t, h k)
+        _, k, v = (y.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for y in qkv.chunk(3, dim=-1))
+        pos = torch.zeros((), dtype=torch.long, device=x.device)
+        return self.out_proj(out), KVCache(k, v, pos + t)
 
     def _self_qkv(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, Tensor, Tensor, KVCache]:
         """q (b, h, t, k); k, v (b, g, t_c + t, k) with the cache in front; the next cache."""

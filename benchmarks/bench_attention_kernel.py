@@ -1,0 +1,166 @@
+"""seqlab's CPU attention kernel (``seqlab.kernels.attention``) against torch's fused CPU SDPA, one process.
+
+Each contender computes softmax(q kᵀ / √d [+ causal mask]) v on q, k, v taken as (b, h, t, d) views of one
+packed (b, t, 3 h d) projection, as the attention layers make them, then merges the heads to (b, t, h d);
+"fwd+bwd" adds the backward of a fixed gradient into the projection (so both pay for gathering dq, dk, dv into
+its gradient). torch runs ``F.scaled_dot_product_attention`` (its flash kernel for CPU). The contenders alternate
+which goes first from repeat to repeat; the table gives the median time, the interquartile range as a share of
+the median, and the ratio torch / seqlab of the medians (above 1: seqlab faster). Rows whose spread exceeds 10%
+are marked.
+
+Shapes: the ViT trainings of ``benchmarks/bench_vit.py`` (batch 128), a ViT-B/16 image batch (197 tokens), the
+GPT of ``benchmarks/bench_gpt.py`` (batch 16, causal, 256), and longer sequences, past the lengths up to which
+seqlab's SDPA sends calls to the kernel (``MAX_KEYS``: 512 keys, 1,024 causal; the kernel is called directly
+here), which show where those limits come from. Before timing, each row checks that the two agree (outputs and
+input gradient).
+
+    python benchmarks/bench_attention_kernel.py           # writes benchmarks/results/attention-kernel-<cpu>-torch<v>.md
+    python benchmarks/bench_attention_kernel.py --quick   # a smoke run that writes no file
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from seqlab.kernels import attention as kernel
+from seqlab.lab.report import cpu_name, hardware_slug
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# name, b, h, t, d, causal
+SHAPES = [
+    ("ViT fashion (bench_vit)", 128, 4, 50, 32, False),
+    ("ViT cifar (bench_vit)", 128, 3, 65, 64, False),
+    ("ViT-B/16 image batch", 8, 12, 197, 64, False),
+    ("GPT (bench_gpt)", 16, 4, 256, 64, True),
+    ("bidirectional 512", 4, 8, 512, 64, False),
+    ("causal 512", 4, 8, 512, 64, True),
+    ("causal 1024", 2, 8, 1024, 64, True),
+    ("causal 2048", 1, 8, 2048, 64, True),
+    ("bidirectional 1024", 2, 8, 1024, 64, False),
+]
+
+
+def runner(fn, b, h, t, d, causal, backward: bool, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(b, t, 3 * h * d, generator=g, requires_grad=backward)
+    grad = torch.randn(b, t, h * d, generator=g)
+
+    def run():
+        with torch.set_grad_enabled(backward):
+            q, k, v = (x.view(b, t, h, d).transpose(1, 2) for x in qkv.split(h * d, dim=-1))
+            y = fn(q, k, v, causal).transpose(1, 2).reshape(b, t, h * d)
+            if backward:
+                (gq,) = torch.autograd.grad(y, qkv, grad)
+                return y, gq
+            return y, None
+
+    return run
+
+
+def ours(q, k, v, causal):
+    return kernel.attention(q, k, v, causal)
+
+
+def theirs(q, k, v, causal):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
+    for f in fns.values():  # warm-up
+        f()
+    times = {n: [] for n in fns}
+    for r in range(repeats):
+        for n in list(fns) if r % 2 == 0 else list(fns)[::-1]:
+            t0 = time.perf_counter()
+            fns[n]()
+            times[n].append(time.perf_counter() - t0)
+    return times
+
+
+def spread(v: list[float]) -> float:
+    q1, _, q3 = statistics.quantiles(v, n=4)
+    return (q3 - q1) / statistics.median(v)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="3 repeats, the first four shapes, no file written")
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, help="write the table here instead of benchmarks/results/")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    shapes, repeats = (SHAPES[:4], 3) if args.quick else (SHAPES, args.repeats)
+    kernel.EXTENSION.load()
+    build = kernel.EXTENSION.build_info()
+    if "error" in build:
+        sys.exit(f"the attention kernel could not be built: {build['error']}")
+    load_before = os.getloadavg()[0]
+    rows, worst = [], 0.0
+    for name, b, h, t, d, causal in shapes:
+        for backward in (False, True):
+            fns = {
+                "seqlab": runner(ours, b, h, t, d, causal, backward),
+                "torch": runner(theirs, b, h, t, d, causal, backward),
+            }
+            (y1, g1), (y2, g2) = fns["seqlab"](), fns["torch"]()
+            worst = max(worst, (y1 - y2).abs().max().item())
+            if backward:
+                worst = max(worst, ((g1 - g2).abs().max() / g2.abs().max()).item())
+            times = alternate(fns, repeats if t * b < 8192 or not backward else max(5, repeats // 2))
+            med = {n: statistics.median(v) for n, v in times.items()}
+            spreads = {n: spread(v) for n, v in times.items()}
+            mark = " (!)" if max(spreads.values()) > 0.10 else ""
+            rows.append(
+                f"| {name} | {b} | {h} | {t} | {d} | {'yes' if causal else 'no'} | "
+                f"{'fwd+bwd' if backward else 'fwd'} | {med['seqlab'] * 1e3:,.2f} ({spreads['seqlab']:.0%}) | "
+                f"{med['torch'] * 1e3:,.2f} ({spreads['torch']:.0%}) | **{med['torch'] / med['seqlab']:.2f}**{mark} |"
+            )
+            print(rows[-1], flush=True)
+    load_after = os.getloadavg()[0]
+    how = "loaded from the cache" if build["cached"] else "compiled"
+    text = "\n".join(
+        [
+            f"# Attention kernel vs torch's fused CPU SDPA ({cpu_name()}, torch {torch.__version__})",
+            "",
+            f"- CPU: {cpu_name()}; {torch.get_num_threads()} threads; float32; {dt.date.today()}; load average "
+            f"{load_before:.2f} before, {load_after:.2f} after",
+            f"- command: `python benchmarks/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}`",
+            f"- kernel {how} in {build['seconds']:.1f} s before timing (first use on a machine compiles it, "
+            "about 10 s; later processes load the cached build)",
+            f"- ms per call: median (interquartile range / median), the two alternating, {repeats} repeats "
+            "(half, at least 5, for the largest backward rows); ratio = torch / seqlab (above 1: seqlab faster); "
+            "(!) marks a spread above 10%" + (" Quick run." if args.quick else ""),
+            f"- agreement before timing: max |Δ output| and max relative |Δ input gradient| {worst:.1e}",
+            "",
+            "| shape | b | h | t | d | causal | pass | seqlab ms | torch ms | ratio |",
+            "|---|---:|---:|---:|---:|---|---|---:|---:|---:|",
+            *rows,
+            "",
+        ]
+    )
+    print(text)
+    out = args.out or (
+        None
+        if args.quick
+        else RESULTS
+        / f"attention-kernel-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
+    )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
