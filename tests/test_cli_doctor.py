@@ -52,7 +52,7 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
         "decoding step (GPT)",
         "tanh-GELU",
     ]
-    for label in [*labels, "LayerNorm"]:
+    for label in [*labels, "LayerNorm", "attention (short seqs)"]:
         assert f"{label:<23} built on first use" in out, label
     assert list(tmp_path.iterdir()) == []  # doctor built nothing
     gpu = "not used: no CUDA GPU" if not torch.cuda.is_available() else "selective scan on GPU"

@@ -188,7 +188,7 @@ def _kernels() -> list[str]:
     be; and the GPU scan's Triton. Nothing is built here: doctor stays a second or two."""
     import torch
 
-    from seqlab.kernels import activations, causal_conv, decode, layer_norm, recurrent
+    from seqlab.kernels import activations, attention, causal_conv, decode, layer_norm, recurrent
     from seqlab.kernels import build as scan_build
 
     libraries = [("selective scan (Mamba)", scan_build.library())]
@@ -198,6 +198,7 @@ def _kernels() -> list[str]:
         ("decoding step (GPT)", decode.EXTENSION),
         ("tanh-GELU", activations.EXTENSION),
         ("LayerNorm", layer_norm.EXTENSION),
+        ("attention (short seqs)", attention.EXTENSION),
     ):
         libraries.append((label, extension.library()))
     tool = scan_build.missing_tool()
