@@ -55,6 +55,12 @@ KINDS = {
     "aten::bmm": "matmul",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "attention (SDPA)",
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "attention (SDPA)",
+    "_PackedAttention": "attention (SDPA)",  # seqlab's attention kernel (seqlab.kernels.attention)
+    "_PackedAttentionBackward": "attention (SDPA)",
+    "_Attention": "attention (SDPA)",
+    "_AttentionBackward": "attention (SDPA)",
+    "_LayerNorm": "LayerNorm",  # seqlab's LayerNorm kernel
+    "_LayerNormBackward": "LayerNorm",
     "aten::native_layer_norm": "LayerNorm",
     "aten::native_layer_norm_backward": "LayerNorm",
     "aten::gelu": "GELU",
