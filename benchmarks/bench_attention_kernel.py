@@ -42,6 +42,7 @@ SHAPES = [
     ("ViT cifar (bench_vit)", 128, 3, 65, 64, False),
     ("ViT-B/16 image batch", 8, 12, 197, 64, False),
     ("GPT (bench_gpt)", 16, 4, 256, 64, True),
+    ("the lab's attention mixer (head dim 12, padded to 16)", 8, 4, 1024, 12, True),
     ("bidirectional 512", 4, 8, 512, 64, False),
     ("causal 512", 4, 8, 512, 64, True),
     ("causal 1024", 2, 8, 1024, 64, True),

@@ -52,6 +52,24 @@ def test_matches_reference_in_float64(b, t, h, d, causal):
 
 @needs_compiler
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    ("b", "t", "h", "d"), [(2, 30, 3, 1), (2, 41, 2, 12), (1, 33, 2, 23), (1, 26, 1, 100)]
+)
+def test_head_dims_off_the_vector_width(b, t, h, d, causal):
+    """A head dim that is not a multiple of the vector width runs zero-padded inside the kernel: the same numbers,
+    and the packed path's gradient too."""
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
+        qkv, q, k, v = packed(b, t, h, d, dtype)
+        out = kernel.attention(q, k, v, causal)
+        ref = scaled_dot_product_attention_ref(q, k, v, is_causal=causal)
+        torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+        torch.testing.assert_close(grads(out, qkv)[0], grads(ref, qkv)[0], rtol=10 * tol, atol=10 * tol)
+        flat = kernel.attention_packed(qkv, h, causal)
+        torch.testing.assert_close(flat, ref.transpose(1, 2).flatten(2), rtol=tol, atol=tol)
+
+
+@needs_compiler
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("b", "t", "h", "d"), [(4, 50, 4, 32), (2, 256, 2, 64), (1, 37, 3, 16)])
 def test_matches_torch_in_float32(b, t, h, d, causal):
     qkv, q, k, v = packed(b, t, h, d, torch.float32)
@@ -134,6 +152,9 @@ def test_why_not_kernel_names_each_case():
     assert "dropout" in why(q, kv, kv, None, 0.1, False)
     assert "heads" in why(q, kv[:, :2], kv[:, :2], None, 0.0, False)
     assert "head dim" in why(q[..., :24], kv[..., :24], kv[..., :24], None, 0.0, False)
+    assert why(q[:, :, :, :24], kv[..., :24], kv[..., :24], None, 0.0, True) is None  # causal: padded inside
+    wide = torch.randn(1, 1, 40, kernel.MAX_HEAD_DIM + 16)
+    assert "head dims up to" in why(wide, wide, wide, None, 0.0, True)
     assert "queries" in why(q[:, :, :1], kv, kv, None, 0.0, False)  # a decoding step
     assert "t_q == t_k" in why(q[:, :, :35], kv, kv, None, 0.0, True)
     assert "float32 or float64" in why(q.half(), kv.half(), kv.half(), None, 0.0, False)

@@ -198,18 +198,23 @@ __attribute__((optimize("no-split-loops"))) void scores_to_probs(int64_t m, int6
   }
 }
 
+// One (b, h) pair's rows of a tensor: row i at p + i st
 template <typename T>
-void forward_task(int64_t bi, int64_t hi, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
-                  T* lse, int64_t tq, int64_t tk, int64_t d, bool causal, T scale, std::vector<T>& work) {
+struct Mat {
+  T* p;
+  int64_t st;
+};
+
+template <typename T>
+void forward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> o, T* lse, int64_t tq, int64_t tk,
+                  int64_t d, bool causal, T scale, std::vector<T>& work) {
   constexpr int W = Vec<T>::W;
   const int64_t n_pad = round_up(tk, W), ldt = n_pad + W;  // ldt: Kᵀ's row stride, never a multiple of 4 KiB
   work.resize(d * ldt + kRows * n_pad);
   T* kt = work.data();
   T* s = kt + d * ldt;
-  const T* qp = q.at(bi, hi);
-  const T* kp = k.at(bi, hi);
-  const T* vp = v.at(bi, hi);
-  T* op = o.at(bi, hi);
+  const T *qp = q.p, *kp = k.p, *vp = v.p;
+  T* op = o.p;
   transpose_padded(tk, d, kp, k.st, kt, n_pad, ldt);
   for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
     const int64_t m = std::min(kRows, tq - i0);
@@ -222,9 +227,8 @@ void forward_task(int64_t bi, int64_t hi, const Rows<T>& q, const Rows<T>& k, co
 }
 
 template <typename T>
-void backward_task(int64_t bi, int64_t hi, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v,
-                   const Rows<T>& o, const Rows<T>& g, const T* lse, const Rows<T>& dq, const Rows<T>& dk,
-                   const Rows<T>& dv, int64_t tq, int64_t tk, int64_t d, bool causal, T scale,
+void backward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<const T> o, Mat<const T> g, const T* lse,
+                   Mat<T> dq, Mat<T> dk, Mat<T> dv, int64_t tq, int64_t tk, int64_t d, bool causal, T scale,
                    std::vector<T>& work) {
   constexpr int W = Vec<T>::W;
   const int64_t n_pad = round_up(tk, W), ldt = n_pad + W;
@@ -234,14 +238,8 @@ void backward_task(int64_t bi, int64_t hi, const Rows<T>& q, const Rows<T>& k, c
   T* p = vt + d * ldt;        // P, (kRows × np)
   T* dp = p + kRows * n_pad;  // dP, then dS
   T* delta = dp + kRows * n_pad;
-  const T* qp = q.at(bi, hi);
-  const T* kp = k.at(bi, hi);
-  const T* vp = v.at(bi, hi);
-  const T* op = o.at(bi, hi);
-  const T* gp = g.at(bi, hi);
-  T* dqp = dq.at(bi, hi);
-  T* dkp = dk.at(bi, hi);
-  T* dvp = dv.at(bi, hi);
+  const T *qp = q.p, *kp = k.p, *vp = v.p, *op = o.p, *gp = g.p;
+  T *dqp = dq.p, *dkp = dk.p, *dvp = dv.p;
   transpose_padded(tk, d, kp, k.st, kt, n_pad, ldt);
   transpose_padded(tk, d, vp, v.st, vt, n_pad, ldt);
   for (int64_t j = 0; j < tk; ++j) {  // this task's rows of dk and dv, accumulated below
@@ -279,11 +277,81 @@ void backward_task(int64_t bi, int64_t hi, const Rows<T>& q, const Rows<T>& k, c
   }
 }
 
-// each thread's work buffer, kept between calls (a fresh one would be page-faulted in on every call)
-template <typename T>
+// each thread's work buffers, kept between calls (a fresh one would be page-faulted in on every call): the
+// task's own, and the padded copies of its rows when the head dim is not a multiple of the vector width
+template <typename T, int Which = 0>
 std::vector<T>& scratch() {
   thread_local std::vector<T> work;
   return work;
+}
+
+// A head dim d that is not a multiple of the vector width runs as d_pad = ⌈d / W⌉ W: each task copies its rows
+// into zero-padded buffers (zero columns add nothing to q kᵀ, and the padded output columns are dropped), O(t d)
+// copies beside O(t² d) products
+template <typename T>
+Mat<const T> padded(Mat<const T> x, int64_t t, int64_t d, int64_t dp, T* dst) {
+  for (int64_t i = 0; i < t; ++i) {
+    std::copy(x.p + i * x.st, x.p + i * x.st + d, dst + i * dp);
+    std::fill(dst + i * dp + d, dst + (i + 1) * dp, T(0));
+  }
+  return {dst, dp};
+}
+
+template <typename T>
+void unpad(const T* src, int64_t t, int64_t d, int64_t dp, Mat<T> x) {
+  for (int64_t i = 0; i < t; ++i) std::copy(src + i * dp, src + i * dp + d, x.p + i * x.st);
+}
+
+template <typename T>
+Mat<const T> rows_of(const Rows<T>& x, int64_t task, int64_t h) {
+  return {x.at(task / h, task % h), x.st};
+}
+
+template <typename T>
+Mat<T> out_rows_of(const Rows<T>& x, int64_t task, int64_t h) {
+  return {x.at(task / h, task % h), x.st};
+}
+
+template <typename T>
+void forward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
+                 T* lse, int64_t tq, int64_t tk, int64_t d, bool causal, T scale) {
+  const int64_t dp = round_up(d, Vec<T>::W);
+  if (dp == d) {
+    forward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), out_rows_of(o, task, h), lse, tq,
+                    tk, d, causal, scale, scratch<T>());
+    return;
+  }
+  std::vector<T>& pad = scratch<T, 1>();
+  pad.resize(2 * (tq + tk) * dp);
+  T *qb = pad.data(), *kb = qb + tq * dp, *vb = kb + tk * dp, *ob = vb + tk * dp;
+  forward_task<T>(padded(rows_of(q, task, h), tq, d, dp, qb), padded(rows_of(k, task, h), tk, d, dp, kb),
+                  padded(rows_of(v, task, h), tk, d, dp, vb), Mat<T>{ob, dp}, lse, tq, tk, dp, causal, scale,
+                  scratch<T>());
+  unpad(ob, tq, d, dp, out_rows_of(o, task, h));
+}
+
+template <typename T>
+void backward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
+                  const Rows<T>& g, const T* lse, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv, int64_t tq,
+                  int64_t tk, int64_t d, bool causal, T scale) {
+  const int64_t dp = round_up(d, Vec<T>::W);
+  if (dp == d) {
+    backward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), rows_of(o, task, h),
+                     rows_of(g, task, h), lse, out_rows_of(dq, task, h), out_rows_of(dk, task, h),
+                     out_rows_of(dv, task, h), tq, tk, d, causal, scale, scratch<T>());
+    return;
+  }
+  std::vector<T>& pad = scratch<T, 1>();
+  pad.resize((4 * tq + 4 * tk) * dp);
+  T *qb = pad.data(), *ob = qb + tq * dp, *gb = ob + tq * dp, *dqb = gb + tq * dp;
+  T *kb = dqb + tq * dp, *vb = kb + tk * dp, *dkb = vb + tk * dp, *dvb = dkb + tk * dp;
+  backward_task<T>(padded(rows_of(q, task, h), tq, d, dp, qb), padded(rows_of(k, task, h), tk, d, dp, kb),
+                   padded(rows_of(v, task, h), tk, d, dp, vb), padded(rows_of(o, task, h), tq, d, dp, ob),
+                   padded(rows_of(g, task, h), tq, d, dp, gb), lse, Mat<T>{dqb, dp}, Mat<T>{dkb, dp},
+                   Mat<T>{dvb, dp}, tq, tk, dp, causal, scale, scratch<T>());
+  unpad(dqb, tq, d, dp, out_rows_of(dq, task, h));
+  unpad(dkb, tk, d, dp, out_rows_of(dk, task, h));
+  unpad(dvb, tk, d, dp, out_rows_of(dv, task, h));
 }
 
 void check(const at::Tensor& t, const char* name, const at::Tensor& like) {
@@ -310,8 +378,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
   TORCH_CHECK(k.size(0) == b && v.size(0) == b && k.size(1) == h && v.size(1) == h && v.size(2) == tk &&
                   k.size(3) == d && v.size(3) == d,
               "attention: q (b, h, t_q, d), k and v (b, h, t_k, d) expected");
-  TORCH_CHECK(d % (64 / int64_t(q.element_size())) == 0, "attention: head dim must be a multiple of ",
-              64 / q.element_size());
+  TORCH_CHECK(d >= 1, "attention: the head dim must be at least 1");
   TORCH_CHECK(!causal || tq == tk, "attention: causal needs t_q == t_k");
   at::Tensor o = heads_last(q, b, h, tq, d);
   at::Tensor lse = at::empty({b, h, tq}, q.options());
@@ -319,7 +386,6 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o);
     scalar_t* lp = lse.data_ptr<scalar_t>();
     at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
-      std::vector<scalar_t>& work = scratch<scalar_t>();
       for (int64_t t = lo; t < hi; ++t) {
         if (t + 1 < hi) {
           const int64_t bn = (t + 1) / h, hn = (t + 1) % h;
@@ -327,8 +393,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
           prefetch_rows(kr.at(bn, hn), tk, d, kr.st);
           prefetch_rows(vr.at(bn, hn), tk, d, vr.st);
         }
-        forward_task<scalar_t>(t / h, t % h, qr, kr, vr, orr, lp + t * tq, tq, tk, d, causal, scalar_t(scale),
-                               work);
+        forward_one<scalar_t>(t, h, qr, kr, vr, orr, lp + t * tq, tq, tk, d, causal, scalar_t(scale));
       }
     });
   });
@@ -350,15 +415,14 @@ void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o), gr(grad), dqr(dq), dkr(dk), dvr(dv);
     const scalar_t* lp = lse.data_ptr<scalar_t>();
     at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
-      std::vector<scalar_t>& work = scratch<scalar_t>();
       for (int64_t t = lo; t < hi; ++t) {
         if (t + 1 < hi) {
           const int64_t bn = (t + 1) / h, hn = (t + 1) % h;
           for (const auto* x : {&qr, &orr, &gr}) prefetch_rows(x->at(bn, hn), tq, d, x->st);
           for (const auto* x : {&kr, &vr}) prefetch_rows(x->at(bn, hn), tk, d, x->st);
         }
-        backward_task<scalar_t>(t / h, t % h, qr, kr, vr, orr, gr, lp + t * tq, dqr, dkr, dvr, tq, tk, d, causal,
-                                scalar_t(scale), work);
+        backward_one<scalar_t>(t, h, qr, kr, vr, orr, gr, lp + t * tq, dqr, dkr, dvr, tq, tk, d, causal,
+                               scalar_t(scale));
       }
     });
   });

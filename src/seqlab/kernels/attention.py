@@ -8,8 +8,9 @@ input gradients come back in that layout too.
 
 It takes what it was written for, and :func:`why_not_kernel` says why not otherwise (then
 :func:`seqlab.layers.sdpa.scaled_dot_product_attention` calls torch): float32/float64 CPU tensors, as many key
-heads as query heads, no mask other than the causal one (with t_q == t_k), no dropout, a head dim that is a
-multiple of 16 floats (8 doubles) up to 256, and the lengths where it was measured faster than torch's: at
+heads as query heads, no mask other than the causal one (with t_q == t_k), no dropout, a head dim up to 256
+(bidirectional: a multiple of 16 floats, 8 doubles; any other runs padded to one inside the kernel, which pays off
+only when causal), and the lengths where it was measured faster than torch's: at
 least 32 queries (decoding steps, with one query each, run faster in torch's kernel: transposing the keys once
 per call costs as much as the step) and at most 512 keys, 1,024 when causal (``MAX_KEYS``). The scores of a
 block of 24 queries against all keys are held in one buffer, so the softmax is exact in two passes.
@@ -126,9 +127,14 @@ def why_not_shapes(
         return "the kernel needs as many key/value heads as query heads"
     if is_causal and t_q != t_k:
         return "the kernel's causal mask needs t_q == t_k"
+    if d > MAX_HEAD_DIM:
+        return f"the kernel takes head dims up to {MAX_HEAD_DIM}, got {d}"
     width = 64 * 8 // torch.finfo(dtype).bits  # one 64-byte vector of elements
-    if d % width or d > MAX_HEAD_DIM:
-        return f"the kernel needs a head dim that is a multiple of {width} up to {MAX_HEAD_DIM}, got {d}"
+    if not is_causal and d % width:
+        return (
+            f"bidirectional attention with a head dim that is not a multiple of {width} (here {d}) runs as fast in "
+            "torch's kernel (the padded head dim costs what the kernel saves)"
+        )
     most = MAX_KEYS["causal" if is_causal else "bidirectional"]
     if not 1 <= t_k <= most:
         kind = "causal" if is_causal else "bidirectional"
