@@ -1,5 +1,6 @@
 """Layers: primitives with explicit arguments. Every sequence layer is a token mixer (see docs/design.md)."""
 
+from seqlab.layers import attention_mixer  # noqa: F401  (registers the "attention" token mixer)
 from seqlab.layers.attention import (
     KVCache,
     MultiheadAttention,

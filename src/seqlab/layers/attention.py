@@ -24,8 +24,6 @@ Two paths (``seqlab.layers.fastpath``): ``forward`` computes attention with the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -35,7 +33,6 @@ from seqlab.layers.checks import check_attention_call, check_input
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.kv_cache import KVBuffer, KVCache, append_kv
 from seqlab.layers.masks import causal_mask, check_padding_mask, combine_masks, sliding_window_mask
-from seqlab.layers.mixer import MixerSpec, register_mixer
 from seqlab.layers.packed_proj import packed_in_proj, reset_packed_in_proj
 from seqlab.layers.positional import RotaryEmbedding
 from seqlab.layers.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_ref
@@ -363,61 +360,3 @@ class SelfAttention(MultiheadAttention):
         if t_c:
             mask = torch.cat([mask.new_ones(b, t_c), mask], dim=1)  # the cached keys are real: (b, t_c + t)
         return x, combine_masks(attn_mask, mask[:, None, None, :])  # keys: (b, 1, 1, t_c + t)
-
-
-@dataclass
-class AttentionMixerConfig:
-    n_heads: int = 4
-    n_kv_heads: int | None = None
-    """Key/value heads for grouped-query attention; None means n_heads, 1 multi-query."""
-    head_dim: int | None = None
-    """Per-head width; None means d_model // n_heads."""
-    bias: bool = False
-    """Biases on the q, k, v and output projections (GPT-2: yes; Llama: no)."""
-    window: int | None = None
-    """Sliding-window size (each position sees itself and the window - 1 before); None: all."""
-    rope: bool = True
-    """Rotary positions inside attention (Su et al. 2021); False for a model with learned positions."""
-    rope_base: float = 10000.0
-    """RoPE's base θ: 10000 as in the paper and Llama 2, 500000 in Llama 3."""
-
-    def __post_init__(self):
-        check_positive_ints(self, ("n_heads",))
-        check_positive_ints(self, ("n_kv_heads", "head_dim", "window"), allow_none=True)
-        check_positive_floats(self, ("rope_base",))
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
-
-
-def _build_attention(d_model: int, c: AttentionMixerConfig, *, dropout: float, device=None, dtype=None):
-    if c.head_dim is None:
-        check_divisible(d_model, c.n_heads, ", or give head_dim")
-    k = c.head_dim if c.head_dim is not None else d_model // c.n_heads
-    rope = RotaryEmbedding(k, base=c.rope_base, device=device) if c.rope else None
-    return SelfAttention(
-        d_model,
-        c.n_heads,
-        c.n_kv_heads,
-        head_dim=c.head_dim,
-        bias=c.bias,
-        dropout=dropout,
-        causal=True,
-        window=c.window,
-        rope=rope,
-        device=device,
-        dtype=dtype,
-    )
-
-
-register_mixer(
-    MixerSpec(
-        "attention",
-        AttentionMixerConfig,
-        _build_attention,
-        family="Transformer",
-        summary="causal softmax attention with RoPE, GQA, sliding window and a KV cache (Vaswani et al. 2017)",
-        year=2017,
-        step_cost=1.5,
-        width_multiple=lambda c: 2 * c.n_heads,  # heads whose width RoPE needs even
-    )
-)
