@@ -220,3 +220,14 @@ def test_the_layer_keeps_its_general_path_where_the_kernel_does_not_apply():
     assert "dropout" in MultiheadAttention(64, 4, dropout=0.1).train()._why_not_packed(x)
     assert "heads" in MultiheadAttention(64, 4, n_kv_heads=2)._why_not_packed(x)
     assert "queries" in MultiheadAttention(64, 4)._why_not_packed(x[:, :3])
+
+
+@needs_compiler
+@pytest.mark.parametrize("scale", [-0.7, 0.0, 3.0])
+def test_any_scale(scale):
+    """The row maximum is taken of the scaled scores, so a negative (or zero) scale gives the softmax it names."""
+    _, q, k, v = packed(2, 35, 2, 16, torch.float32)
+    q, k = 6 * q, 6 * k  # scores in the hundreds: shifting by the wrong extreme would overflow float32's exp
+    out = kernel.attention(q, k, v, True, scale=scale)
+    ref = scaled_dot_product_attention_ref(q.double(), k.double(), v.double(), is_causal=True, scale=scale)
+    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-4)

@@ -18,7 +18,8 @@
 // Tensors are read and written through their strides (q, k, v may be views of one packed projection; the
 // output is laid out (b, t, h, d) so that merging the heads is free, and the gradients are written where the caller
 // says, e.g. into one packed (b, t, 3 h d) gradient); each (b, h) task owns its rows of dq, dk, dv, so there
-// are no atomics and the results do not depend on the thread count.
+// are no atomics and the results do not depend on the thread count. A head dim that is not a multiple of the
+// vector width runs on zero-padded copies of the task's rows (forward_one, backward_one).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -163,8 +164,9 @@ struct Rows {
 // lse given.
 // (no-split-loops: GCC would otherwise split each loop at `valid` and run the tail as a scalar add chain)
 template <typename T>
-__attribute__((optimize("no-split-loops"))) void scores_to_probs(int64_t m, int64_t n, int64_t n_pad, int64_t i0, bool causal, T scale, T* s, T* lse_rows,
-                     bool compute_lse) {
+__attribute__((optimize("no-split-loops"))) void scores_to_probs(int64_t m, int64_t n, int64_t n_pad, int64_t i0,
+                                                                  bool causal, T scale, T* s, T* lse_rows,
+                                                                  bool compute_lse) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (int64_t r = 0; r < m; ++r) {
     T* __restrict__ row = s + r * n_pad;
@@ -175,10 +177,9 @@ __attribute__((optimize("no-split-loops"))) void scores_to_probs(int64_t m, int6
       T mx = neg_inf;
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < n_pad; ++j) {
-        const T x = j < valid ? row[j] : neg_inf;
+        const T x = j < valid ? row[j] * scale : neg_inf;  // scaled first: a negative scale is a scale too
         mx = x > mx ? x : mx;
       }
-      mx *= scale;
       T sum = 0;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < n_pad; ++j) {
