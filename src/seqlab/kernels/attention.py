@@ -15,7 +15,7 @@ least 32 queries (decoding steps, with one query each, run faster in torch's ker
 per call costs as much as the step) and at most 512 keys, 1,024 when causal (``MAX_KEYS``). The scores of a
 block of 24 queries against all keys are held in one buffer, so the softmax is exact in two passes.
 
-Measured in ``benchmarks/bench_attention_kernel.py``.
+Measured in ``benchmarks/bench_attention_kernel.py``; the derivation and the reasons for each limit: docs/attention.md.
 """
 
 from __future__ import annotations
