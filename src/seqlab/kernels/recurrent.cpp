@@ -19,12 +19,14 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/utils/pybind.h>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -158,6 +160,26 @@ at::Tensor contiguous_buffer(const at::Tensor& t) {
   return t.is_contiguous() ? t : buffer(t.sizes(), t.options()).copy_(t);
 }
 
+// Scratch that lives only within one call (the input projection gx, the gate gradients dgh and dgx, a contiguous
+// copy of dL/dout): one buffer per role and thread, kept between calls and grown when a call needs more. Fresh
+// memory is zeroed by the kernel page by page on first touch, and that zeroing was a twentieth of an RNN's
+// fwd + bwd on one thread (t=400); a kept buffer is already mapped. What is kept is the largest scratch a
+// thread has needed, about 3 (t, b, G) floats.
+enum Scratch { kGx = 0, kGo, kDgh, kDgx, kRoles };
+
+at::Tensor scratch(Scratch role, at::IntArrayRef sizes, const at::TensorOptions& options) {
+  thread_local std::array<at::Tensor, kRoles> kept;
+  at::Tensor& t = kept[role];
+  const int64_t n = c10::multiply_integers(sizes);
+  if (!t.defined() || t.scalar_type() != options.dtype().toScalarType() || t.numel() < n)
+    t = buffer({std::max<int64_t>(n, 1)}, options);
+  return t.narrow(0, 0, n).view(sizes);
+}
+
+at::Tensor contiguous_scratch(Scratch role, const at::Tensor& t) {
+  return t.is_contiguous() ? t : scratch(role, t.sizes(), t.options()).copy_(t);
+}
+
 // The previous state of step s (time-major out; the recurrence walks backwards in time when reverse).
 at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool reverse) {
   const int64_t first = reverse ? out.size(0) - 1 : 0;
@@ -180,7 +202,7 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
   const at::Tensor w_hh_t = w_hh.t().contiguous();
   // all steps' input projection at once; the RNN folds b_hh in here, the GRU keeps b_hn inside r ⊙ (...)
   const at::Tensor x2 = x.view({T * B, x.size(2)});
-  at::Tensor gx = buffer({T * B, G}, x.options());  // (t*b, in) x (in, G) -> (t*b, G)
+  at::Tensor gx = scratch(kGx, {T * B, G}, x.options());  // (t*b, in) x (in, G) -> (t*b, G)
   const at::Tensor w_ih_t = w_ih.t().contiguous();  // (in, G), row-major for the same reason (126 -> 171 GFLOP/s)
   if (has_bias) at::addmm_out(gx, gru ? *b_ih : b_ih->add(*b_hh), x2, w_ih_t);
   else at::mm_out(gx, x2, w_ih_t);
@@ -248,10 +270,10 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
                                            const at::Tensor& out, const at::Tensor& ws, int64_t mode, bool reverse,
                                            bool has_bias, bool need_dx) {
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
-  const at::Tensor go = grad_out.has_value() ? contiguous_buffer(*grad_out) : at::zeros_like(out);
+  const at::Tensor go = grad_out.has_value() ? contiguous_scratch(kGo, *grad_out) : at::zeros_like(out);
   at::Tensor dh = grad_hn.has_value() ? grad_hn->contiguous().clone() : at::zeros({B, H}, out.options());
-  at::Tensor dgh = buffer({T, B, G}, out.options());
-  at::Tensor dgx = mode == kGru ? buffer({T, B, G}, out.options()) : dgh;  // the RNN's are the same
+  at::Tensor dgh = scratch(kDgh, {T, B, G}, out.options());
+  at::Tensor dgx = mode == kGru ? scratch(kDgx, {T, B, G}, out.options()) : dgh;  // the RNN's are the same
   const at::Tensor dh0 = backward_loop(go, dh, h0.contiguous(), w_hh, out, ws, dgx, dgh, mode, reverse);
   // weight, bias and input gradients: one matmul (or sum) each over all t*b rows
   const at::Tensor dgx2 = dgx.view({T * B, G}), dgh2 = dgh.view({T * B, G});
