@@ -231,3 +231,57 @@ def test_any_scale(scale):
     out = kernel.attention(q, k, v, True, scale=scale)
     ref = scaled_dot_product_attention_ref(q.double(), k.double(), v.double(), is_causal=True, scale=scale)
     torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-4)
+
+
+@needs_compiler
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_mask(causal):
+    """A key padding mask (b, 1, 1, t_k) runs in the kernel: the written-out reference's outputs and gradients,
+    and a batch row whose every key is masked gives zeros and zero gradients (seqlab's law for empty rows)."""
+    qkv, q, k, v = packed(3, 37, 2, 8, torch.float64)
+    lengths = torch.tensor([37, 20, 0])
+    mask = (torch.arange(37)[None, :] < lengths[:, None])[:, None, None, :]  # (b, 1, 1, t_k)
+    assert kernel.why_not_kernel(q, k, v, mask, 0.0, causal) is None
+    out = scaled_dot_product_attention(q, k, v, mask, is_causal=causal)
+    ref = scaled_dot_product_attention_ref(q, k, v, mask, is_causal=causal)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    got, want = grads(out, qkv)[0], grads(ref, qkv)[0]
+    torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
+    small = [x[:, :, :9].detach().requires_grad_() for x in (q, k, v)]
+    fn = lambda q, k, v: kernel.attention(q, k, v, causal, keep=mask[:, 0, 0, :9])  # noqa: E731
+    assert torch.autograd.gradgradcheck(fn, small)
+
+
+def test_key_mask_recognizes_padding_masks_only():
+    b, t = 3, 5
+    keys = torch.rand(b, t) > 0.3
+    assert torch.equal(kernel.key_mask(keys[:, None, None, :], b, t), keys)
+    assert torch.equal(kernel.key_mask(keys[0], b, t), keys[0].expand(b, t))  # (t_k,) broadcasts over batch
+    assert kernel.key_mask(torch.ones(b, 1, t, t, dtype=torch.bool), b, t) is None  # per query
+    assert kernel.key_mask(torch.ones(b, 2, 1, t, dtype=torch.bool), b, t) is None  # per head
+    assert kernel.key_mask(torch.ones(b, 1, 1, t), b, t) is None  # not boolean
+
+
+@needs_compiler
+def test_padded_self_attention_goes_through_the_kernel():
+    """The LM mixer with a padding mask: its key mask and causal structure reach the kernel (not a combined
+    (b, 1, t, t) mask), with the reference path's outputs at the real positions."""
+    from seqlab.layers.attention import SelfAttention
+
+    torch.manual_seed(0)
+    attn = SelfAttention(64, n_heads=4, causal=True).double()
+    x = torch.randn(2, 40, 64, dtype=torch.float64)
+    pad = torch.tensor([[True] * 40, [True] * 25 + [False] * 15])
+    seen = []
+    real = kernel.attention
+    kernel.attention = lambda *a, **kw: (
+        seen.append(kw.get("keep", a[5] if len(a) > 5 else None)) or real(*a, **kw)
+    )
+    try:
+        y, _ = attn(x, mask=pad)
+    finally:
+        kernel.attention = real
+    assert len(seen) == 1 and seen[0] is not None and torch.equal(seen[0], pad)
+    y_ref, _ = attn.forward_ref(x, mask=pad)
+    torch.testing.assert_close(y[pad], y_ref[pad], rtol=1e-12, atol=1e-12)

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "vec_math.h"
@@ -163,29 +164,35 @@ struct Rows {
 // (causal: key j > query i; and the padding columns j ≥ n). forward: lse computed here and stored; backward:
 // lse given.
 // (no-split-loops: GCC would otherwise split each loop at `valid` and run the tail as a scalar add chain)
-template <typename T>
-__attribute__((optimize("no-split-loops"))) void scores_to_probs(int64_t m, int64_t n, int64_t n_pad, int64_t i0,
-                                                                  bool causal, T scale, T* s, T* lse_rows,
-                                                                  bool compute_lse) {
+template <typename T, bool Keyed>
+__attribute__((optimize("no-split-loops"))) void probs_rows(int64_t m, int64_t n, int64_t n_pad, int64_t i0,
+                                                             bool causal, T scale, T* s, T* lse_rows,
+                                                             bool compute_lse, const bool* __restrict__ keep) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (int64_t r = 0; r < m; ++r) {
     T* __restrict__ row = s + r * n_pad;
     const int64_t valid = causal ? std::min(n, i0 + r + 1) : n;
     // every loop runs over the whole padded row (a multiple of the vector width: no remainder loops), the
-    // columns past `valid` selected away
+    // columns past `valid` (and, Keyed, the masked keys) selected away
     if (compute_lse) {
       T mx = neg_inf;
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < n_pad; ++j) {
-        const T x = j < valid ? row[j] * scale : neg_inf;  // scaled first: a negative scale is a scale too
+        const bool in = j < valid && (!Keyed || keep[j]);
+        const T x = in ? row[j] * scale : neg_inf;  // scaled first: a negative scale is a scale too
         mx = x > mx ? x : mx;
       }
       T sum = 0;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < n_pad; ++j) {
-        const T e = j < valid ? exp_(row[j] * scale - mx) : T(0);
+        const bool in = j < valid && (!Keyed || keep[j]);
+        const T e = in ? exp_(row[j] * scale - mx) : T(0);
         row[j] = e;
         sum += e;
+      }
+      if (sum == T(0)) {  // every key masked: a zero output (seqlab's law), and P = 0 in the backward
+        lse_rows[r] = std::numeric_limits<T>::infinity();
+        continue;  // the row is already all zeros
       }
       lse_rows[r] = mx + std::log(sum);
       const T inv = T(1) / sum;
@@ -194,9 +201,22 @@ __attribute__((optimize("no-split-loops"))) void scores_to_probs(int64_t m, int6
     } else {
       const T lse = lse_rows[r];
 #pragma omp simd
-      for (int64_t j = 0; j < n_pad; ++j) row[j] = j < valid ? exp_(row[j] * scale - lse) : T(0);
+      for (int64_t j = 0; j < n_pad; ++j) {
+        const bool in = j < valid && (!Keyed || keep[j]);
+        row[j] = in ? exp_(row[j] * scale - lse) : T(0);
+      }
     }
   }
+}
+
+// keep: null, or this batch row's (t_k) key mask, false = never attended to
+template <typename T>
+void scores_to_probs(int64_t m, int64_t n, int64_t n_pad, int64_t i0, bool causal, T scale, T* s, T* lse_rows,
+                     bool compute_lse, const bool* keep) {
+  if (keep == nullptr)
+    probs_rows<T, false>(m, n, n_pad, i0, causal, scale, s, lse_rows, compute_lse, nullptr);
+  else
+    probs_rows<T, true>(m, n, n_pad, i0, causal, scale, s, lse_rows, compute_lse, keep);
 }
 
 // One (b, h) pair's rows of a tensor: row i at p + i st
@@ -207,8 +227,8 @@ struct Mat {
 };
 
 template <typename T>
-void forward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> o, T* lse, int64_t tq, int64_t tk,
-                  int64_t d, bool causal, T scale, std::vector<T>& work) {
+void forward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> o, T* lse, const bool* keep, int64_t tq,
+                  int64_t tk, int64_t d, bool causal, T scale, std::vector<T>& work) {
   constexpr int W = Vec<T>::W;
   const int64_t n_pad = round_up(tk, W), ldt = n_pad + W;  // ldt: Kᵀ's row stride, never a multiple of 4 KiB
   work.resize(d * ldt + kRows * n_pad);
@@ -222,15 +242,15 @@ void forward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> o, T* l
     const int64_t n = causal ? std::min(tk, i0 + m) : tk;  // keys any row of the block sees
     const int64_t np = round_up(n, W);
     gemm<T>(m, np, d, qp + i0 * q.st, q.st, false, kt, ldt, s, np, false);
-    scores_to_probs<T>(m, n, np, i0, causal, scale, s, lse + i0, true);
+    scores_to_probs<T>(m, n, np, i0, causal, scale, s, lse + i0, true, keep);
     gemm<T>(m, d, n, s, np, false, vp, v.st, op + i0 * o.st, o.st, false);
   }
 }
 
 template <typename T>
 void backward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<const T> o, Mat<const T> g, const T* lse,
-                   Mat<T> dq, Mat<T> dk, Mat<T> dv, int64_t tq, int64_t tk, int64_t d, bool causal, T scale,
-                   std::vector<T>& work) {
+                   const bool* keep, Mat<T> dq, Mat<T> dk, Mat<T> dv, int64_t tq, int64_t tk, int64_t d, bool causal,
+                   T scale, std::vector<T>& work) {
   constexpr int W = Vec<T>::W;
   const int64_t n_pad = round_up(tk, W), ldt = n_pad + W;
   work.resize(2 * d * ldt + 2 * kRows * n_pad + kRows);
@@ -262,7 +282,7 @@ void backward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<const T> 
       delta[r] = acc;
     }
     gemm<T>(m, np, d, qi, q.st, false, kt, ldt, p, np, false);  // S
-    scores_to_probs<T>(m, n, np, i0, causal, scale, p, const_cast<T*>(lse + i0), false);  // P
+    scores_to_probs<T>(m, n, np, i0, causal, scale, p, const_cast<T*>(lse + i0), false, keep);  // P
     gemm<T>(m, np, d, gi, g.st, false, vt, ldt, dp, np, false);  // dP = dO Vᵀ
     for (int64_t r = 0; r < m; ++r) {  // dS = scale P ⊙ (dP − Δ)
       const T* __restrict__ prow = p + r * np;
@@ -315,30 +335,30 @@ Mat<T> out_rows_of(const Rows<T>& x, int64_t task, int64_t h) {
 
 template <typename T>
 void forward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
-                 T* lse, int64_t tq, int64_t tk, int64_t d, bool causal, T scale) {
+                 T* lse, const bool* keep, int64_t tq, int64_t tk, int64_t d, bool causal, T scale) {
   const int64_t dp = round_up(d, Vec<T>::W);
   if (dp == d) {
-    forward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), out_rows_of(o, task, h), lse, tq,
-                    tk, d, causal, scale, scratch<T>());
+    forward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), out_rows_of(o, task, h), lse,
+                    keep, tq, tk, d, causal, scale, scratch<T>());
     return;
   }
   std::vector<T>& pad = scratch<T, 1>();
   pad.resize(2 * (tq + tk) * dp);
   T *qb = pad.data(), *kb = qb + tq * dp, *vb = kb + tk * dp, *ob = vb + tk * dp;
   forward_task<T>(padded(rows_of(q, task, h), tq, d, dp, qb), padded(rows_of(k, task, h), tk, d, dp, kb),
-                  padded(rows_of(v, task, h), tk, d, dp, vb), Mat<T>{ob, dp}, lse, tq, tk, dp, causal, scale,
-                  scratch<T>());
+                  padded(rows_of(v, task, h), tk, d, dp, vb), Mat<T>{ob, dp}, lse, keep, tq, tk, dp, causal,
+                  scale, scratch<T>());
   unpad(ob, tq, d, dp, out_rows_of(o, task, h));
 }
 
 template <typename T>
 void backward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
-                  const Rows<T>& g, const T* lse, const Rows<T>& dq, const Rows<T>& dk, const Rows<T>& dv, int64_t tq,
-                  int64_t tk, int64_t d, bool causal, T scale) {
+                  const Rows<T>& g, const T* lse, const bool* keep, const Rows<T>& dq, const Rows<T>& dk,
+                  const Rows<T>& dv, int64_t tq, int64_t tk, int64_t d, bool causal, T scale) {
   const int64_t dp = round_up(d, Vec<T>::W);
   if (dp == d) {
     backward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), rows_of(o, task, h),
-                     rows_of(g, task, h), lse, out_rows_of(dq, task, h), out_rows_of(dk, task, h),
+                     rows_of(g, task, h), lse, keep, out_rows_of(dq, task, h), out_rows_of(dk, task, h),
                      out_rows_of(dv, task, h), tq, tk, d, causal, scale, scratch<T>());
     return;
   }
@@ -348,7 +368,7 @@ void backward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, c
   T *kb = dqb + tq * dp, *vb = kb + tk * dp, *dkb = vb + tk * dp, *dvb = dkb + tk * dp;
   backward_task<T>(padded(rows_of(q, task, h), tq, d, dp, qb), padded(rows_of(k, task, h), tk, d, dp, kb),
                    padded(rows_of(v, task, h), tk, d, dp, vb), padded(rows_of(o, task, h), tq, d, dp, ob),
-                   padded(rows_of(g, task, h), tq, d, dp, gb), lse, Mat<T>{dqb, dp}, Mat<T>{dkb, dp},
+                   padded(rows_of(g, task, h), tq, d, dp, gb), lse, keep, Mat<T>{dqb, dp}, Mat<T>{dkb, dp},
                    Mat<T>{dvb, dp}, tq, tk, dp, causal, scale, scratch<T>());
   unpad(dqb, tq, d, dp, out_rows_of(dq, task, h));
   unpad(dkb, tk, d, dp, out_rows_of(dk, task, h));
@@ -370,12 +390,22 @@ at::Tensor heads_last(const at::Tensor& like, int64_t b, int64_t h, int64_t t, i
 
 }  // namespace
 
+// keep: none, or a contiguous (b, t_k) bool key mask (false = masked for every query of that batch row)
+const bool* keep_rows(const std::optional<at::Tensor>& keep, int64_t b, int64_t tk) {
+  if (!keep.has_value()) return nullptr;
+  TORCH_CHECK(keep->scalar_type() == at::kBool && keep->is_contiguous() && keep->dim() == 2 &&
+                  keep->size(0) == b && keep->size(1) == tk && keep->device().is_cpu(),
+              "attention: keep must be a contiguous (b, t_k) bool CPU tensor");
+  return keep->data_ptr<bool>();
+}
+
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                          bool causal, double scale) {
+                                          bool causal, double scale, const std::optional<at::Tensor>& keep) {
   check(q, "q", q);
   check(k, "k", q);
   check(v, "v", q);
   const int64_t b = q.size(0), h = q.size(1), tq = q.size(2), d = q.size(3), tk = k.size(2);
+  const bool* kp = keep_rows(keep, b, tk);
   TORCH_CHECK(k.size(0) == b && v.size(0) == b && k.size(1) == h && v.size(1) == h && v.size(2) == tk &&
                   k.size(3) == d && v.size(3) == d,
               "attention: q (b, h, t_q, d), k and v (b, h, t_k, d) expected");
@@ -394,7 +424,8 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
           prefetch_rows(kr.at(bn, hn), tk, d, kr.st);
           prefetch_rows(vr.at(bn, hn), tk, d, vr.st);
         }
-        forward_one<scalar_t>(t, h, qr, kr, vr, orr, lp + t * tq, tq, tk, d, causal, scalar_t(scale));
+        forward_one<scalar_t>(t, h, qr, kr, vr, orr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, tq, tk, d,
+                              causal, scalar_t(scale));
       }
     });
   });
@@ -403,7 +434,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
 
 void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         const at::Tensor& o, const at::Tensor& lse, bool causal, double scale, const at::Tensor& dq,
-                        const at::Tensor& dk, const at::Tensor& dv) {
+                        const at::Tensor& dk, const at::Tensor& dv, const std::optional<at::Tensor>& keep) {
   for (const auto& [t, name] : {std::pair{&grad, "grad"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
                                 {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
     check(*t, name, q);
@@ -412,6 +443,7 @@ void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
                   dk.sizes() == k.sizes() && dv.sizes() == v.sizes() && lse.is_contiguous() &&
                   lse.numel() == b * h * tq,
               "attention: grad, o and dq must be shaped like q, dk and dv like k and v, lse (b, h, t_q)");
+  const bool* kp = keep_rows(keep, b, tk);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_backward", [&] {
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o), gr(grad), dqr(dq), dkr(dk), dvr(dv);
     const scalar_t* lp = lse.data_ptr<scalar_t>();
@@ -422,14 +454,19 @@ void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
           for (const auto* x : {&qr, &orr, &gr}) prefetch_rows(x->at(bn, hn), tq, d, x->st);
           for (const auto* x : {&kr, &vr}) prefetch_rows(x->at(bn, hn), tk, d, x->st);
         }
-        backward_one<scalar_t>(t, h, qr, kr, vr, orr, gr, lp + t * tq, dqr, dkr, dvr, tq, tk, d, causal,
-                               scalar_t(scale));
+        backward_one<scalar_t>(t, h, qr, kr, vr, orr, gr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, dqr, dkr,
+                               dvr, tq, tk, d, causal, scalar_t(scale));
       }
     });
   });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &attention_forward, "(out, lse) of softmax(scale q kᵀ [+ causal mask]) v");
-  m.def("backward", &attention_backward, "dq, dk, dv (written into the last three) given dL/dout, q, k, v, out, lse");
+  m.def("forward", &attention_forward, "(out, lse) of softmax(scale q kᵀ [+ causal mask, key mask]) v",
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("causal"), pybind11::arg("scale"),
+        pybind11::arg("keep") = pybind11::none());
+  m.def("backward", &attention_backward, "dq, dk, dv (written into the three given) from dL/dout, q, k, v, out, lse",
+        pybind11::arg("grad"), pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("o"),
+        pybind11::arg("lse"), pybind11::arg("causal"), pybind11::arg("scale"), pybind11::arg("dq"),
+        pybind11::arg("dk"), pybind11::arg("dv"), pybind11::arg("keep") = pybind11::none());
 }

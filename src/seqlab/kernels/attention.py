@@ -8,7 +8,8 @@ input gradients come back in that layout too.
 
 It takes what it was written for, and :func:`why_not_kernel` says why not otherwise (then
 :func:`seqlab.layers.sdpa.scaled_dot_product_attention` calls torch): float32/float64 CPU tensors, as many key
-heads as query heads, no mask other than the causal one (with t_q == t_k), no dropout, a head dim up to 256
+heads as query heads, no mask but the causal one (with t_q == t_k) and a key padding mask (:func:`key_mask`: one
+mask of keys per batch row, as padded batches make), no dropout, a head dim up to 256
 (bidirectional: a multiple of 16 floats, 8 doubles; any other runs padded to one inside the kernel, which pays off
 only when causal), and the lengths where it was measured faster than torch's: at
 least 32 queries (decoding steps, with one query each, run faster in torch's kernel: transposing the keys once
@@ -25,7 +26,15 @@ from torch import Tensor
 
 from seqlab.kernels.extension import CppExtension
 
-__all__ = ["EXTENSION", "MAX_KEYS", "attention", "attention_packed", "why_not_kernel", "why_not_shapes"]
+__all__ = [
+    "EXTENSION",
+    "MAX_KEYS",
+    "attention",
+    "attention_packed",
+    "key_mask",
+    "why_not_kernel",
+    "why_not_shapes",
+]
 
 EXTENSION = CppExtension(
     "attention",
@@ -56,25 +65,27 @@ def _heads(x: Tensor, n_heads: int) -> Tensor:
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-        out, lse = EXTENSION.load().forward(q, k, v, causal, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, keep: Tensor | None
+    ) -> Tensor:
+        out, lse = EXTENSION.load().forward(q, k, v, causal, scale, keep)
+        ctx.save_for_backward(q, k, v, out, lse, keep)
         ctx.causal, ctx.scale = causal, scale
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, keep = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a backward that autograd can differentiate again
             with torch.enable_grad():
-                y = _written_out(q, k, v, ctx.causal, ctx.scale)
-                return (*torch.autograd.grad(y, (q, k, v), grad, create_graph=True), None, None)
+                y = _written_out(q, k, v, ctx.causal, ctx.scale, keep)
+                return (*torch.autograd.grad(y, (q, k, v), grad, create_graph=True), None, None, None)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
         (b, h, t_q, d), t_k = q.shape, k.size(2)
         dq, dk, dv = _heads_last(b, h, t_q, d, q), _heads_last(b, h, t_k, d, q), _heads_last(b, h, t_k, d, q)
-        EXTENSION.load().backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv)
-        return dq, dk, dv, None, None
+        EXTENSION.load().backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv, keep)
+        return dq, dk, dv, None, None, None
 
 
 class _PackedAttention(torch.autograd.Function):
@@ -102,16 +113,35 @@ class _PackedAttention(torch.autograd.Function):
         dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
         q, k, v = (_heads(x, h) for x in qkv.chunk(3, dim=-1))
         dq, dk, dv = (_heads(x, h) for x in dqkv.chunk(3, dim=-1))
-        EXTENSION.load().backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv)
+        EXTENSION.load().backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv, None)
         return dqkv, None, None, None
 
 
-def _written_out(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-    """softmax(scale q kᵀ + M) v in plain torch ops (twice differentiable, unlike torch's fused CPU kernels)."""
+def _written_out(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, keep: Tensor | None = None
+) -> Tensor:
+    """softmax(scale q kᵀ + M) v in plain torch ops (twice differentiable, unlike torch's fused CPU kernels); a
+    row with every key masked gives zeros, as the kernel does."""
     s = torch.matmul(q, k.transpose(-2, -1)) * scale  # (b, h, t_q, t_k)
+    allowed = torch.ones_like(s, dtype=torch.bool)
     if causal:
-        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v)
+        allowed = allowed.tril()
+    if keep is not None:
+        allowed = allowed & keep[:, None, None, :]
+    p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
+    p = torch.where(allowed.any(-1, keepdim=True), p, torch.zeros_like(p))
+    return torch.matmul(p, v)
+
+
+def key_mask(mask: Tensor, batch: int, t_k: int) -> Tensor | None:
+    """The (batch, t_k) key mask that ``mask`` is, when it masks whole keys alike for every head and query (a
+    padding mask: shape (t_k,), (1 or batch, 1, 1, t_k), ...), contiguous; None for any other mask."""
+    if mask.dtype != torch.bool or mask.dim() > 4 or mask.size(-1) != t_k:
+        return None
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if m.size(1) != 1 or m.size(2) != 1 or m.size(0) not in (1, batch):
+        return None
+    return m.reshape(m.size(0), t_k).expand(batch, t_k).contiguous()
 
 
 def why_not_shapes(
@@ -149,9 +179,12 @@ def why_not_shapes(
 def why_not_kernel(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
 ) -> str | None:
-    """None when :func:`attention` would run the kernel for these arguments, else why not."""
-    if mask is not None:
-        return "the kernel takes no mask (only the causal structure)"
+    """None when :func:`attention` would run the kernel for these arguments (with ``keep=key_mask(mask, ...)``
+    when there is a mask), else why not."""
+    if mask is not None and (q.dim() != 4 or key_mask(mask, q.size(0), k.size(-2)) is None):
+        return (
+            "the kernel takes a key padding mask ((b, 1, 1, t_k) or broadcast to it) and the causal structure"
+        )
     if dropout_p > 0:
         return "the kernel has no dropout"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -162,15 +195,25 @@ def why_not_kernel(
     return why_not_shapes(q.dtype, q.device, h, k.size(1), t_q, k.size(2), d, is_causal)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: float | None = None) -> Tensor:
-    """softmax(scale q kᵀ + M) v, q (b, h, t_q, d), k and v (b, h, t_k, d); M the causal mask if asked.
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    is_causal: bool = False,
+    scale: float | None = None,
+    keep: Tensor | None = None,
+) -> Tensor:
+    """softmax(scale q kᵀ + M) v, q (b, h, t_q, d), k and v (b, h, t_k, d); M the causal mask if asked, and
+    −∞ at the keys where ``keep`` (b, t_k), a key padding mask, is False. A query with no key left gets zeros.
 
     Call it where :func:`why_not_kernel` returned None."""
     scale = q.size(-1) ** -0.5 if scale is None else float(scale)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if keep is not None:
+        keep = keep.to(torch.bool).contiguous()
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
-        return EXTENSION.load().forward(q, k, v, bool(is_causal), scale)[0]  # no graph to record
-    return _Attention.apply(q, k, v, bool(is_causal), scale)
+        return EXTENSION.load().forward(q, k, v, bool(is_causal), scale, keep)[0]  # no graph to record
+    return _Attention.apply(q, k, v, bool(is_causal), scale, keep)
 
 
 def attention_packed(

@@ -204,7 +204,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
             if value is not None:
                 raise ValueError("value without key: pass key too for cross-attention, or neither for self")
             q, k, v, new_state = self._self_qkv(query, state)
-            structure, is_causal = self._structure(t_q, k.size(2), mask is None, query.device)
+            structure, is_causal = self._structure(t_q, k.size(2), query.device)
         else:
             q, k, v, new_state = self._cross_qkv(query, key, value, state)
             structure, is_causal = None, False
@@ -273,13 +273,14 @@ class MultiheadAttention(FastPathMixin, nn.Module):
             state = KVCache(k, v, torch.tensor(k.size(2), device=x.device))
         return q, state.k, state.v, state
 
-    def _structure(self, t_q: int, t_k: int, no_mask: bool, device) -> tuple[Tensor | None, bool]:
-        """The causal or sliding-window mask of self-attention, or SDPA's own ``is_causal`` when it can serve."""
+    def _structure(self, t_q: int, t_k: int, device) -> tuple[Tensor | None, bool]:
+        """The causal or sliding-window mask of self-attention, or SDPA's own ``is_causal`` when it can serve
+        (seqlab's SDPA folds it into a mask that comes with it, or keeps it beside a key padding mask)."""
         if self.window is not None:
             return sliding_window_mask(t_q, t_k, self.window, causal=self.causal, device=device), False
         if not self.causal or t_q == 1:  # one query at the end of the keys sees them all: no mask
             return None, False
-        if t_q == t_k and no_mask:
+        if t_q == t_k:
             return None, True  # SDPA's own causal path: no mask to build or read
         return causal_mask(t_q, t_k, device=device), False
 

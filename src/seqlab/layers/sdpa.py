@@ -55,7 +55,15 @@ def _repeat_kv(x: Tensor, n_heads: int) -> Tensor:
 def _prepare_mask(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
 ) -> tuple[Tensor | None, bool]:
-    """Validate shapes; fold ``is_causal`` into ``mask`` unless SDPA can take it as is (t_q == t_k, no mask)."""
+    """Fold ``is_causal`` into ``mask`` unless SDPA can take it as is (t_q == t_k, no mask); shapes checked."""
+    t_q, t_k = q.size(-2), k.size(-2)
+    if is_causal and (mask is not None or t_q != t_k):
+        return combine_masks(mask, causal_mask(t_q, t_k, device=q.device)), False
+    return mask, is_causal
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
+    """q (b, h, t_q, k), k and v (b, g, t_k, k) with h a multiple of g; a boolean mask broadcastable to them."""
     if q.dim() < 3 or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(
             f"expected q (b, h, t_q, k), k and v (b, g, t_k, k); got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -81,9 +89,6 @@ def _prepare_mask(
                 f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, t_q, t_k) = "
                 f"{(*q.shape[:-2], t_q, t_k)}"
             ) from None
-    if is_causal and (mask is not None or t_q != t_k):
-        return combine_masks(mask, causal_mask(t_q, t_k, device=q.device)), False
-    return mask, is_causal
 
 
 def scaled_dot_product_attention(
@@ -101,9 +106,11 @@ def scaled_dot_product_attention(
     the *end* of the keys when t_q < t_k (KV-cache decoding; torch aligns to the start), and may be combined
     with ``mask``; grouped-query k/v (g < h) need no flag; a fully masked query row returns zeros, not NaN.
     """
+    _check_shapes(q, k, v, mask)
+    if attention_kernel.why_not_kernel(q, k, v, mask, dropout_p, is_causal) is None:  # seqlab's CPU kernel
+        keys = None if mask is None else attention_kernel.key_mask(mask, q.size(0), k.size(-2))
+        return attention_kernel.attention(q, k, v, is_causal, scale, keys)
     mask, is_causal = _prepare_mask(q, k, v, mask, is_causal)
-    if attention_kernel.why_not_kernel(q, k, v, mask, dropout_p, is_causal) is None:
-        return attention_kernel.attention(q, k, v, is_causal, scale)  # seqlab's CPU kernel, short sequences
     keep = None
     if mask is not None:
         keep = mask.any(-1, keepdim=True)  # (..., t_q, 1): rows that have at least one key to attend to
@@ -132,6 +139,7 @@ def scaled_dot_product_attention_ref(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The same as :func:`scaled_dot_product_attention`, written out; ``return_weights`` also returns the
     attention weights (b, h, t_q, t_k) before dropout. The softmax runs in float32 at least."""
+    _check_shapes(q, k, v, mask)
     mask, is_causal = _prepare_mask(q, k, v, mask, is_causal)
     t_q, t_k = q.size(-2), k.size(-2)
     if is_causal:
