@@ -226,9 +226,63 @@ struct Mat {
   int64_t st;
 };
 
+// ---- dropout on P -------------------------------------------------------------------------------------------
+// Element (task, i, j) of P is kept when a hash of (seed, task, i, j) is at least p·2³², and then scaled by
+// 1 / (1 − p): a counter-based draw, so that the backward regenerates the forward's mask instead of storing it.
+// The hashes are splitmix64 (per row) and the murmur3 finalizer (per element, 32-bit, so that it vectorizes).
+inline uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  return h ^ (h >> 16);
+}
+
+struct Dropout {
+  bool on = false;
+  uint64_t seed = 0;
+  uint32_t threshold = 0;  // keep when the element's hash >= threshold
+  double keep_scale = 1.0;  // 1 / (1 − p)
+  Dropout(double p, uint64_t seed_) : on(p > 0), seed(seed_) {
+    TORCH_CHECK(p >= 0 && p < 1, "attention: dropout_p must be in [0, 1), got ", p);
+    threshold = uint32_t(std::min(p * 4294967296.0, 4294967295.0));
+    keep_scale = 1.0 / (1.0 - p);
+  }
+  uint64_t row_key(int64_t task, int64_t tq, int64_t i) const {
+    return splitmix64(seed ^ splitmix64(uint64_t(task) * uint64_t(tq) + uint64_t(i)));
+  }
+};
+
+// 1/(1 − p) or 0 for element j of the row whose key is rk
+template <typename T>
+inline T keep_factor(uint64_t rk, int64_t j, uint32_t threshold, T keep_scale) {
+  const uint32_t h = fmix32(uint32_t(rk) ^ fmix32(uint32_t(j) + uint32_t(rk >> 32)));
+  return h >= threshold ? keep_scale : T(0);
+}
+
+// P ⊙ mask / (1 − p) in place, for query rows [i0, i0 + m) of this task
+template <typename T>
+void drop_rows(T* s, int64_t m, int64_t np, int64_t i0, const Dropout& drop, int64_t task, int64_t tq) {
+  const T ks = T(drop.keep_scale);
+  for (int64_t r = 0; r < m; ++r) {
+    T* __restrict__ row = s + r * np;
+    const uint64_t rk = drop.row_key(task, tq, i0 + r);
+#pragma omp simd
+    for (int64_t j = 0; j < np; ++j) row[j] *= keep_factor<T>(rk, j, drop.threshold, ks);
+  }
+}
+
 template <typename T>
 void forward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> o, T* lse, const bool* keep, int64_t tq,
-                  int64_t tk, int64_t d, bool causal, T scale, std::vector<T>& work) {
+                  int64_t tk, int64_t d, bool causal, T scale, const Dropout& drop, int64_t task,
+                  std::vector<T>& work) {
   constexpr int W = Vec<T>::W;
   const int64_t n_pad = round_up(tk, W), ldt = n_pad + W;  // ldt: Kᵀ's row stride, never a multiple of 4 KiB
   work.resize(d * ldt + kRows * n_pad);
@@ -243,6 +297,7 @@ void forward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> o, T* l
     const int64_t np = round_up(n, W);
     gemm<T>(m, np, d, qp + i0 * q.st, q.st, false, kt, ldt, s, np, false);
     scores_to_probs<T>(m, n, np, i0, causal, scale, s, lse + i0, true, keep);
+    if (drop.on) drop_rows(s, m, np, i0, drop, task, tq);
     gemm<T>(m, d, n, s, np, false, vp, v.st, op + i0 * o.st, o.st, false);
   }
 }
@@ -250,7 +305,7 @@ void forward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> o, T* l
 template <typename T>
 void backward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<const T> o, Mat<const T> g, const T* lse,
                    const bool* keep, Mat<T> dq, Mat<T> dk, Mat<T> dv, int64_t tq, int64_t tk, int64_t d, bool causal,
-                   T scale, std::vector<T>& work) {
+                   T scale, const Dropout& drop, int64_t task, std::vector<T>& work) {
   constexpr int W = Vec<T>::W;
   const int64_t n_pad = round_up(tk, W), ldt = n_pad + W;
   work.resize(2 * d * ldt + 2 * kRows * n_pad + kRows);
@@ -285,11 +340,24 @@ void backward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<const T> 
     scores_to_probs<T>(m, n, np, i0, causal, scale, p, const_cast<T*>(lse + i0), false, keep);  // P
     gemm<T>(m, np, d, gi, g.st, false, vt, ldt, dp, np, false);  // dP = dO Vᵀ
     for (int64_t r = 0; r < m; ++r) {  // dS = scale P ⊙ (dP − Δ)
-      const T* __restrict__ prow = p + r * np;
+      T* __restrict__ prow = p + r * np;
       T* __restrict__ drow = dp + r * np;
       const T dl = delta[r];
+      if (!drop.on) {
 #pragma omp simd
-      for (int64_t j = 0; j < np; ++j) drow[j] = scale * prow[j] * (drow[j] - dl);
+        for (int64_t j = 0; j < np; ++j) drow[j] = scale * prow[j] * (drow[j] - dl);
+        continue;
+      }
+      // with dropout, what came back is ∂L/∂P' for P' = P ⊙ mask / (1 − p): ∂L/∂P = it ⊙ mask / (1 − p), Δ is
+      // unchanged (Σ_j P'_ij ∂L/∂P'_ij = Σ_c dO_ic O_ic), and dV takes P' (written over P)
+      const uint64_t rk = drop.row_key(task, tq, i0 + r);
+      const T ks = T(drop.keep_scale);
+#pragma omp simd
+      for (int64_t j = 0; j < np; ++j) {
+        const T f = keep_factor<T>(rk, j, drop.threshold, ks), pj = prow[j];
+        drow[j] = scale * pj * (drow[j] * f - dl);
+        prow[j] = pj * f;
+      }
     }
     gemm<T>(m, d, n, dp, np, false, kp, k.st, dqp + i0 * dq.st, dq.st, false);  // dQ = dS K
     // dV += Pᵀ dO and dK += dSᵀ Q, over the keys this block sees (P and dS read transposed in place)
@@ -335,11 +403,12 @@ Mat<T> out_rows_of(const Rows<T>& x, int64_t task, int64_t h) {
 
 template <typename T>
 void forward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
-                 T* lse, const bool* keep, int64_t tq, int64_t tk, int64_t d, bool causal, T scale) {
+                 T* lse, const bool* keep, int64_t tq, int64_t tk, int64_t d, bool causal, T scale,
+                 const Dropout& drop) {
   const int64_t dp = round_up(d, Vec<T>::W);
   if (dp == d) {
     forward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), out_rows_of(o, task, h), lse,
-                    keep, tq, tk, d, causal, scale, scratch<T>());
+                    keep, tq, tk, d, causal, scale, drop, task, scratch<T>());
     return;
   }
   std::vector<T>& pad = scratch<T, 1>();
@@ -347,19 +416,19 @@ void forward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, co
   T *qb = pad.data(), *kb = qb + tq * dp, *vb = kb + tk * dp, *ob = vb + tk * dp;
   forward_task<T>(padded(rows_of(q, task, h), tq, d, dp, qb), padded(rows_of(k, task, h), tk, d, dp, kb),
                   padded(rows_of(v, task, h), tk, d, dp, vb), Mat<T>{ob, dp}, lse, keep, tq, tk, dp, causal,
-                  scale, scratch<T>());
+                  scale, drop, task, scratch<T>());
   unpad(ob, tq, d, dp, out_rows_of(o, task, h));
 }
 
 template <typename T>
 void backward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
                   const Rows<T>& g, const T* lse, const bool* keep, const Rows<T>& dq, const Rows<T>& dk,
-                  const Rows<T>& dv, int64_t tq, int64_t tk, int64_t d, bool causal, T scale) {
+                  const Rows<T>& dv, int64_t tq, int64_t tk, int64_t d, bool causal, T scale, const Dropout& drop) {
   const int64_t dp = round_up(d, Vec<T>::W);
   if (dp == d) {
     backward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), rows_of(o, task, h),
                      rows_of(g, task, h), lse, keep, out_rows_of(dq, task, h), out_rows_of(dk, task, h),
-                     out_rows_of(dv, task, h), tq, tk, d, causal, scale, scratch<T>());
+                     out_rows_of(dv, task, h), tq, tk, d, causal, scale, drop, task, scratch<T>());
     return;
   }
   std::vector<T>& pad = scratch<T, 1>();
@@ -369,7 +438,7 @@ void backward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, c
   backward_task<T>(padded(rows_of(q, task, h), tq, d, dp, qb), padded(rows_of(k, task, h), tk, d, dp, kb),
                    padded(rows_of(v, task, h), tk, d, dp, vb), padded(rows_of(o, task, h), tq, d, dp, ob),
                    padded(rows_of(g, task, h), tq, d, dp, gb), lse, keep, Mat<T>{dqb, dp}, Mat<T>{dkb, dp},
-                   Mat<T>{dvb, dp}, tq, tk, dp, causal, scale, scratch<T>());
+                   Mat<T>{dvb, dp}, tq, tk, dp, causal, scale, drop, task, scratch<T>());
   unpad(dqb, tq, d, dp, out_rows_of(dq, task, h));
   unpad(dkb, tk, d, dp, out_rows_of(dk, task, h));
   unpad(dvb, tk, d, dp, out_rows_of(dv, task, h));
@@ -400,7 +469,9 @@ const bool* keep_rows(const std::optional<at::Tensor>& keep, int64_t b, int64_t 
 }
 
 std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                          bool causal, double scale, const std::optional<at::Tensor>& keep) {
+                                          bool causal, double scale, const std::optional<at::Tensor>& keep,
+                                          double dropout_p, int64_t seed) {
+  const Dropout drop(dropout_p, uint64_t(seed));
   check(q, "q", q);
   check(k, "k", q);
   check(v, "v", q);
@@ -425,7 +496,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
           prefetch_rows(vr.at(bn, hn), tk, d, vr.st);
         }
         forward_one<scalar_t>(t, h, qr, kr, vr, orr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, tq, tk, d,
-                              causal, scalar_t(scale));
+                              causal, scalar_t(scale), drop);
       }
     });
   });
@@ -434,7 +505,9 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
 
 void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         const at::Tensor& o, const at::Tensor& lse, bool causal, double scale, const at::Tensor& dq,
-                        const at::Tensor& dk, const at::Tensor& dv, const std::optional<at::Tensor>& keep) {
+                        const at::Tensor& dk, const at::Tensor& dv, const std::optional<at::Tensor>& keep,
+                        double dropout_p, int64_t seed) {
+  const Dropout drop(dropout_p, uint64_t(seed));
   for (const auto& [t, name] : {std::pair{&grad, "grad"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
                                 {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
     check(*t, name, q);
@@ -455,18 +528,39 @@ void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
           for (const auto* x : {&kr, &vr}) prefetch_rows(x->at(bn, hn), tk, d, x->st);
         }
         backward_one<scalar_t>(t, h, qr, kr, vr, orr, gr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, dqr, dkr,
-                               dvr, tq, tk, d, causal, scalar_t(scale));
+                               dvr, tq, tk, d, causal, scalar_t(scale), drop);
       }
     });
   });
 }
 
+// The dropout factors (0 or 1 / (1 − p)) that forward and backward apply to P, (b, h, t_q, t_k): for tests and
+// for the written-out double backward
+at::Tensor dropout_mask(int64_t b, int64_t h, int64_t tq, int64_t tk, double dropout_p, int64_t seed,
+                        const at::Tensor& like) {
+  const Dropout drop(dropout_p, uint64_t(seed));
+  at::Tensor mask = at::empty({b, h, tq, tk}, like.options());
+  AT_DISPATCH_FLOATING_TYPES(like.scalar_type(), "attention_dropout_mask", [&] {
+    scalar_t* mp = mask.data_ptr<scalar_t>();
+    for (int64_t t = 0; t < b * h; ++t)
+      for (int64_t i = 0; i < tq; ++i) {
+        const uint64_t rk = drop.row_key(t, tq, i);
+        for (int64_t j = 0; j < tk; ++j)
+          mp[(t * tq + i) * tk + j] =
+              drop.on ? keep_factor<scalar_t>(rk, j, drop.threshold, scalar_t(drop.keep_scale)) : scalar_t(1);
+      }
+  });
+  return mask;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &attention_forward, "(out, lse) of softmax(scale q kᵀ [+ causal mask, key mask]) v",
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("causal"), pybind11::arg("scale"),
-        pybind11::arg("keep") = pybind11::none());
+        pybind11::arg("keep") = pybind11::none(), pybind11::arg("dropout_p") = 0.0, pybind11::arg("seed") = 0);
   m.def("backward", &attention_backward, "dq, dk, dv (written into the three given) from dL/dout, q, k, v, out, lse",
         pybind11::arg("grad"), pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("o"),
         pybind11::arg("lse"), pybind11::arg("causal"), pybind11::arg("scale"), pybind11::arg("dq"),
-        pybind11::arg("dk"), pybind11::arg("dv"), pybind11::arg("keep") = pybind11::none());
+        pybind11::arg("dk"), pybind11::arg("dv"), pybind11::arg("keep") = pybind11::none(),
+        pybind11::arg("dropout_p") = 0.0, pybind11::arg("seed") = 0);
+  m.def("dropout_mask", &dropout_mask, "the factors dropout applies to P, (b, h, t_q, t_k), of like's dtype");
 }

@@ -9,7 +9,8 @@ input gradients come back in that layout too.
 It takes what it was written for, and :func:`why_not_kernel` says why not otherwise (then
 :func:`seqlab.layers.sdpa.scaled_dot_product_attention` calls torch): float32/float64 CPU tensors, as many key
 heads as query heads, no mask but the causal one (with t_q == t_k) and a key padding mask (:func:`key_mask`: one
-mask of keys per batch row, as padded batches make), no dropout, a head dim up to 256
+mask of keys per batch row, as padded batches make), attention dropout drawn by the kernel itself, a head dim
+up to 256
 (bidirectional: a multiple of 16 floats, 8 doubles; any other runs padded to one inside the kernel, which pays off
 only when causal), and the lengths where it was measured faster than torch's: at
 least 32 queries (decoding steps, with one query each, run faster in torch's kernel: transposing the keys once
@@ -65,12 +66,10 @@ def _heads(x: Tensor, n_heads: int) -> Tensor:
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, keep: Tensor | None
-    ) -> Tensor:
-        out, lse = EXTENSION.load().forward(q, k, v, causal, scale, keep)
+    def forward(ctx, q, k, v, causal: bool, scale: float, keep: Tensor | None, p: float, seed: int) -> Tensor:
+        out, lse = EXTENSION.load().forward(q, k, v, causal, scale, keep, p, seed)
         ctx.save_for_backward(q, k, v, out, lse, keep)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.p, ctx.seed = causal, scale, p, seed
         return out
 
     @staticmethod
@@ -78,14 +77,17 @@ class _Attention(torch.autograd.Function):
         q, k, v, out, lse, keep = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a backward that autograd can differentiate again
             with torch.enable_grad():
-                y = _written_out(q, k, v, ctx.causal, ctx.scale, keep)
-                return (*torch.autograd.grad(y, (q, k, v), grad, create_graph=True), None, None, None)
+                drop = dropout_mask(q, k, ctx.p, ctx.seed) if ctx.p > 0 else None
+                y = _written_out(q, k, v, ctx.causal, ctx.scale, keep, drop)
+                grads = torch.autograd.grad(y, (q, k, v), grad, create_graph=True)
+                return (*grads, None, None, None, None, None)
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
         (b, h, t_q, d), t_k = q.shape, k.size(2)
         dq, dk, dv = _heads_last(b, h, t_q, d, q), _heads_last(b, h, t_k, d, q), _heads_last(b, h, t_k, d, q)
-        EXTENSION.load().backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv, keep)
-        return dq, dk, dv, None, None, None
+        kernel = EXTENSION.load()
+        kernel.backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv, keep, ctx.p, ctx.seed)
+        return dq, dk, dv, None, None, None, None, None
 
 
 class _PackedAttention(torch.autograd.Function):
@@ -93,11 +95,11 @@ class _PackedAttention(torch.autograd.Function):
     directly (three separate gradients would be concatenated into it by autograd, a copy of the whole)."""
 
     @staticmethod
-    def forward(ctx, qkv: Tensor, n_heads: int, causal: bool, scale: float) -> Tensor:
+    def forward(ctx, qkv: Tensor, n_heads: int, causal: bool, scale: float, p: float, seed: int) -> Tensor:
         q, k, v = (_heads(x, n_heads) for x in qkv.chunk(3, dim=-1))
-        out, lse = EXTENSION.load().forward(q, k, v, causal, scale)
+        out, lse = EXTENSION.load().forward(q, k, v, causal, scale, None, p, seed)
         ctx.save_for_backward(qkv, out, lse)
-        ctx.n_heads, ctx.causal, ctx.scale = n_heads, causal, scale
+        ctx.n_heads, ctx.causal, ctx.scale, ctx.p, ctx.seed = n_heads, causal, scale, p, seed
         return out.transpose(1, 2).flatten(2)  # (b, t, h d), a view
 
     @staticmethod
@@ -106,22 +108,37 @@ class _PackedAttention(torch.autograd.Function):
         h = ctx.n_heads
         if torch.is_grad_enabled():
             with torch.enable_grad():
-                y = _written_out(*(_heads(x, h) for x in qkv.chunk(3, dim=-1)), ctx.causal, ctx.scale)
+                q, k, v = (_heads(x, h) for x in qkv.chunk(3, dim=-1))
+                drop = dropout_mask(q, k, ctx.p, ctx.seed) if ctx.p > 0 else None
+                y = _written_out(q, k, v, ctx.causal, ctx.scale, None, drop)
                 (dqkv,) = torch.autograd.grad(y.transpose(1, 2).flatten(2), qkv, grad, create_graph=True)
-                return dqkv, None, None, None
+                return dqkv, None, None, None, None, None
         grad = _heads(grad if grad.stride(-1) == 1 else grad.contiguous(), h)
         dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
         q, k, v = (_heads(x, h) for x in qkv.chunk(3, dim=-1))
         dq, dk, dv = (_heads(x, h) for x in dqkv.chunk(3, dim=-1))
-        EXTENSION.load().backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv, None)
-        return dqkv, None, None, None
+        kernel = EXTENSION.load()
+        kernel.backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv, None, ctx.p, ctx.seed)
+        return dqkv, None, None, None, None, None
+
+
+def dropout_mask(q: Tensor, k: Tensor, p: float, seed: int) -> Tensor:
+    """The factors (0 or 1 / (1 − p)) that the kernel's dropout with this seed multiplies P by, (b, h, t_q, t_k)."""
+    b, h, t_q, _ = q.shape
+    return EXTENSION.load().dropout_mask(b, h, t_q, k.size(2), float(p), int(seed), q.detach())
 
 
 def _written_out(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, keep: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: bool,
+    scale: float,
+    keep: Tensor | None = None,
+    drop: Tensor | None = None,
 ) -> Tensor:
-    """softmax(scale q kᵀ + M) v in plain torch ops (twice differentiable, unlike torch's fused CPU kernels); a
-    row with every key masked gives zeros, as the kernel does."""
+    """dropout(softmax(scale q kᵀ + M)) v in plain torch ops (twice differentiable, unlike torch's fused CPU
+    kernels), ``drop`` the dropout factors; a row with every key masked gives zeros, as the kernel does."""
     s = torch.matmul(q, k.transpose(-2, -1)) * scale  # (b, h, t_q, t_k)
     allowed = torch.ones_like(s, dtype=torch.bool)
     if causal:
@@ -130,7 +147,7 @@ def _written_out(
         allowed = allowed & keep[:, None, None, :]
     p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
     p = torch.where(allowed.any(-1, keepdim=True), p, torch.zeros_like(p))
-    return torch.matmul(p, v)
+    return torch.matmul(p if drop is None else p * drop, v)
 
 
 def key_mask(mask: Tensor, batch: int, t_k: int) -> Tensor | None:
@@ -148,7 +165,7 @@ def why_not_shapes(
     dtype: torch.dtype, device: torch.device, h: int, g: int, t_q: int, t_k: int, d: int, is_causal: bool
 ) -> str | None:
     """None when the kernel takes attention of these dtype, device, heads (h query, g key/value), lengths and
-    head dim (with no mask but the causal one and no dropout), else why not."""
+    head dim (masks and dropout are checked by why_not_kernel), else why not."""
     if device.type != "cpu":
         return f"the kernel runs on the CPU, q is on {device.type}"
     if dtype not in (torch.float32, torch.float64):
@@ -185,14 +202,19 @@ def why_not_kernel(
         return (
             "the kernel takes a key padding mask ((b, 1, 1, t_k) or broadcast to it) and the causal structure"
         )
-    if dropout_p > 0:
-        return "the kernel has no dropout"
+    if not 0 <= dropout_p < 1:
+        return f"dropout_p must be in [0, 1), got {dropout_p}"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "the kernel takes (b, h, t, d) tensors"
     if any(t.dtype != q.dtype or t.device != q.device for t in (k, v)):
         return "q, k and v must share dtype and device"
     h, t_q, d = q.shape[1:]
     return why_not_shapes(q.dtype, q.device, h, k.size(1), t_q, k.size(2), d, is_causal)
+
+
+def _seed(dropout_p: float) -> int:
+    """A seed for the dropout mask from torch's default generator (0, and no draw, without dropout)."""
+    return int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
 
 
 def attention(
@@ -202,31 +224,38 @@ def attention(
     is_causal: bool = False,
     scale: float | None = None,
     keep: Tensor | None = None,
+    dropout_p: float = 0.0,
 ) -> Tensor:
-    """softmax(scale q kᵀ + M) v, q (b, h, t_q, d), k and v (b, h, t_k, d); M the causal mask if asked, and
-    −∞ at the keys where ``keep`` (b, t_k), a key padding mask, is False. A query with no key left gets zeros.
+    """dropout(softmax(scale q kᵀ + M)) v, q (b, h, t_q, d), k and v (b, h, t_k, d); M the causal mask if asked,
+    and −∞ at the keys where ``keep`` (b, t_k), a key padding mask, is False. A query with no key left gets
+    zeros. Dropout draws its mask from a seed taken from torch's generator (so ``torch.manual_seed`` repeats
+    it), by a counter-based hash that the backward regenerates (:func:`dropout_mask` shows it).
 
     Call it where :func:`why_not_kernel` returned None."""
     scale = q.size(-1) ** -0.5 if scale is None else float(scale)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if keep is not None:
         keep = keep.to(torch.bool).contiguous()
+    p, seed = float(dropout_p), _seed(dropout_p)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
-        return EXTENSION.load().forward(q, k, v, bool(is_causal), scale, keep)[0]  # no graph to record
-    return _Attention.apply(q, k, v, bool(is_causal), scale, keep)
+        return EXTENSION.load().forward(q, k, v, bool(is_causal), scale, keep, p, seed)[0]  # no graph
+    return _Attention.apply(q, k, v, bool(is_causal), scale, keep, p, seed)
 
 
 def attention_packed(
-    qkv: Tensor, n_heads: int, is_causal: bool = False, scale: float | None = None
+    qkv: Tensor, n_heads: int, is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0
 ) -> Tensor:
-    """Self-attention over qkv (b, t, 3 h d) = [q | k | v] (each h heads of d): -> (b, t, h d), the heads merged.
+    """Self-attention over qkv (b, t, 3 h d) = [q | k | v] (each h heads of d): -> (b, t, h d), the heads merged;
+    dropout as in :func:`attention`.
 
     Call it where :func:`why_not_shapes` returned None (qkv's last dimension must be contiguous)."""
     d = qkv.size(-1) // (3 * n_heads)
     scale = d**-0.5 if scale is None else float(scale)
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
+    p, seed = float(dropout_p), _seed(dropout_p)
     if not (torch.is_grad_enabled() and qkv.requires_grad):
         q, k, v = (_heads(x, n_heads) for x in qkv.chunk(3, dim=-1))
-        return EXTENSION.load().forward(q, k, v, bool(is_causal), scale)[0].transpose(1, 2).flatten(2)
-    return _PackedAttention.apply(qkv, n_heads, bool(is_causal), scale)
+        out = EXTENSION.load().forward(q, k, v, bool(is_causal), scale, None, p, seed)[0]
+        return out.transpose(1, 2).flatten(2)
+    return _PackedAttention.apply(qkv, n_heads, bool(is_causal), scale, p, seed)

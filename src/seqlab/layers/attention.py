@@ -223,8 +223,6 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         from the packed [q | k | v] projection (:func:`seqlab.kernels.attention.attention_packed`)."""
         if self.rope is not None or self.window is not None:
             return "RoPE and sliding windows go through the general path"
-        if self.training and self.dropout > 0:
-            return "attention dropout goes through the general path"
         t = x.size(1)
         h, g, kd = self.n_heads, self.n_kv_heads, self.head_dim
         return attention_kernel.why_not_shapes(x.dtype, x.device, h, g, t, t, kd, self.causal)
@@ -234,7 +232,10 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         same outputs and cache as the general path."""
         b, t, _ = x.shape
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, 3 h k)
-        out = attention_kernel.attention_packed(qkv, self.n_heads, self.causal, self.scale)  # (b, t, h k)
+        drop = self.dropout if self.training else 0.0
+        out = attention_kernel.attention_packed(
+            qkv, self.n_heads, self.causal, self.scale, drop
+        )  # (b, t, h k)
         _, k, v = (y.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for y in qkv.chunk(3, dim=-1))
         pos = torch.zeros((), dtype=torch.long, device=x.device)
         return self.out_proj(out), KVCache(k, v, pos + t)

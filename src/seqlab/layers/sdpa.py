@@ -109,7 +109,7 @@ def scaled_dot_product_attention(
     _check_shapes(q, k, v, mask)
     if attention_kernel.why_not_kernel(q, k, v, mask, dropout_p, is_causal) is None:  # seqlab's CPU kernel
         keys = None if mask is None else attention_kernel.key_mask(mask, q.size(0), k.size(-2))
-        return attention_kernel.attention(q, k, v, is_causal, scale, keys)
+        return attention_kernel.attention(q, k, v, is_causal, scale, keys, dropout_p)
     mask, is_causal = _prepare_mask(q, k, v, mask, is_causal)
     keep = None
     if mask is not None:
