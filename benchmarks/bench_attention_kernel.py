@@ -14,7 +14,13 @@ seqlab's SDPA sends calls to the kernel (``MAX_KEYS``: 512 keys, 1,024 causal; t
 here), which show where those limits come from. Before timing, each row checks that the two agree (outputs and
 input gradient).
 
+``--models`` adds whole training steps (forward, backward, AdamW) of seqlab models with the kernel on and off
+(off: ``seqlab.kernels.attention.why_not_shapes`` refuses every call, so torch's SDPA runs), alternating: the
+translation suite's Transformer (padded source batches, dropout 0.1), a BERT-style encoder (padding, dropout
+0.1), gpt-tiny (dropout 0.1), the GPT benchmark's model, the lab's attention mixer and the ViT of bench_vit.
+
     python benchmarks/bench_attention_kernel.py           # writes benchmarks/results/attention-kernel-<cpu>-torch<v>.md
+    python benchmarks/bench_attention_kernel.py --models  # ... with the model rows
     python benchmarks/bench_attention_kernel.py --quick   # a smoke run that writes no file
 """
 
@@ -76,6 +82,124 @@ def theirs(q, k, v, causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def model_steps(quick: bool) -> list[tuple[str, object]]:
+    """(name, a training step of a seqlab model): forward, a loss, backward and an AdamW update."""
+    import seqlab.models as models
+    from seqlab.lab.budget import build_lab_model
+    from seqlab.lab.suite import SUITES
+    from seqlab.lab.systems import VOCAB_SIZE
+
+    g = torch.Generator().manual_seed(0)
+
+    def lm_step(model, ids):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            model(ids).float().logsumexp(-1).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return step
+
+    def padded(b, t, vocab, low):
+        ids = torch.randint(4, vocab, (b, t), generator=g)
+        lengths = torch.randint(low, t + 1, (b,), generator=g)
+        return ids, torch.arange(t)[None, :] < lengths[:, None]
+
+    steps = []
+    tr = models.create("transformer-small", vocab_size=2000, d_model=128, n_heads=4, d_ff=512).train()
+    src, keep = padded(64, 60, 2000, 20)
+    src[~keep] = tr.config.pad_id
+    tgt = torch.randint(4, 2000, (64, 60), generator=g)
+    opt_tr = torch.optim.AdamW(tr.parameters(), lr=1e-4)
+
+    def translation():
+        tr(src, tgt).float().mean().backward()
+        opt_tr.step()
+        opt_tr.zero_grad(set_to_none=True)
+
+    steps.append(
+        (
+            "translation suite's Transformer (3+3 × 128, 4 heads, batch 64 × 60, padded, dropout 0.1)",
+            translation,
+        )
+    )
+    enc = models.create("bert-base", vocab_size=2000, n_layers=4, n_heads=4, d_model=256, d_ff=1024).train()
+    ids, mask = padded(32, 128, 2000, 40)
+    opt_enc = torch.optim.AdamW(enc.parameters(), lr=1e-4)
+
+    def encoder():
+        enc(ids, attention_mask=mask).float().mean().backward()
+        opt_enc.step()
+        opt_enc.zero_grad(set_to_none=True)
+
+    steps.append(("BERT-style encoder (4 × 256, 4 heads, batch 32 × 128, padded, dropout 0.1)", encoder))
+    tiny = models.create("gpt-tiny", vocab_size=256).train()
+    steps.append(
+        (
+            "gpt-tiny (6 × 192, 6 heads, batch 16 × 256, dropout 0.1)",
+            lm_step(tiny, torch.randint(0, 256, (16, 256), generator=g)),
+        )
+    )
+    if not quick:
+        gpt = models.create(
+            "gpt-tiny", vocab_size=256, n_layers=4, d_model=256, n_heads=4, dropout=0.0
+        ).train()
+        steps.append(
+            (
+                "the GPT benchmark's shape (4 × 256, 4 heads, batch 16 × 256)",
+                lm_step(gpt, torch.randint(0, 256, (16, 256), generator=g)),
+            )
+        )
+        lab = build_lab_model("attention", SUITES["quick"], {"vocab_size": VOCAB_SIZE}, 0)[0].train()
+        steps.append(
+            (
+                "the lab's attention mixer (quick suite, batch 8 × 1024)",
+                lm_step(lab, torch.randint(0, 256, (8, 1024), generator=g)),
+            )
+        )
+        vit = models.create("vit-fashion").train()
+        images = torch.rand(128, 1, 28, 28, generator=g)
+        labels = torch.randint(0, 10, (128,), generator=g)
+        opt_vit = torch.optim.AdamW(vit.parameters(), lr=1e-4)
+
+        def vit_step():
+            torch.nn.functional.cross_entropy(vit(images), labels).backward()
+            opt_vit.step()
+            opt_vit.zero_grad(set_to_none=True)
+
+        steps.append(("vit-fashion (6 × 128, patch 7, batch 128)", vit_step))
+    return steps
+
+
+def model_rows(repeats: int, quick: bool) -> list[str]:
+    """Training step time of each model with the kernel on and off, alternating."""
+    real = kernel.why_not_shapes
+
+    def switched(step, on: bool):
+        def run():
+            kernel.why_not_shapes = real if on else (lambda *a, **k: "off for the comparison")
+            try:
+                step()
+            finally:
+                kernel.why_not_shapes = real
+
+        return run
+
+    rows = []
+    for name, step in model_steps(quick):
+        times = alternate({"on": switched(step, True), "off": switched(step, False)}, repeats)
+        med = {n: statistics.median(v) for n, v in times.items()}
+        sp = {n: spread(v) for n, v in times.items()}
+        mark = " (!)" if max(sp.values()) > 0.10 else ""
+        rows.append(
+            f"| {name} | {med['on'] * 1e3:,.1f} ({sp['on']:.0%}) | {med['off'] * 1e3:,.1f} ({sp['off']:.0%}) | "
+            f"**{med['off'] / med['on']:.2f}**{mark} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
     for f in fns.values():  # warm-up
         f()
@@ -99,6 +223,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, help="write the table here instead of benchmarks/results/")
+    p.add_argument(
+        "--models", action="store_true", help="add whole models' training steps, kernel on and off"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     shapes, repeats = (SHAPES[:4], 3) if args.quick else (SHAPES, args.repeats)
@@ -128,6 +255,17 @@ def main() -> None:
                 f"{med['torch'] * 1e3:,.2f} ({spreads['torch']:.0%}) | **{med['torch'] / med['seqlab']:.2f}**{mark} |"
             )
             print(rows[-1], flush=True)
+    model_lines = []
+    if args.models or args.quick:
+        model_lines = [
+            "",
+            "Whole training steps (forward, backward, AdamW) with seqlab's attention kernel on and off (off: torch's "
+            "SDPA for every call), alternating; ms: median (IQR / median); ratio = off / on.",
+            "",
+            "| model | kernel on (ms) | kernel off (ms) | ratio |",
+            "|---|---:|---:|---:|",
+            *model_rows(3 if args.quick else 9, args.quick),
+        ]
     load_after = os.getloadavg()[0]
     how = "loaded from the cache" if build["cached"] else "compiled"
     text = "\n".join(
@@ -147,6 +285,7 @@ def main() -> None:
             "| shape | b | h | t | d | causal | pass | seqlab ms | torch ms | ratio |",
             "|---|---:|---:|---:|---:|---|---|---:|---:|---:|",
             *rows,
+            *model_lines,
             "",
         ]
     )
