@@ -188,10 +188,9 @@ def model_rows(repeats: int, quick: bool) -> list[str]:
 
     rows = []
     for name, step in model_steps(quick):
-        times = alternate({"on": switched(step, True), "off": switched(step, False)}, repeats)
-        med = {n: statistics.median(v) for n, v in times.items()}
-        sp = {n: spread(v) for n, v in times.items()}
-        mark = " (!)" if max(sp.values()) > 0.10 else ""
+        med, sp, mark = summarize(
+            alternate({"on": switched(step, True), "off": switched(step, False)}, repeats)
+        )
         rows.append(
             f"| {name} | {med['on'] * 1e3:,.1f} ({sp['on']:.0%}) | {med['off'] * 1e3:,.1f} ({sp['off']:.0%}) | "
             f"**{med['off'] / med['on']:.2f}**{mark} |"
@@ -215,6 +214,13 @@ def alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
 def spread(v: list[float]) -> float:
     q1, _, q3 = statistics.quantiles(v, n=4)
     return (q3 - q1) / statistics.median(v)
+
+
+def summarize(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float], str]:
+    """Each contender's median and spread, and the mark of a row whose spread is over 10%."""
+    med = {n: statistics.median(v) for n, v in times.items()}
+    sp = {n: spread(v) for n, v in times.items()}
+    return med, sp, " (!)" if max(sp.values()) > 0.10 else ""
 
 
 def main() -> None:
@@ -246,9 +252,7 @@ def main() -> None:
             if backward:
                 worst = max(worst, ((g1 - g2).abs().max() / g2.abs().max()).item())
             times = alternate(fns, repeats if t * b < 8192 or not backward else max(5, repeats // 2))
-            med = {n: statistics.median(v) for n, v in times.items()}
-            spreads = {n: spread(v) for n, v in times.items()}
-            mark = " (!)" if max(spreads.values()) > 0.10 else ""
+            med, spreads, mark = summarize(times)
             rows.append(
                 f"| {name} | {b} | {h} | {t} | {d} | {'yes' if causal else 'no'} | "
                 f"{'fwd+bwd' if backward else 'fwd'} | {med['seqlab'] * 1e3:,.2f} ({spreads['seqlab']:.0%}) | "
