@@ -58,6 +58,14 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
     gpu = "not used: no CUDA GPU" if not torch.cuda.is_available() else "selective scan on GPU"
     assert gpu in out
 
+    monkeypatch.setenv("SEQLAB_DISABLE_KERNELS", "attention")
+    assert main(["doctor"]) == 0
+    assert (
+        f"{'attention (short seqs)':<23} switched off by SEQLAB_DISABLE_KERNELS=attention"
+        in capsys.readouterr().out
+    )
+    monkeypatch.delenv("SEQLAB_DISABLE_KERNELS")
+
     monkeypatch.setattr(scan_build, "missing_tool", lambda: "no C++ compiler: 'c++' is not on PATH")
     assert main(["doctor"]) == 0
     assert "GRU / RNN               cannot build: no C++ compiler" in capsys.readouterr().out

@@ -191,7 +191,7 @@ def _kernels() -> list[str]:
     from seqlab.kernels import activations, attention, causal_conv, decode, layer_norm, recurrent
     from seqlab.kernels import build as scan_build
 
-    libraries = [("selective scan (Mamba)", scan_build.library())]
+    libraries = [("selective scan (Mamba)", scan_build.library(), "scan")]
     for label, extension in (
         ("GRU / RNN", recurrent.EXTENSION),
         ("causal conv (Mamba)", causal_conv.EXTENSION),
@@ -200,11 +200,13 @@ def _kernels() -> list[str]:
         ("LayerNorm", layer_norm.EXTENSION),
         ("attention (short seqs)", attention.EXTENSION),
     ):
-        libraries.append((label, extension.library()))
+        libraries.append((label, extension.library(), extension.stem))
     tool = scan_build.missing_tool()
     lines = []
-    for label, library in libraries:
-        if library.exists():
+    for label, library, name in libraries:
+        if (off := scan_build.disabled_reason(name)) is not None:
+            state = off
+        elif library.exists():
             state = f"built ({library.parent})"
         else:
             state = f"cannot build: {tool}" if tool else "built on first use (10-60 s once, then cached)"

@@ -171,7 +171,7 @@ def test_sdpa_and_the_attention_layer_take_the_kernel():
     _, q, k, v = packed(2, 40, 2, 16, torch.float32)
     assert kernel.why_not_kernel(q, k, v, None, 0.0, False) is None
     fast = scaled_dot_product_attention(q, k, v)
-    assert fast.transpose(1, 2).is_contiguous()
+    assert type(fast.grad_fn).__name__ == "_AttentionBackward"  # the kernel's autograd node, not torch's
     torch.testing.assert_close(fast, F.scaled_dot_product_attention(q, k, v), rtol=1e-5, atol=2e-6)
     mask = torch.rand(40, 40, generator=torch.Generator().manual_seed(0)) > 0.3
     masked = scaled_dot_product_attention(q, k, v, mask)
@@ -324,3 +324,27 @@ def test_dropout_gradcheck_with_a_fixed_seed():
     fn = lambda q, k, v: kernel._Attention.apply(q, k, v, True, 0.35, None, 0.25, 12345)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (q, k, v))
     assert torch.autograd.gradgradcheck(fn, (q, k, v))
+
+
+def test_seqlab_disable_kernels_switches_kernels_off(monkeypatch):
+    """SEQLAB_DISABLE_KERNELS names kernels to leave out (or all): the code they stand in for runs, with the same
+    numbers; an unknown name is an error that lists the known ones."""
+    from seqlab.kernels import build, layer_norm
+
+    _, q, k, v = packed(2, 40, 2, 16, torch.float32)
+    monkeypatch.setenv("SEQLAB_DISABLE_KERNELS", "attention,scan")
+    assert "SEQLAB_DISABLE_KERNELS" in kernel.why_not_kernel(q, k, v, None, 0.0, False)
+    assert "SEQLAB_DISABLE_KERNELS" in build.kernel_unavailable()
+    assert kernel.EXTENSION.load() is None
+    off = scaled_dot_product_attention(q, k, v)
+    assert "Flash" in type(off.grad_fn).__name__  # torch's fused kernel ran
+    torch.testing.assert_close(off, F.scaled_dot_product_attention(q, k, v), rtol=1e-6, atol=1e-6)
+    assert build.disabled_reason("layer_norm") is None  # only the named ones
+    monkeypatch.setenv("SEQLAB_DISABLE_KERNELS", "all")
+    assert "SEQLAB_DISABLE_KERNELS" in layer_norm.EXTENSION.unbuilt_reason()
+    monkeypatch.setenv("SEQLAB_DISABLE_KERNELS", "atention")
+    with pytest.raises(ValueError, match="attention"):
+        kernel.why_not_kernel(q, k, v, None, 0.0, False)
+    monkeypatch.delenv("SEQLAB_DISABLE_KERNELS")
+    if shutil.which("c++") is not None:
+        assert kernel.why_not_kernel(q, k, v, None, 0.0, False) is None

@@ -159,10 +159,32 @@ def _build() -> BuildInfo:
     return BuildInfo(name, reason is None, cached, seconds, tuple(flags), str(library), reason)
 
 
+# every compiled kernel by the name SEQLAB_DISABLE_KERNELS knows it by (the C++ file's stem; "scan" for this one)
+KERNEL_NAMES = ("scan", "recurrent", "decode", "activations", "causal_conv", "layer_norm", "attention")
+
+
+def disabled_reason(name: str) -> str | None:
+    """Why the kernel ``name`` is switched off by ``SEQLAB_DISABLE_KERNELS`` (``all``, or a comma-separated list
+    of ``KERNEL_NAMES``), or None. Read at every call, so that a process can switch a kernel off and on; then
+    the code that kernel stands in for runs (torch's ops), as when no compiler is present."""
+    value = os.environ.get("SEQLAB_DISABLE_KERNELS", "").strip()
+    if not value:
+        return None
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    if unknown := names - {"all", *KERNEL_NAMES}:
+        raise ValueError(
+            f"SEQLAB_DISABLE_KERNELS={value!r} names no kernel {sorted(unknown)}; expected 'all' or a "
+            f"comma-separated list of {', '.join(KERNEL_NAMES)}"
+        )
+    return f"switched off by SEQLAB_DISABLE_KERNELS={value}" if "all" in names or name in names else None
+
+
 def load_kernel() -> bool:
     """Build or load the kernels once per process; True when they are usable. Logs the cost (info) or, once,
-    why they are not (warning)."""
+    why they are not (warning). False, without building, while SEQLAB_DISABLE_KERNELS switches the scan off."""
     global _info
+    if disabled_reason("scan") is not None:
+        return False
     with _lock:
         if _info is None:
             _info = _build()
@@ -179,6 +201,8 @@ def load_kernel() -> bool:
 
 def kernel_unavailable() -> str | None:
     """None when the kernels load (building them on first call), else the reason."""
+    if (reason := disabled_reason("scan")) is not None:
+        return reason
     return None if load_kernel() else _info.reason
 
 

@@ -31,7 +31,7 @@ from types import ModuleType
 
 import torch
 
-from seqlab.kernels.build import ISA_FLAGS, library_path
+from seqlab.kernels.build import ISA_FLAGS, disabled_reason, library_path
 
 __all__ = ["CppExtension", "cpu_float_reason", "spaced_rows"]
 
@@ -118,7 +118,10 @@ class CppExtension:
         return module, {"seconds": seconds, "cached": cached, "directory": str(directory)}
 
     def load(self) -> ModuleType | None:
-        """The compiled module, built on the first call of the process; None (after one warning) if it cannot be."""
+        """The compiled module, built on the first call of the process; None (after one warning) if it cannot be,
+        and None (silently, nothing built) while SEQLAB_DISABLE_KERNELS switches it off."""
+        if disabled_reason(self.stem) is not None:
+            return None
         if "module" in self._loaded:
             return self._loaded["module"]  # type: ignore[return-value]
         with self._lock:
@@ -141,7 +144,10 @@ class CppExtension:
         return self._loaded["module"]  # type: ignore[return-value]
 
     def unbuilt_reason(self) -> str | None:
-        """None once the kernel is loaded (building it on the first call), else why it could not be built."""
+        """None once the kernel is loaded (building it on the first call), else why it could not be built (or why
+        it is switched off)."""
+        if (reason := disabled_reason(self.stem)) is not None:
+            return reason
         if self.load() is None:
             return f"the kernel could not be built: {self.build_info()['error']}"
         return None
