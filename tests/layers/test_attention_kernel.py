@@ -157,6 +157,9 @@ def test_why_not_kernel_names_each_case():
     wide = torch.randn(1, 1, 40, kernel.MAX_HEAD_DIM + 16)
     assert "head dims up to" in why(wide, wide, wide, None, 0.0, True)
     assert "queries" in why(q[:, :, :1], kv, kv, None, 0.0, False)  # a decoding step
+    short = torch.randn(128, 4, 17, 32)  # a batch of short sequences (ViT, 17 tokens): 8,704 query rows
+    assert why(short, short, short, None, 0.0, False) is None
+    assert "query rows" in why(short[:8], short[:8], short[:8], None, 0.0, False)  # 544 rows: torch
     assert "t_q == t_k" in why(q[:, :, :35], kv, kv, None, 0.0, True)
     assert "float32 or float64" in why(q.half(), kv.half(), kv.half(), None, 0.0, False)
     long = torch.randn(1, 1, kernel.MAX_KEYS["bidirectional"] + 1, 16)

@@ -10,12 +10,12 @@ It takes what it was written for, and :func:`why_not_kernel` says why not otherw
 :func:`seqlab.layers.sdpa.scaled_dot_product_attention` calls torch): float32/float64 CPU tensors, as many key
 heads as query heads, no mask but the causal one (with t_q == t_k) and a key padding mask (:func:`key_mask`: one
 mask of keys per batch row, as padded batches make), attention dropout drawn by the kernel itself, a head dim
-up to 256
-(bidirectional: a multiple of 16 floats, 8 doubles; any other runs padded to one inside the kernel, which pays off
-only when causal), and the lengths where it was measured faster than torch's: at
-least 32 queries (decoding steps, with one query each, run faster in torch's kernel: transposing the keys once
-per call costs as much as the step) and at most 512 keys, 1,024 when causal (``MAX_KEYS``). The scores of a
-block of 24 queries against all keys are held in one buffer, so the softmax is exact in two passes.
+up to 256 (bidirectional: a multiple of 16 floats, 8 doubles; any other runs padded to one inside the kernel,
+which pays off only when causal), and the lengths where it was measured faster than torch's: at least 32
+queries (decoding steps, with one query each, run faster in torch's kernel: transposing the keys once per call
+costs as much as the step; shorter self-attention only over at least 4,096 query rows in all, as in a batch of
+short sequences) and at most 512 keys, 1,024 when causal (``MAX_KEYS``). The scores of a block of 24 queries
+against all keys are held in one buffer, so the softmax is exact in two passes.
 
 Measured in ``benchmarks/bench_attention_kernel.py``; the derivation and the reasons for each limit: docs/attention.md.
 """
@@ -50,7 +50,10 @@ EXTENSION = CppExtension(
 # sequence grows; a causal row block reads half the keys on average, so it holds out twice as long
 MAX_KEYS = {"causal": 1024, "bidirectional": 512}
 MAX_HEAD_DIM = 256
-MIN_QUERIES = 32  # below this torch's kernel is faster: decoding steps (t_q = 1) go to torch
+MIN_QUERIES = 32  # below this torch's kernel is faster: decoding steps (t_q = 1) go to torch ...
+MIN_SHORT_ROWS = (
+    4096  # ... unless it is self-attention over short sequences with b·h·t ≥ this many query rows
+)
 
 
 def _heads_last(b: int, h: int, t: int, d: int, like: Tensor) -> Tensor:
@@ -162,7 +165,15 @@ def key_mask(mask: Tensor, batch: int, t_k: int) -> Tensor | None:
 
 
 def why_not_shapes(
-    dtype: torch.dtype, device: torch.device, h: int, g: int, t_q: int, t_k: int, d: int, is_causal: bool
+    dtype: torch.dtype,
+    device: torch.device,
+    h: int,
+    g: int,
+    t_q: int,
+    t_k: int,
+    d: int,
+    is_causal: bool,
+    batch: int = 1,
 ) -> str | None:
     """None when the kernel takes attention of these dtype, device, heads (h query, g key/value), lengths and
     head dim (masks and dropout are checked by why_not_kernel), else why not."""
@@ -186,8 +197,12 @@ def why_not_shapes(
     if not 1 <= t_k <= most:
         kind = "causal" if is_causal else "bidirectional"
         return f"past {most} keys ({kind}; here {t_k}) torch's kernel is faster"
-    if t_q < MIN_QUERIES:
-        return f"below {MIN_QUERIES} queries (here {t_q}: decoding) torch's kernel is faster"
+    short_batch = t_q == t_k and batch * h * t_q >= MIN_SHORT_ROWS  # e.g. a ViT of 17 tokens, batch 128
+    if t_q < MIN_QUERIES and not short_batch:
+        return (
+            f"below {MIN_QUERIES} queries (here {t_q}) torch's kernel is faster, unless it is self-attention over "
+            f"at least {MIN_SHORT_ROWS} query rows in all (here {batch * h * t_q})"
+        )
     if torch.compiler.is_compiling():
         return "torch.compile is tracing"
     return EXTENSION.unbuilt_reason()
@@ -208,8 +223,8 @@ def why_not_kernel(
         return "the kernel takes (b, h, t, d) tensors"
     if any(t.dtype != q.dtype or t.device != q.device for t in (k, v)):
         return "q, k and v must share dtype and device"
-    h, t_q, d = q.shape[1:]
-    return why_not_shapes(q.dtype, q.device, h, k.size(1), t_q, k.size(2), d, is_causal)
+    b, h, t_q, d = q.shape
+    return why_not_shapes(q.dtype, q.device, h, k.size(1), t_q, k.size(2), d, is_causal, b)
 
 
 def _seed(dropout_p: float) -> int:

@@ -225,7 +225,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
             return "RoPE and sliding windows go through the general path"
         t = x.size(1)
         h, g, kd = self.n_heads, self.n_kv_heads, self.head_dim
-        return attention_kernel.why_not_shapes(x.dtype, x.device, h, g, t, t, kd, self.causal)
+        return attention_kernel.why_not_shapes(x.dtype, x.device, h, g, t, t, kd, self.causal, x.size(0))
 
     def _packed_self_attention(self, x: Tensor) -> tuple[Tensor, KVCache]:
         """Self-attention through the kernel, its gradient written straight into the projection's layout; the
