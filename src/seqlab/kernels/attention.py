@@ -153,15 +153,21 @@ def _written_out(
     return torch.matmul(p if drop is None else p * drop, v)
 
 
+def _is_key_mask(mask: Tensor, batch: int, t_k: int) -> bool:
+    """Whether ``mask`` masks whole keys alike for every head and query: boolean, shape (t_k,), (1 or batch, 1,
+    1, t_k), or another that broadcasts so. Reads the shape only."""
+    if mask.dtype != torch.bool or mask.dim() > 4 or mask.size(-1) != t_k:
+        return False
+    lead = (1,) * (4 - mask.dim()) + tuple(mask.shape[:-1])  # (b, h, t_q) of the 4-D broadcast
+    return lead[1] == 1 and lead[2] == 1 and lead[0] in (1, batch)
+
+
 def key_mask(mask: Tensor, batch: int, t_k: int) -> Tensor | None:
     """The (batch, t_k) key mask that ``mask`` is, when it masks whole keys alike for every head and query (a
     padding mask: shape (t_k,), (1 or batch, 1, 1, t_k), ...), contiguous; None for any other mask."""
-    if mask.dtype != torch.bool or mask.dim() > 4 or mask.size(-1) != t_k:
+    if not _is_key_mask(mask, batch, t_k):
         return None
-    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-    if m.size(1) != 1 or m.size(2) != 1 or m.size(0) not in (1, batch):
-        return None
-    return m.reshape(m.size(0), t_k).expand(batch, t_k).contiguous()
+    return mask.reshape(-1, t_k).expand(batch, t_k).contiguous()
 
 
 def why_not_shapes(
@@ -212,11 +218,7 @@ def why_not_kernel(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
 ) -> str | None:
     """None when :func:`attention` would run the kernel for these arguments (with ``keep=key_mask(mask, ...)``
-    when there is a mask), else why not."""
-    if mask is not None and (q.dim() != 4 or key_mask(mask, q.size(0), k.size(-2)) is None):
-        return (
-            "the kernel takes a key padding mask ((b, 1, 1, t_k) or broadcast to it) and the causal structure"
-        )
+    when there is a mask), else why not. Reads shapes only: no mask is copied here."""
     if not 0 <= dropout_p < 1:
         return f"dropout_p must be in [0, 1), got {dropout_p}"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -224,6 +226,10 @@ def why_not_kernel(
     if any(t.dtype != q.dtype or t.device != q.device for t in (k, v)):
         return "q, k and v must share dtype and device"
     b, h, t_q, d = q.shape
+    if mask is not None and not _is_key_mask(mask, b, k.size(2)):
+        return (
+            "the kernel takes a key padding mask ((b, 1, 1, t_k) or broadcast to it) and the causal structure"
+        )
     return why_not_shapes(q.dtype, q.device, h, k.size(1), t_q, k.size(2), d, is_causal, b)
 
 
