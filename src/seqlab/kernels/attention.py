@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqlab.kernels.extension import CppExtension
+from seqlab.kernels.extension import CppExtension, cpu_float_reason_of
 
 __all__ = [
     "EXTENSION",
@@ -183,10 +183,8 @@ def why_not_shapes(
 ) -> str | None:
     """None when the kernel takes attention of these dtype, device, heads (h query, g key/value), lengths and
     head dim (masks and dropout are checked by why_not_kernel), else why not."""
-    if device.type != "cpu":
-        return f"the kernel runs on the CPU, q is on {device.type}"
-    if dtype not in (torch.float32, torch.float64):
-        return f"the kernel takes float32 or float64, q is {dtype}"
+    if (reason := cpu_float_reason_of(device, dtype, "q")) is not None:
+        return reason
     if g != h:
         return "the kernel needs as many key/value heads as query heads"
     if is_causal and t_q != t_k:

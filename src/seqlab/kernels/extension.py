@@ -33,7 +33,7 @@ import torch
 
 from seqlab.kernels.build import ISA_FLAGS, disabled_reason, library_path
 
-__all__ = ["CppExtension", "cpu_float_reason", "spaced_rows"]
+__all__ = ["CppExtension", "cpu_float_reason", "cpu_float_reason_of", "spaced_rows"]
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -41,10 +41,15 @@ HERE = Path(__file__).parent
 
 def cpu_float_reason(x: torch.Tensor) -> str | None:
     """Why a C++ kernel here cannot take x, as far as all of them care (a float32 or float64 CPU tensor), or None."""
-    if x.device.type != "cpu":
-        return f"the kernel runs on the CPU, x is on {x.device.type}"
-    if x.dtype not in (torch.float32, torch.float64):
-        return f"the kernel takes float32 or float64, x is {x.dtype}"
+    return cpu_float_reason_of(x.device, x.dtype)
+
+
+def cpu_float_reason_of(device: torch.device, dtype: torch.dtype, name: str = "x") -> str | None:
+    """:func:`cpu_float_reason` for a tensor not made yet, known by its device and dtype."""
+    if device.type != "cpu":
+        return f"the kernel runs on the CPU, {name} is on {device.type}"
+    if dtype not in (torch.float32, torch.float64):
+        return f"the kernel takes float32 or float64, {name} is {dtype}"
     return None
 
 
