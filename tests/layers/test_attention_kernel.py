@@ -351,3 +351,23 @@ def test_seqlab_disable_kernels_switches_kernels_off(monkeypatch):
     monkeypatch.delenv("SEQLAB_DISABLE_KERNELS")
     if shutil.which("c++") is not None:
         assert kernel.why_not_kernel(q, k, v, None, 0.0, False) is None
+
+
+@needs_compiler
+def test_bad_input_is_named_at_the_boundary():
+    """Wrong shapes and dtypes get an error that says what was expected and what came."""
+    q = torch.randn(2, 2, 40, 16)
+    with pytest.raises(RuntimeError, match=r"\(b, h, t, d\).*got shape \[2, 40, 16\]"):
+        kernel.attention(q[0], q[0], q[0])
+    with pytest.raises(RuntimeError, match="got Half"):
+        kernel.attention(q, q.half(), q)
+    with pytest.raises(RuntimeError, match=r"got q \[2, 2, 40, 16\], k \[2, 2, 40, 16\], v \[2, 2, 30, 16\]"):
+        kernel.attention(q, q, q[:, :, :30])
+    with pytest.raises(RuntimeError, match=r"\(b, t_k\) = \(2, 40\).*got Bool \[3, 40\]"):
+        kernel.attention(q, q, q, keep=torch.ones(3, 40, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="got t_q 30, t_k 40"):
+        kernel.attention(q[:, :, :30], q, q, True)
+    with pytest.raises(ValueError, match=r"n_heads = 4.*got shape \(2, 40, 50\)"):
+        kernel.attention_packed(torch.randn(2, 40, 50), 4)
+    with pytest.raises(ValueError, match=r"got shape \(40, 48\)"):
+        kernel.attention_packed(torch.randn(40, 48), 4)

@@ -446,10 +446,12 @@ void backward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, c
 
 void check(const at::Tensor& t, const char* name, const at::Tensor& like) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == 4 && t.stride(3) == 1, "attention: ", name,
-              " must be a (b, h, t, d) CPU tensor with a contiguous last dimension");
+              " must be a (b, h, t, d) CPU tensor with a contiguous last dimension; got shape ", t.sizes(),
+              ", strides ", t.strides(), " on ", t.device());
   TORCH_CHECK(t.scalar_type() == like.scalar_type() && (t.scalar_type() == at::kFloat ||
                                                          t.scalar_type() == at::kDouble),
-              "attention: ", name, " must be float32 or float64 like q");
+              "attention: ", name, " must be float32 or float64 like q; got ", t.scalar_type(), " (q is ",
+              like.scalar_type(), ")");
 }
 
 // an empty (b, h, t, d) tensor laid out as (b, t, h, d)
@@ -464,7 +466,8 @@ const bool* keep_rows(const std::optional<at::Tensor>& keep, int64_t b, int64_t 
   if (!keep.has_value()) return nullptr;
   TORCH_CHECK(keep->scalar_type() == at::kBool && keep->is_contiguous() && keep->dim() == 2 &&
                   keep->size(0) == b && keep->size(1) == tk && keep->device().is_cpu(),
-              "attention: keep must be a contiguous (b, t_k) bool CPU tensor");
+              "attention: keep must be a contiguous (b, t_k) = (", b, ", ", tk, ") bool CPU tensor; got ",
+              keep->scalar_type(), " ", keep->sizes());
   return keep->data_ptr<bool>();
 }
 
@@ -479,9 +482,10 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
   const bool* kp = keep_rows(keep, b, tk);
   TORCH_CHECK(k.size(0) == b && v.size(0) == b && k.size(1) == h && v.size(1) == h && v.size(2) == tk &&
                   k.size(3) == d && v.size(3) == d,
-              "attention: q (b, h, t_q, d), k and v (b, h, t_k, d) expected");
+              "attention: q (b, h, t_q, d), k and v (b, h, t_k, d) expected; got q ", q.sizes(), ", k ", k.sizes(),
+              ", v ", v.sizes());
   TORCH_CHECK(d >= 1, "attention: the head dim must be at least 1");
-  TORCH_CHECK(!causal || tq == tk, "attention: causal needs t_q == t_k");
+  TORCH_CHECK(!causal || tq == tk, "attention: causal needs t_q == t_k; got t_q ", tq, ", t_k ", tk);
   at::Tensor o = heads_last(q, b, h, tq, d);
   at::Tensor lse = at::empty({b, h, tq}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_forward", [&] {

@@ -268,6 +268,11 @@ def attention_packed(
     dropout as in :func:`attention`.
 
     Call it where :func:`why_not_shapes` returned None (qkv's last dimension must be contiguous)."""
+    if qkv.dim() != 3 or n_heads < 1 or qkv.size(-1) % (3 * n_heads):
+        raise ValueError(
+            f"attention_packed: expected qkv (b, t, 3 h d) with h = n_heads = {n_heads} heads, got shape "
+            f"{tuple(qkv.shape)}"
+        )
     d = qkv.size(-1) // (3 * n_heads)
     scale = d**-0.5 if scale is None else float(scale)
     if qkv.stride(-1) != 1:
