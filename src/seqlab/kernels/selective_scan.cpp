@@ -28,8 +28,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <cstring>
+#include <new>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -52,8 +57,28 @@ struct Scan {  // raw pointers into the tensors; D, z, bias null when not given
 
 // m ≤ W values into a W-wide buffer, zero past m, and back. A full block (m = W, all but the last channel
 // block) is one vector load or store; std::copy made it a call to memmove for every row of every position.
+// std::vector's allocator for the kernel's scratch: 64-byte aligned, so that each W-wide row is one cache line
+// (malloc's 16-byte alignment made most vector loads and stores straddle two lines)
+template <typename T>
+struct CacheAligned {
+  using value_type = T;
+  CacheAligned() = default;
+  template <typename U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <typename U>
+  bool operator==(const CacheAligned<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheAligned<U>&) const { return false; }
+};
+template <typename T>
+using Lines = std::vector<T, CacheAligned<T>>;
+
+#define SEQLAB_INLINE inline __attribute__((always_inline))  // GCC left copy_in a call: 4% of the backward
+
 template <typename T, int W>
-inline void copy_in(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
+SEQLAB_INLINE void copy_in(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
   if (m == W) {
 #pragma omp simd
     for (int c = 0; c < W; ++c) dst[c] = src[c];
@@ -63,7 +88,7 @@ inline void copy_in(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
 }
 
 template <typename T, int W>
-inline void copy_out(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
+SEQLAB_INLINE void copy_out(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
   if (m == W) {
 #pragma omp simd
     for (int c = 0; c < W; ++c) dst[c] = src[c];
@@ -74,12 +99,12 @@ inline void copy_out(const T* __restrict__ src, int64_t m, T* __restrict__ dst) 
 
 // `rows` rows of W values, `stride` apart in the source, zero past the m valid channels (and back)
 template <typename T, int W>
-inline void load_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
+SEQLAB_INLINE void load_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
   for (int64_t k = 0; k < rows; ++k) copy_in<T, W>(src + k * stride, m, dst + k * W);
 }
 
 template <typename T, int W>
-inline void store_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
+SEQLAB_INLINE void store_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
   for (int64_t k = 0; k < rows; ++k) copy_out<T, W>(src + k * W, m, dst + k * stride);
 }
 
@@ -99,7 +124,7 @@ inline void store_state(const T* h, int64_t n, int64_t m, T* dst) {
 
 
 template <typename T, int W>
-inline void load_row(const T* src, int64_t m, T* dst) {
+SEQLAB_INLINE void load_row(const T* src, int64_t m, T* dst) {
   load_rows<T, W>(src, 0, 1, m, dst);
 }
 
@@ -113,10 +138,10 @@ constexpr int kWidth = 64 / sizeof(T);  // channels per task: one 64-byte cache 
 template <typename T, int W>
 struct Block {  // one task: batch row bi, channels c0 .. c0 + m - 1 (block j of ⌈d / W⌉), constants padded to W
   int64_t bi, j, c0, m;
-  std::vector<T> At;  // Aᵀ of these channels, (n, W); zero past m, so that the padded lanes keep h = 0
-  T Dv[W] = {}, bias[W] = {};
+  T* At;  // Aᵀ of these channels, (n, W), in the caller's zeroed buffer; zero past m, so the padded lanes keep h = 0
+  alignas(64) T Dv[W] = {}, bias[W] = {};
 
-  Block(const Scan<T>& s, int64_t task) : At(s.n * W, T(0)) {
+  Block(const Scan<T>& s, int64_t task, T* at) : At(at) {
     const int64_t blocks = (s.d + W - 1) / W;
     bi = task / blocks, j = task % blocks, c0 = j * W, m = std::min<int64_t>(W, s.d - c0);
     for (int64_t c = 0; c < m; ++c) {
@@ -152,13 +177,38 @@ inline void load_position(const Scan<T>& s, const Block<T, W>& k, int64_t i, T* 
 // One position of one block, for each state index k (vectors over the W channels):
 //   Ā = exp(Δ A_k),  h_k = Ā ⊙ hprev_k + Δ u B_k,  y += h_k C_k
 // hprev may be h (in place). With Store, Ā is kept in abar (n, W) for the backward.
+#if defined(__AVX512F__)
+// forward_position for 16 floats, in AVX-512 intrinsics: the exp (exp16) in half the instructions of exp_
+template <bool Store>
+SEQLAB_INLINE void forward_position16(const Scan<float>& s, const float* At, const float* dt, const float* uv,
+                                      int64_t pos, const float* hprev, float* h, float* abar, float* y) {
+  const float *Bi = s.B + pos * s.ldB, *Ci = s.C + pos * s.ldC;
+  const __m512 vdt = _mm512_loadu_ps(dt), du = _mm512_mul_ps(vdt, _mm512_loadu_ps(uv));
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t k = 0; k < s.n; ++k) {
+    const __m512 a = seqlab_vec::exp16(_mm512_mul_ps(vdt, _mm512_loadu_ps(At + k * 16)));
+    const __m512 hv = _mm512_fmadd_ps(a, _mm512_loadu_ps(hprev + k * 16), _mm512_mul_ps(du, _mm512_set1_ps(Bi[k])));
+    _mm512_storeu_ps(h + k * 16, hv);
+    acc = _mm512_fmadd_ps(hv, _mm512_set1_ps(Ci[k]), acc);
+    if constexpr (Store) _mm512_storeu_ps(abar + k * 16, a);
+  }
+  _mm512_storeu_ps(y, acc);
+}
+#endif
+
 template <typename T, int W, bool Store>
 inline void forward_position(const Scan<T>& s, const T* At, const T* dt, const T* uv, int64_t pos, const T* hprev,
                              T* h, T* abar, T* y) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float> && W == 16) {
+    forward_position16<Store>(s, At, dt, uv, pos, hprev, h, abar, y);
+    return;
+  }
+#endif
   const T *Bi = s.B + pos * s.ldB, *Ci = s.C + pos * s.ldC;
-  T du[W];
+  alignas(64) T du[W], acc[W];  // y is summed in a local: through the pointer, GCC kept it in memory, a load-add-store chain
 #pragma omp simd
-  for (int c = 0; c < W; ++c) du[c] = dt[c] * uv[c], y[c] = 0;
+  for (int c = 0; c < W; ++c) du[c] = dt[c] * uv[c], acc[c] = 0;
   for (int64_t k = 0; k < s.n; ++k) {
     const T bk = Bi[k], ck = Ci[k];
     const T *ak = At + k * W, *hp = hprev + k * W;
@@ -166,21 +216,24 @@ inline void forward_position(const Scan<T>& s, const T* At, const T* dt, const T
 #pragma omp simd
     for (int c = 0; c < W; ++c) {
       const T a = exp_(dt[c] * ak[c]);  // every exponent Δ A ≤ 0 for Δ ≥ 0, A ≤ 0
-      hk[c] = a * hp[c] + du[c] * bk;
-      y[c] += hk[c] * ck;
+      const T hv = a * hp[c] + du[c] * bk;
+      hk[c] = hv;
+      acc[c] += hv * ck;
       if constexpr (Store) abar[k * W + c] = a;
     }
   }
+#pragma omp simd
+  for (int c = 0; c < W; ++c) y[c] = acc[c];
 }
 
 // out_i = (y + D u) ⊙ silu(z) for the m valid channels; y becomes y + D u
 template <typename T, int W>
 inline void finish_output(const Scan<T>& s, const Block<T, W>& k, int64_t i, const T* uv, T* y, T* out) {
-  T o[W];
+  alignas(64) T o[W];
 #pragma omp simd
   for (int c = 0; c < W; ++c) y[c] += k.Dv[c] * uv[c], o[c] = y[c];
   if (s.z) {
-    T zv[W];
+    alignas(64) T zv[W];
     load_row<T, W>(s.z + k.pos(s, i) * s.ldz + k.c0, k.m, zv);
 #pragma omp simd
     for (int c = 0; c < W; ++c) o[c] *= zv[c] * sigmoid_(zv[c]);
@@ -191,10 +244,10 @@ inline void finish_output(const Scan<T>& s, const Block<T, W>& k, int64_t i, con
 // One task's whole sequence: y (b, t, d), the last state (b, d, n), the state entering each chunk (b, nc, n, d)
 template <typename T, int W>
 void forward_task(const Scan<T>& s, const T* h0, int64_t task, T* y, T* h_last, T* bounds) {
-  const Block<T, W> k(s, task);
-  std::vector<T> h(s.n * W, T(0));
+  Lines<T> At(s.n * W, T(0)), h(s.n * W, T(0));
+  const Block<T, W> k(s, task, At.data());
   if (h0) load_state<T, W>(h0 + (k.bi * s.d + k.c0) * s.n, s.n, k.m, h.data());
-  T dt[W], uv[W], yv[W];
+  alignas(64) T dt[W], uv[W], yv[W];
   for (int64_t i = 0; i < s.t; ++i) {
     if (i + kAhead < s.t) {
       __builtin_prefetch(s.u + k.row(s, i + kAhead));
@@ -204,7 +257,7 @@ void forward_task(const Scan<T>& s, const T* h0, int64_t task, T* y, T* h_last, 
     if (i % s.L == 0)
       store_rows<T, W>(h.data(), s.d, s.n, k.m, bounds + (k.bi * s.nc + i / s.L) * s.n * s.d + k.c0);
     load_position(s, k, i, dt, uv);
-    forward_position<T, W, false>(s, k.At.data(), dt, uv, k.pos(s, i), h.data(), h.data(), nullptr, yv);
+    forward_position<T, W, false>(s, k.At, dt, uv, k.pos(s, i), h.data(), h.data(), nullptr, yv);
     finish_output(s, k, i, uv, yv, y);
   }
   store_state<T, W>(h.data(), s.n, k.m, h_last + (k.bi * s.d + k.c0) * s.n);
@@ -213,6 +266,55 @@ void forward_task(const Scan<T>& s, const T* h0, int64_t task, T* y, T* h_last, 
 // ---------------------------------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------------------------------
+
+// out[k] += Σ_c x[k W + c] for the rows k < rows of a (rows, W) buffer: the backward's sums over channels.
+// Written as one tree per row, GCC kept the partial sums on the stack and added them one by one (a third of the
+// backward's time). With AVX-512 and W = 16 floats, 16 rows are summed at once: four levels of 128-bit lane and
+// element shuffles, each adding half of every row's remaining terms and packing two rows' halves into one
+// register, leave row k's sum in element k (15 additions for 16 rows instead of 16 × 4 horizontal ones).
+template <typename T, int W>
+inline void add_row_sums(const T* x, int64_t rows, T* out) {
+  for (int64_t k = 0; k < rows; ++k) {
+    alignas(64) T v[W];
+#pragma omp simd
+    for (int c = 0; c < W; ++c) v[c] = x[k * W + c];
+    for (int half = W / 2; half >= 1; half /= 2)
+      for (int c = 0; c < half; ++c) v[c] += v[c + half];
+    out[k] += v[0];
+  }
+}
+
+#if defined(__AVX512F__)
+// 16 rows of 16 floats -> their 16 sums, row k's in element k
+SEQLAB_INLINE __m512 sums16(const float* x) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) {  // rows 2i, 2i+1 -> their 128-bit lanes (0 + 2, 1 + 3): [2i: 8 | 2i+1: 8]
+    const __m512 r = _mm512_loadu_ps(x + 32 * i), s = _mm512_loadu_ps(x + 32 * i + 16);
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r, s, 0x44), _mm512_shuffle_f32x4(r, s, 0xEE));
+  }
+  for (int i = 0; i < 4; ++i)  // lanes (0 + 1, 2 + 3) of a pair -> [4i: 4 | 4i+1: 4 | 4i+2: 4 | 4i+3: 4]
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // within each lane l, rows l of b[2i] and b[2i+1]: elements (0 + 2, 1 + 3)
+    c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44), _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+  // elements (0 + 1, 2 + 3): lane l holds the sums of rows l, 4 + l, 8 + l, 12 + l
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, d);
+}
+
+template <>
+SEQLAB_INLINE void add_row_sums<float, 16>(const float* x, int64_t rows, float* out) {
+  int64_t k = 0;
+  for (; k + 16 <= rows; k += 16) _mm512_storeu_ps(out + k, _mm512_add_ps(_mm512_loadu_ps(out + k), sums16(x + k * 16)));
+  if (k < rows) {
+    alignas(64) float rest[256] = {};
+    std::copy(x + k * 16, x + rows * 16, rest);
+    const __mmask16 mask = static_cast<__mmask16>((1u << (rows - k)) - 1);
+    _mm512_mask_storeu_ps(out + k, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out + k), sums16(rest)));
+  }
+}
+#endif
 
 template <typename T>
 struct Grads {  // incoming gradients and the outputs of the backward
@@ -225,10 +327,12 @@ struct Grads {  // incoming gradients and the outputs of the backward
 template <typename T, int W>
 struct Work {  // one thread's buffers: a chunk's states H, Ā, Δ and y + D u, and a task's running sums
   int64_t slot;                            // the thread's slice of dB_part and dC_part
-  std::vector<T> H, Ab, DT, Y, h0, g, dA;  // g: Ā_{i+1} ⊙ G_{i+1}, the adjoint carried to position i
-  T dD[W], dbias[W];
+  Lines<T> H, Ab, DT, Y, h0, g, dA;  // g: Ā_{i+1} ⊙ G_{i+1}, the adjoint carried to position i
+  Lines<T> pB, pC, At;               // one position's terms of ∂L/∂B, ∂L/∂C before the sums over channels; Aᵀ
+  alignas(64) T dD[W], dbias[W];
   Work(const Scan<T>& s, int64_t slot)
-      : slot(slot), H(s.L * s.n * W), Ab(s.L * s.n * W), DT(s.L * W), Y(s.L * W), h0(s.n * W), g(s.n * W), dA(s.n * W) {}
+      : slot(slot), H(s.L * s.n * W), Ab(s.L * s.n * W), DT(s.L * W), Y(s.L * W), h0(s.n * W), g(s.n * W), dA(s.n * W),
+        pB(s.n * W), pC(s.n * W), At(s.n * W) {}
 };
 
 // The chunk's positions again from the state that entered it: H_i, Ā_i, Δ_i and y_i + D u_i
@@ -236,7 +340,7 @@ template <typename T, int W>
 void recompute_chunk(const Scan<T>& s, const Block<T, W>& k, const T* bounds, int64_t chunk, Work<T, W>& w) {
   const int64_t s0 = chunk * s.L, e = std::min(s0 + s.L, s.t), nW = s.n * W;
   load_rows<T, W>(bounds + (k.bi * s.nc + chunk) * s.n * s.d + k.c0, s.d, s.n, k.m, w.h0.data());
-  T uv[W];
+  alignas(64) T uv[W];
   for (int64_t i = s0; i < e; ++i) {
     if (i + kAhead < e) {
       __builtin_prefetch(s.u + k.row(s, i + kAhead));
@@ -246,7 +350,7 @@ void recompute_chunk(const Scan<T>& s, const Block<T, W>& k, const T* bounds, in
     T *dt = w.DT.data() + l * W, *y = w.Y.data() + l * W;
     load_position(s, k, i, dt, uv);
     const T* hprev = l ? w.H.data() + (l - 1) * nW : w.h0.data();
-    forward_position<T, W, true>(s, k.At.data(), dt, uv, k.pos(s, i), hprev, w.H.data() + l * nW,
+    forward_position<T, W, true>(s, k.At, dt, uv, k.pos(s, i), hprev, w.H.data() + l * nW,
                                  w.Ab.data() + l * nW, y);
 #pragma omp simd
     for (int c = 0; c < W; ++c) y[c] += k.Dv[c] * uv[c];
@@ -260,7 +364,7 @@ inline void gate_backward(const Scan<T>& s, const Grads<T>& g, const Block<T, W>
                           const T* uv, T* gy, Work<T, W>& w) {
   load_row<T, W>(g.dy + k.row(s, i), k.m, gy);
   if (s.z) {
-    T zv[W], dz[W];
+    alignas(64) T zv[W], dz[W];
     load_row<T, W>(s.z + k.pos(s, i) * s.ldz + k.c0, k.m, zv);
 #pragma omp simd
     for (int c = 0; c < W; ++c) {
@@ -284,34 +388,64 @@ struct Position {  // what the adjoint step reads at one position (vectors over 
 //   ∂L/∂C_k = Σ_c gy h_k,  ∂L/∂B_k = Σ_c Δ u G,  ⟨G, B⟩ += G B_k
 //   ∂L/∂(Δ A_k) = G ⊙ h_{i-1,k} ⊙ Ā:  ∂L/∂Δ += it A_k,  ∂L/∂A_k += it Δ
 //   g_k ← Ā ⊙ G                           carried to position i - 1
+#if defined(__AVX512F__)
+// adjoint_position for 16 floats, in AVX-512 intrinsics (GCC reloaded the pointers from the stack in the generic loop)
+SEQLAB_INLINE void adjoint_position16(const Scan<float>& s, const float* __restrict__ At, const Position<float>& p,
+                                      float* __restrict__ g, float* __restrict__ dA, float* __restrict__ pC,
+                                      float* __restrict__ pB, float* dBrow, float* dCrow, float* gb, float* ddt) {
+  const __m512 dt = _mm512_loadu_ps(p.dt), gy = _mm512_loadu_ps(p.gy), du = _mm512_mul_ps(dt, _mm512_loadu_ps(p.uv));
+  __m512 gbv = _mm512_setzero_ps(), ddtv = _mm512_setzero_ps();
+  for (int64_t k = 0, o = 0; k < s.n; ++k, o += 16) {
+    const __m512 a = _mm512_loadu_ps(p.abar + o), gk = _mm512_loadu_ps(g + o);
+    const __m512 G = _mm512_fmadd_ps(gy, _mm512_set1_ps(p.Ci[k]), gk);
+    _mm512_storeu_ps(pC + o, _mm512_mul_ps(gy, _mm512_loadu_ps(p.h + o)));
+    _mm512_storeu_ps(pB + o, _mm512_mul_ps(du, G));
+    gbv = _mm512_fmadd_ps(G, _mm512_set1_ps(p.Bi[k]), gbv);
+    const __m512 dl = _mm512_mul_ps(_mm512_mul_ps(G, _mm512_loadu_ps(p.hprev + o)), a);
+    ddtv = _mm512_fmadd_ps(dl, _mm512_loadu_ps(At + o), ddtv);
+    _mm512_storeu_ps(dA + o, _mm512_fmadd_ps(dl, dt, _mm512_loadu_ps(dA + o)));
+    _mm512_storeu_ps(g + o, _mm512_mul_ps(a, G));
+  }
+  _mm512_storeu_ps(gb, gbv);
+  _mm512_storeu_ps(ddt, ddtv);
+  add_row_sums<float, 16>(pC, s.n, dCrow);
+  add_row_sums<float, 16>(pB, s.n, dBrow);
+}
+#endif
+
 template <typename T, int W>
 inline void adjoint_position(const Scan<T>& s, const T* At, const Position<T>& p, Work<T, W>& w, T* dBrow,
                              T* dCrow, T* gb, T* ddt) {
-  T du[W];
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float> && W == 16) {
+    adjoint_position16(s, At, p, w.g.data(), w.dA.data(), w.pC.data(), w.pB.data(), dBrow, dCrow, gb, ddt);
+    return;
+  }
+#endif
+  alignas(64) T du[W], gbv[W], ddtv[W];  // sums in locals, not through gb and ddt: see forward_position
 #pragma omp simd
-  for (int c = 0; c < W; ++c) du[c] = p.dt[c] * p.uv[c], gb[c] = 0, ddt[c] = 0;
+  for (int c = 0; c < W; ++c) du[c] = p.dt[c] * p.uv[c], gbv[c] = 0, ddtv[c] = 0;
   for (int64_t k = 0; k < s.n; ++k) {
     const T bk = p.Bi[k], ck = p.Ci[k];
     const T *ak = p.abar + k * W, *hk = p.h + k * W, *hp = p.hprev + k * W, *Ak = At + k * W;
     T *gk = w.g.data() + k * W, *dAk = w.dA.data() + k * W;
-    T pC[W], pB[W];  // the terms of Σ_c, summed below as a tree: as a reduction GCC added them lane by lane
+    T *pC = w.pC.data() + k * W, *pB = w.pB.data() + k * W;
 #pragma omp simd
     for (int c = 0; c < W; ++c) {
       const T G = p.gy[c] * ck + gk[c];
       pC[c] = p.gy[c] * hk[c];
       pB[c] = du[c] * G;
-      gb[c] += G * bk;
+      gbv[c] += G * bk;
       const T dl = G * hp[c] * ak[c];
-      ddt[c] += dl * Ak[c];
+      ddtv[c] += dl * Ak[c];
       dAk[c] += dl * p.dt[c];
       gk[c] = ak[c] * G;
     }
-    for (int half = W / 2; half >= 1; half /= 2) {
-#pragma omp simd
-      for (int c = 0; c < half; ++c) pC[c] += pC[c + half], pB[c] += pB[c + half];
-    }
-    dCrow[k] += pC[0], dBrow[k] += pB[0];
   }
+#pragma omp simd
+  for (int c = 0; c < W; ++c) gb[c] = gbv[c], ddt[c] = ddtv[c];
+  add_row_sums<T, W>(w.pC.data(), s.n, dCrow);
+  add_row_sums<T, W>(w.pB.data(), s.n, dBrow);
 }
 
 // ∂L/∂u = gy D + Δ ⟨G, B⟩;  ∂L/∂Δ += u ⟨G, B⟩;  ∂L/∂delta = ∂L/∂Δ σ(delta + bias) after a softplus;
@@ -319,11 +453,11 @@ inline void adjoint_position(const Scan<T>& s, const T* At, const Position<T>& p
 template <typename T, int W>
 inline void input_grads(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& k, int64_t i, const Position<T>& p,
                         const T* gb, T* ddt, Work<T, W>& w) {
-  T du[W];
+  alignas(64) T du[W];
 #pragma omp simd
   for (int c = 0; c < W; ++c) du[c] = p.gy[c] * k.Dv[c] + p.dt[c] * gb[c], ddt[c] += p.uv[c] * gb[c];
   if (s.softplus) {
-    T raw[W];
+    alignas(64) T raw[W];
     load_row<T, W>(s.delta + k.row(s, i), k.m, raw);
 #pragma omp simd
     for (int c = 0; c < W; ++c) ddt[c] *= sigmoid_(raw[c] + k.bias[c]);
@@ -340,7 +474,7 @@ template <typename T, int W>
 void backward_chunk(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& k, int64_t chunk, Work<T, W>& w) {
   recompute_chunk(s, k, g.bounds, chunk, w);
   const int64_t s0 = chunk * s.L, e = std::min(s0 + s.L, s.t), nW = s.n * W;
-  T uv[W], gy[W], gb[W], ddt[W];
+  alignas(64) T uv[W], gy[W], gb[W], ddt[W];
   for (int64_t i = e - 1; i >= s0; --i) {
     if (i - kAhead >= 0) {  // the adjoint walks backwards, into the previous chunk too
       __builtin_prefetch(g.dy + k.row(s, i - kAhead));
@@ -354,7 +488,7 @@ void backward_chunk(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& k, i
     const T* hprev = l ? w.H.data() + (l - 1) * nW : w.h0.data();
     const Position<T> p{s.B + k.pos(s, i) * s.ldB, s.C + k.pos(s, i) * s.ldC, w.DT.data() + l * W, uv, gy, w.H.data() + l * nW, hprev,
                         w.Ab.data() + l * nW};
-    adjoint_position(s, k.At.data(), p, w, g.dB_part + part, g.dC_part + part, gb, ddt);
+    adjoint_position(s, k.At, p, w, g.dB_part + part, g.dC_part + part, gb, ddt);
     input_grads(s, g, k, i, p, gb, ddt, w);
   }
 }
@@ -362,7 +496,8 @@ void backward_chunk(const Scan<T>& s, const Grads<T>& g, const Block<T, W>& k, i
 // One task's whole sequence backwards; then ∂L/∂h0 = Ā_1 ⊙ G_1 and the task's shares of ∂L/∂A, ∂L/∂D, ∂L/∂bias
 template <typename T, int W>
 void backward_task(const Scan<T>& s, const Grads<T>& g, int64_t task, Work<T, W>& w) {
-  const Block<T, W> k(s, task);
+  std::fill(w.At.begin(), w.At.end(), T(0));
+  const Block<T, W> k(s, task, w.At.data());
   std::fill(w.g.begin(), w.g.end(), T(0));
   std::fill(w.dA.begin(), w.dA.end(), T(0));
   std::fill(w.dD, w.dD + W, T(0));

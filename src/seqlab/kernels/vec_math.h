@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace seqlab_vec {
 
@@ -102,5 +105,30 @@ template <typename T>
 inline T gelu_tanh_(T x) {
   return x * sigmoid_(T(2) * T(0.7978845608028654) * (x + T(0.044715) * x * x * x));
 }
+
+#if defined(__AVX512F__)
+// exp of 16 floats at once, for loops written with AVX-512 intrinsics: exp(x) = 2^m exp(r), m = round(x / ln 2),
+// r = x - m ln 2, exp(r) by a degree-6 polynomial (Chebyshev-interpolated on [-ln 2/2, ln 2/2]: below 1 ulp in
+// float), and 2^m applied by vscalefps, which also gives 0 and inf where the result leaves float's range. 13
+// instructions where the generic exp_ compiles to about 25 (its clamps to a normal 2^m and the bits of 2^m).
+// x is clamped to [-104, 89] first (beyond, r would lose its precision; the result is 0 or inf either way);
+// max/min return their second operand for a NaN, so that a NaN stays NaN.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);
+  const __m512 round = _mm512_set1_ps(Num<float>::round);
+  const __m512 m = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(Num<float>::log2e), round), round);
+  __m512 r = _mm512_fnmadd_ps(m, _mm512_set1_ps(Num<float>::ln2_hi), x);
+  r = _mm512_fnmadd_ps(m, _mm512_set1_ps(Num<float>::ln2_lo), r);
+  __m512 p = _mm512_set1_ps(1.3941108481958508e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.37512593716383e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166635125875473e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666415333747864e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, m);
+}
+#endif
 
 }  // namespace seqlab_vec
