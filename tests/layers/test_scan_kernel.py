@@ -111,11 +111,14 @@ def test_float32_nan_and_extreme_decays_match_reference():
     x["delta"][0, 5, 3] = float("nan")
     x["A"][9, 2] = float("nan")  # reaches exp alone (Δ u B stays finite)
     x["A"][7] = -1e30
+    x["delta"][0, 8], x["delta"][0, 9] = 40.0, -40.0  # softplus at both ends: ≈ 40 and ≈ 4e-18
+    x["z"][0, 10], x["z"][0, 11] = 100.0, -100.0  # the gate's sigmoid at both ends
     (y, h), (y_ref, h_ref) = _call(selective_scan_kernel, x), _call(selective_scan_ref, x)
     assert torch.equal(torch.isnan(y), torch.isnan(y_ref)) and torch.isnan(y[0, 5:, 3]).all()
     assert torch.isnan(y[0, :, 9]).all() and not torch.isnan(y[0, :, 8]).any()
     assert torch.equal(torch.isnan(h), torch.isnan(h_ref))
     torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4, equal_nan=True)
+    torch.testing.assert_close(h, h_ref, atol=1e-4, rtol=1e-4, equal_nan=True)
 
 
 def test_non_contiguous_and_half_precision_inputs():

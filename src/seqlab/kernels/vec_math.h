@@ -129,6 +129,27 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, m);
 }
+
+// 1 / d for d in [1, 1e38]: vrcp14ps (14 bits) and one Newton step, r (2 - d r) (28 bits), instead of a division
+inline __m512 recip16(__m512 d) {
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
+}
+
+// σ(x) = 1 / (1 + e^-x); -x is clamped at 87 so that 1 + e^-x stays finite (σ < 1.7e-38 there)
+inline __m512 sigmoid16(__m512 x) {
+  const __m512 e = exp16(_mm512_min_ps(_mm512_set1_ps(87.0f), _mm512_sub_ps(_mm512_setzero_ps(), x)));
+  return recip16(_mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+// softplus as softplus_ does it: max(x, 0) + log(1 + e), e = e^-|x|, log(1 + e) = 2 atanh(s), s = e / (2 + e)
+inline __m512 softplus16(__m512 x) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+  const __m512 s = _mm512_mul_ps(e, recip16(_mm512_add_ps(_mm512_set1_ps(2.0f), e))), s2 = _mm512_mul_ps(s, s);
+  __m512 p = _mm512_set1_ps(1.0f / 15);  // Σ_k s2^k / (2k + 1), k < 8
+  for (int k = 6; k >= 0; --k) p = _mm512_fmadd_ps(p, s2, _mm512_set1_ps(1.0f / float(2 * k + 1)));
+  return _mm512_add_ps(_mm512_max_ps(_mm512_setzero_ps(), x), _mm512_mul_ps(_mm512_add_ps(s, s), p));
+}
 #endif
 
 }  // namespace seqlab_vec
