@@ -40,6 +40,16 @@ def test_values_and_gradient_match_float64_truth(dtype, tol):
 
 
 @needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nan_stays_nan(dtype):
+    x = torch.tensor([float("nan"), -12.0, 0.5] + [1.0] * 14, dtype=dtype, requires_grad=True)  # 17: a tail
+    y = gelu_tanh(x)
+    y.backward(torch.ones_like(y))
+    assert torch.isnan(y[0]) and torch.isnan(x.grad[0])
+    assert torch.isfinite(y[1:]).all() and torch.isfinite(x.grad[1:]).all()
+
+
+@needs_compiler
 def test_gradcheck_and_double_backward_in_float64():
     x = torch.randn(4, 37, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(gelu_tanh, (x,))

@@ -25,6 +25,48 @@ using seqlab_vec::gelu_tanh_;
 
 constexpr int64_t kGrain = 16384;  // elements per task: below this a thread's start-up costs more than it saves
 
+#if defined(__AVX512F__)
+// Float32 with AVX-512: 16 elements at a time through exp16 and a Newton-refined reciprocal (vec_math.h), the
+// last partial vector under a mask. σ's argument is computed from x clamped to [-30, 30] (beyond, the result is x
+// or 0 to float precision and the cube would overflow); max/min keep a NaN.
+struct Gelu16 {
+  __m512 s, rest, slope;  // σ(2z), 1 - σ(2z), 2c (1 + 3a x²) at the clamped x
+  explicit Gelu16(__m512 x) {
+    const __m512 c2 = _mm512_set1_ps(2 * 0.7978845608028654f), a = _mm512_set1_ps(0.044715f);
+    x = _mm512_min_ps(_mm512_set1_ps(30.0f), _mm512_max_ps(_mm512_set1_ps(-30.0f), x));
+    const __m512 x2 = _mm512_mul_ps(x, x);
+    const __m512 two_z = _mm512_mul_ps(_mm512_mul_ps(c2, x), _mm512_fmadd_ps(a, x2, _mm512_set1_ps(1.0f)));
+    // e^-2z with -2z clamped at 87, so that 1 + e stays finite (σ(2z) < 1.7e-38 there)
+    const __m512 e = seqlab_vec::exp16(_mm512_min_ps(_mm512_set1_ps(87.0f), _mm512_sub_ps(_mm512_setzero_ps(), two_z)));
+    s = seqlab_vec::recip16(_mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    rest = _mm512_mul_ps(e, s);
+    slope = _mm512_mul_ps(c2, _mm512_fmadd_ps(_mm512_set1_ps(3 * 0.044715f), x2, _mm512_set1_ps(1.0f)));
+  }
+};
+
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+void forward(const float* __restrict__ x, float* __restrict__ y, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; i += 16) {
+    const __mmask16 m = tail_mask(hi - i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, Gelu16(v).s));
+  }
+}
+
+void backward(const float* __restrict__ g, const float* __restrict__ x, float* __restrict__ dx, int64_t lo,
+              int64_t hi) {
+  for (int64_t i = lo; i < hi; i += 16) {
+    const __mmask16 m = tail_mask(hi - i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const Gelu16 f(v);
+    // gelu'(x) = s + x s (1 - s) 2c (1 + 3a x²)
+    const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(v, f.s), f.rest), f.slope, f.s);
+    _mm512_mask_storeu_ps(dx + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g + i), d));
+  }
+}
+#endif
+
 template <typename T>
 void forward(const T* __restrict__ x, T* __restrict__ y, int64_t lo, int64_t hi) {
 #pragma omp simd
