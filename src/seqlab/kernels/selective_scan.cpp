@@ -28,14 +28,14 @@
 
 #include <algorithm>
 #include <cstdint>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #include <cstring>
 #include <new>
 #include <optional>
 #include <type_traits>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -55,8 +55,6 @@ struct Scan {  // raw pointers into the tensors; D, z, bias null when not given
   int64_t ldz, ldB, ldC;  // row strides of z, B, C: views of the block's projections need no copy
 };
 
-// m ≤ W values into a W-wide buffer, zero past m, and back. A full block (m = W, all but the last channel
-// block) is one vector load or store; std::copy made it a call to memmove for every row of every position.
 // std::vector's allocator for the kernel's scratch: 64-byte aligned, so that each W-wide row is one cache line
 // (malloc's 16-byte alignment made most vector loads and stores straddle two lines)
 template <typename T>
@@ -77,6 +75,8 @@ using Lines = std::vector<T, CacheAligned<T>>;
 
 #define SEQLAB_INLINE inline __attribute__((always_inline))  // GCC left copy_in a call: 4% of the backward
 
+// m ≤ W values into a W-wide buffer, zero past m, and back. A full block (m = W, all but the last channel
+// block) is one vector load or store; std::copy made it a call to memmove for every row of every position.
 template <typename T, int W>
 SEQLAB_INLINE void copy_in(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
   if (m == W) {
@@ -128,8 +128,10 @@ SEQLAB_INLINE void load_row(const T* src, int64_t m, T* dst) {
   load_rows<T, W>(src, 0, 1, m, dst);
 }
 
-// How many positions ahead a walk asks for the rows it will read: a task reads one 64-byte piece of each (b, t, d)
-// row, rows d values apart, and without the prefetch about a tenth of a profile of the scan sat on those loads.
+// How many positions ahead the forward's output pass asks for the gate's rows: a task reads one 64-byte piece of
+// each (b, t, d) row, rows d values apart (z is a view into a row twice as wide). When the recurrence read its
+// rows itself, about a tenth of a profile sat on those loads without a prefetch; the passes over a chunk's
+// positions now leave the other streams to the hardware prefetcher.
 constexpr int64_t kAhead = 8;
 
 template <typename T>
