@@ -126,6 +126,17 @@ def decode_latency(model, context: int, steps: int) -> float:
     return statistics.median(times)
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'16x256,8x1024' -> [(16, 256), (8, 1024)]; argparse's error for anything else."""
+    try:
+        shapes = [tuple(int(v) for v in pair.split("x")) for pair in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"expected positive BxT pairs such as 16x256,8x1024, got {text!r}")
+    return shapes
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -135,9 +146,12 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument(
         "--shapes",
-        default=",".join(f"{b}x{t}" for b, t in SHAPES),
-        help="batch x length pairs to train at, comma-separated (default %(default)s); where HF's scan is slow "
-        "(about 80 s a step at 16x256 on one Intel Xeon) fewer shapes keep the run short",
+        type=parse_shapes,
+        default=None,
+        help="batch x length pairs to train at, comma-separated (default: "
+        + ",".join(f"{b}x{t}" for b, t in SHAPES)
+        + "); where HF's scan is slow (about 80 s a step at 16x256 on one Intel Xeon) fewer shapes keep the run "
+        "short",
     )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -149,8 +163,7 @@ def main() -> None:
     repeats = args.repeats or (3 if args.quick else 5)
     ours, hf = build()
     rows = []
-    shapes = [tuple(int(v) for v in pair.split("x")) for pair in args.shapes.split(",")]
-    for b, t in shapes:
+    for b, t in args.shapes or SHAPES:
         ids = torch.randint(0, VOCAB, (b, t))
         train_step(ours, ids, False)  # warm-up both
         train_step(hf, ids, True)
@@ -188,7 +201,7 @@ def main() -> None:
         "- Peak memory: peak RSS (VmHWM) during one training step minus RSS before it, in a fresh "
         "subprocess per contender and shape (see the script's docstring).",
         f"- Command: `python benchmarks/bench_mamba.py{' --quick' if args.quick else ''}"
-        f"{f' --shapes {args.shapes}' if args.shapes != ','.join(f'{b}x{t}' for b, t in SHAPES) else ''}"
+        f"{' --shapes ' + ','.join(f'{b}x{t}' for b, t in args.shapes) if args.shapes else ''}"
         f"{f' --repeats {args.repeats}' if args.repeats else ''}`",
         "",
         "## Training step (forward + cross-entropy + backward)",
