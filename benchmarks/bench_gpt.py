@@ -35,20 +35,24 @@ import torch
 import torch.nn.functional as F
 
 from seqlab.lab.report import cpu_name, hardware_slug
+from seqlab.training.config import cpu_has_bf16_matmul
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SAMPLING = {"temperature": 0.8, "top_k": 50}  # both libraries' sampled decoding
 
 
-def matmul_rate(shapes: list[tuple[int, int, int]], repeats: int = 7) -> tuple[float, tuple[int, int, int]]:
-    """The best fp32 FLOP/s over (m, k) x (k, n) matmuls of the given shapes (median over repeats each).
+def matmul_rate(
+    shapes: list[tuple[int, int, int]], repeats: int = 7, dtype: torch.dtype = torch.float32
+) -> tuple[float, tuple[int, int, int]]:
+    """The best FLOP/s (fp32 unless ``dtype``) over (m, k) x (k, n) matmuls of the given shapes (median over
+    repeats each).
 
     Square matmuls alone underestimate what the CPU reaches (a single 1024^3 product left a model at "105%");
     the best over squares and the model's own GEMM shapes is the honest ceiling for its matmuls.
     """
     best, best_shape = 0.0, shapes[0]
     for m, k, n in shapes:
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         a @ b
         times = []
         for _ in range(repeats):
@@ -166,12 +170,15 @@ def generation_rows(ours, hf, args, batch, sampled, new_tokens, repeats):
     return rows, ok
 
 
-def train_step_fn(model, logits_of, batch, lr=1e-3):
+def train_step_fn(model, logits_of, batch, lr=1e-3, bf16=False):
+    """One AdamW step; ``bf16``: forward under CPU bf16 autocast (fp32 weights and optimizer, as
+    train.precision: bf16 runs it), the loss in fp32."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
 
     def step() -> None:
-        logits = logits_of(model, batch)  # (b, t, v)
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = logits_of(model, batch)  # (b, t, v)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -213,6 +220,11 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=200)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="add the bf16 autocast rows on a CPU without bf16 matmul units too",
+    )
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -248,13 +260,18 @@ def main() -> None:
     rate, rate_shape = matmul_rate(
         [(1024, 1024, 1024), (2048, 2048, 2048), (rows, d, 3 * d), (rows, d, 4 * d), (rows, 4 * d, d)]
     )
-    train, train_spread = alternate(
-        {
-            "seqlab": train_step_fn(ours, lambda m, x: m(x), batch),
-            "hf": train_step_fn(hf, lambda m, x: m(x).logits, batch),
-        },
-        repeats,
-    )
+    steps = {
+        "seqlab": train_step_fn(ours, lambda m, x: m(x), batch),
+        "hf": train_step_fn(hf, lambda m, x: m(x).logits, batch),
+    }
+    bf16 = cpu_has_bf16_matmul() or args.bf16
+    if bf16:  # the same models under bf16 autocast, alternating with the fp32 steps
+        steps["seqlab bf16"] = train_step_fn(ours, lambda m, x: m(x), batch, bf16=True)
+        steps["hf bf16"] = train_step_fn(hf, lambda m, x: m(x).logits, batch, bf16=True)
+        rate16, rate16_shape = matmul_rate(
+            [(rows, d, 3 * d), (rows, d, 4 * d), (rows, 4 * d, d)], dtype=torch.bfloat16
+        )
+    train, train_spread = alternate(steps, repeats)
     tokens = args.batch * args.context
     flops_tok = 3 * forward_flops_per_token(ours, args.context)[0]
 
@@ -287,6 +304,18 @@ def main() -> None:
     )
     fr = {k: v * flops_tok / rate for k, v in tr.items()}
     lines.append(f"| achieved FLOP/s / matmul rate | {fr['seqlab']:.2f} | {fr['hf']:.2f} | | |")
+    if bf16:
+        a, b = "seqlab bf16", "hf bf16"
+        lines.append(
+            f"| training tokens/s, bf16 autocast | {cell(tr[a], train_spread[a])} | {cell(tr[b], train_spread[b])} | "
+            f"{tr[a] / tr[b]:.2f} | |"
+        )
+        lines.append(
+            f"| bf16 autocast / fp32, same library | {tr[a] / tr['seqlab']:.2f} | {tr[b] / tr['hf']:.2f} | | |"
+        )
+        lines.append(
+            f"| achieved FLOP/s / bf16 matmul rate | {tr[a] * flops_tok / rate16:.2f} | {tr[b] * flops_tok / rate16:.2f} | | |"
+        )
     lines += gen_rows
     lines += [
         "",
@@ -303,6 +332,15 @@ def main() -> None:
         "fraction of that ceiling; a fused step (one C++ call, one parallel region) can pass 100%, because the",
         "ceiling pays torch's per-call dispatch and thread start-up 17 times per step.",
     ]
+    if bf16:
+        lines += [
+            "",
+            'bf16 rows: both models under `torch.autocast("cpu", torch.bfloat16)` (fp32 weights, AdamW and loss; what',
+            "`train.precision: bf16` runs), alternating with the fp32 steps above. bf16 matmul rate in this run:",
+            f"{rate16 / 1e9:.0f} GFLOP/s at {rate16_shape} ({rate16 / rate:.1f}x the fp32 rate; this CPU's bf16 matmul "
+            f"units: {'yes' if cpu_has_bf16_matmul() else 'none, emulated'}). Under autocast seqlab's GELU runs its kernel on",
+            "bf16 tensors and attention runs its float32 kernel on the projection cast up; HF runs torch's bf16 ops.",
+        ]
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.quick:

@@ -50,6 +50,31 @@ def test_nan_stays_nan(dtype):
 
 
 @needs_compiler
+def test_bfloat16_is_the_float32_kernel_rounded_once():
+    """bfloat16 (torch.autocast's CPU dtype): each value and gradient is the float32 kernel's on the same inputs
+    rounded to nearest-even (exactly, the tails included; NaN stays NaN), and within bf16's rounding of torch's."""
+    x = points(torch.float32).to(torch.bfloat16)
+    x[5] = float("nan")
+    xb = x.clone().requires_grad_()
+    y = gelu_tanh(xb)
+    assert y.dtype == torch.bfloat16 and "GeluTanh" in type(y.grad_fn).__name__
+    g = torch.randn(x.shape).to(torch.bfloat16)
+    y.backward(g)
+    xf = x.float().requires_grad_()
+    yf = gelu_tanh(xf)
+    yf.backward(g.float())
+    exact = {"rtol": 0, "atol": 0, "equal_nan": True}
+    torch.testing.assert_close(y, yf.to(torch.bfloat16), **exact)
+    torch.testing.assert_close(xb.grad, xf.grad.to(torch.bfloat16), **exact)
+    assert torch.isnan(y[5]) and torch.isnan(xb.grad[5])
+    finite = torch.isfinite(x)
+    ref = F.gelu(x.float(), approximate="tanh")[finite]
+    assert (
+        (y.float()[finite] - ref).abs() / ref.abs().clamp_min(1.0)
+    ).max().item() < 2**-8  # half a bf16 ulp
+
+
+@needs_compiler
 def test_gradcheck_and_double_backward_in_float64():
     x = torch.randn(4, 37, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(gelu_tanh, (x,))

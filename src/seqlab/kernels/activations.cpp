@@ -25,6 +25,15 @@ using seqlab_vec::gelu_tanh_;
 
 constexpr int64_t kGrain = 16384;  // elements per task: below this a thread's start-up costs more than it saves
 
+// g · gelu'(v)
+template <typename T>
+inline T gelu_tanh_grad(T g, T v) {
+  const T c = T(0.7978845608028654), a = T(0.044715);
+  const T e = exp_(T(-2) * c * (v + a * v * v * v));
+  const T s = T(1) / (T(1) + e), s_rest = e * s;  // σ(2z) and 1 − σ(2z) = σ(−2z), without cancellation
+  return g * (s + v * s * s_rest * T(2) * c * (T(1) + T(3) * a * v * v));
+}
+
 #if defined(__AVX512F__)
 // Float32 with AVX-512: 16 elements at a time through exp16 and a Newton-refined reciprocal (vec_math.h), the
 // last partial vector under a mask. σ's argument is computed from x clamped to [-30, 30] (beyond, the result is x
@@ -65,6 +74,51 @@ void backward(const float* __restrict__ g, const float* __restrict__ x, float* _
     _mm512_mask_storeu_ps(dx + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g + i), d));
   }
 }
+
+// bfloat16 storage (torch.autocast's CPU dtype): 16 values widened to float32 exactly (the bf16 bits are the
+// high half of the float's), computed as above, rounded back to nearest-even as c10::BFloat16 rounds (a NaN
+// becomes 0x7FC0, torch's quiet NaN), so a stored result is the bf16 rounding of the float32 one.
+inline __m512 load_bf16(__mmask16 m, const at::BFloat16* p) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline void store_bf16(at::BFloat16* p, __mmask16 m, __m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
+}
+
+void forward(const at::BFloat16* __restrict__ x, at::BFloat16* __restrict__ y, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; i += 16) {
+    const __mmask16 m = tail_mask(hi - i);
+    const __m512 v = load_bf16(m, x + i);
+    store_bf16(y + i, m, _mm512_mul_ps(v, Gelu16(v).s));
+  }
+}
+
+void backward(const at::BFloat16* __restrict__ g, const at::BFloat16* __restrict__ x, at::BFloat16* __restrict__ dx,
+              int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; i += 16) {
+    const __mmask16 m = tail_mask(hi - i);
+    const __m512 v = load_bf16(m, x + i);
+    const Gelu16 f(v);
+    const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(v, f.s), f.rest), f.slope, f.s);
+    store_bf16(dx + i, m, _mm512_mul_ps(load_bf16(m, g + i), d));
+  }
+}
+#else
+// bfloat16 without AVX-512: each value widened to float, computed in float, rounded once on the way out
+void forward(const at::BFloat16* __restrict__ x, at::BFloat16* __restrict__ y, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) y[i] = at::BFloat16(gelu_tanh_(static_cast<float>(x[i])));
+}
+
+void backward(const at::BFloat16* __restrict__ g, const at::BFloat16* __restrict__ x, at::BFloat16* __restrict__ dx,
+              int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) dx[i] = at::BFloat16(gelu_tanh_grad(static_cast<float>(g[i]), static_cast<float>(x[i])));
+}
 #endif
 
 template <typename T>
@@ -75,20 +129,15 @@ void forward(const T* __restrict__ x, T* __restrict__ y, int64_t lo, int64_t hi)
 
 template <typename T>
 void backward(const T* __restrict__ g, const T* __restrict__ x, T* __restrict__ dx, int64_t lo, int64_t hi) {
-  const T c = T(0.7978845608028654), a = T(0.044715);
 #pragma omp simd
-  for (int64_t i = lo; i < hi; ++i) {
-    const T v = x[i];
-    const T e = exp_(T(-2) * c * (v + a * v * v * v));
-    const T s = T(1) / (T(1) + e), s_rest = e * s;  // σ(2z) and 1 − σ(2z) = σ(−2z), without cancellation
-    dx[i] = g[i] * (s + v * s * s_rest * T(2) * c * (T(1) + T(3) * a * v * v));
-  }
+  for (int64_t i = lo; i < hi; ++i) dx[i] = gelu_tanh_grad(g[i], x[i]);
 }
 
 void check(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "gelu_tanh: ", name, " must be a contiguous CPU tensor");
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, "gelu_tanh: ", name,
-              " must be float32 or float64, got ", t.scalar_type());
+  const auto k = t.scalar_type();
+  TORCH_CHECK(k == at::kFloat || k == at::kDouble || k == at::kBFloat16, "gelu_tanh: ", name,
+              " must be float32, float64 or bfloat16, got ", k);
 }
 
 }  // namespace
@@ -96,7 +145,7 @@ void check(const at::Tensor& t, const char* name) {
 at::Tensor gelu_tanh_forward(const at::Tensor& x) {
   check(x, "x");
   at::Tensor y = at::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gelu_tanh_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "gelu_tanh_forward", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     at::parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) { forward(xp, yp, lo, hi); });
@@ -110,7 +159,7 @@ at::Tensor gelu_tanh_backward(const at::Tensor& grad, const at::Tensor& x) {
   TORCH_CHECK(grad.sizes() == x.sizes() && grad.scalar_type() == x.scalar_type(),
               "gelu_tanh: grad and x must share shape and dtype");
   at::Tensor dx = at::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gelu_tanh_backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "gelu_tanh_backward", [&] {
     const scalar_t* gp = grad.data_ptr<scalar_t>();
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* dp = dx.data_ptr<scalar_t>();
@@ -120,6 +169,6 @@ at::Tensor gelu_tanh_backward(const at::Tensor& grad, const at::Tensor& x) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &gelu_tanh_forward, "gelu_tanh(x), x contiguous float32/float64 on the CPU");
+  m.def("forward", &gelu_tanh_forward, "gelu_tanh(x), x contiguous float32/float64/bfloat16 on the CPU");
   m.def("backward", &gelu_tanh_backward, "dL/dx of gelu_tanh given dL/dy and x");
 }

@@ -2,7 +2,8 @@
 
 :func:`gelu_tanh` is ``F.gelu(x, approximate="tanh")`` with the same values (float32: within a few ulps; the
 sigmoid form x σ(2z) of ½ x (1 + tanh z) rounds differently) and an autograd backward of its own. It takes the
-kernel for contiguous float32/float64 CPU tensors when the kernel builds, and ``F.gelu`` otherwise (other
+kernel for contiguous float32/float64/bfloat16 CPU tensors when the kernel builds (bfloat16, what
+``torch.autocast`` gives on the CPU, is computed in float32 and rounded once), and ``F.gelu`` otherwise (other
 devices, dtypes, layouts, or no compiler: then once, a warning). A backward with ``create_graph=True`` (double
 backward) differentiates ``F.gelu`` itself, so second derivatives are exact too.
 
@@ -42,11 +43,12 @@ class _GeluTanh(torch.autograd.Function):
             with torch.enable_grad():
                 y = F.gelu(x, approximate="tanh")
                 return torch.autograd.grad(y, x, grad, create_graph=True)[0]
-        return EXTENSION.load().backward(grad.contiguous(), x)
+        return EXTENSION.load().backward(grad.to(x.dtype).contiguous(), x)
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
     """½ x (1 + tanh(√(2/π) (x + 0.044715 x³))), elementwise, any shape."""
-    if cpu_float_reason(x) is None and x.is_contiguous() and EXTENSION.unbuilt_reason() is None:
+    bf16 = x.dtype == torch.bfloat16 and x.device.type == "cpu"  # torch.autocast's CPU dtype
+    if (bf16 or cpu_float_reason(x) is None) and x.is_contiguous() and EXTENSION.unbuilt_reason() is None:
         return _GeluTanh.apply(x)
     return F.gelu(x, approximate="tanh")

@@ -53,6 +53,13 @@ def cpu_float_reason_of(device: torch.device, dtype: torch.dtype, name: str = "x
     return None
 
 
+def matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a linear layer gives for input x: autocast's lower precision where torch.autocast is on for x's
+    device (its outputs are what a kernel after the projection receives), else x's own dtype."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
 def spaced_rows(x: torch.Tensor) -> bool:
     """(b, t, m) with a contiguous last dimension and evenly spaced rows: the views of a wider projection output
     (Mamba's in_proj and x_proj halves) that the scan and causal-conv kernels read in place."""

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.kernels import attention as attention_kernel
+from seqlab.kernels.extension import matmul_dtype
 from seqlab.layers.checks import check_attention_call, check_input
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.kv_cache import KVBuffer, KVCache, append_kv
@@ -225,13 +226,22 @@ class MultiheadAttention(FastPathMixin, nn.Module):
             return "RoPE and sliding windows go through the general path"
         t = x.size(1)
         h, g, kd = self.n_heads, self.n_kv_heads, self.head_dim
-        return attention_kernel.why_not_shapes(x.dtype, x.device, h, g, t, t, kd, self.causal, x.size(0))
+        dtype = matmul_dtype(x)  # what the projection gives: under torch.autocast, its lower precision
+        if dtype == torch.bfloat16 and x.device.type == "cpu":
+            dtype = (
+                torch.float32
+            )  # CPU autocast: the kernel runs on the projection cast up (_packed_self_attention)
+        return attention_kernel.why_not_shapes(dtype, x.device, h, g, t, t, kd, self.causal, x.size(0))
 
     def _packed_self_attention(self, x: Tensor) -> tuple[Tensor, KVCache]:
         """Self-attention through the kernel, its gradient written straight into the projection's layout; the
         same outputs and cache as the general path."""
         b, t, _ = x.shape
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, 3 h k)
+        if qkv.dtype == torch.bfloat16:  # CPU autocast: float32 attention through the kernel is faster than
+            qkv = (
+                qkv.float()
+            )  # torch's bf16 flash attention on the CPU (benchmarks/bench_gpt.py, the bf16 rows)
         drop = self.dropout if self.training else 0.0
         out = attention_kernel.attention_packed(
             qkv, self.n_heads, self.causal, self.scale, drop

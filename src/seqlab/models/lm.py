@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.checks import dtype_checked
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
@@ -231,7 +232,13 @@ class LM(nn.Module):
         c = self.config
         if c.d_input is None:
             check_token_ids(x, c.vocab_size)
-        elif x.size(-1) != c.d_input or x.dtype != self.embed.weight.dtype:
+        elif (
+            x.size(-1) != c.d_input
+            or not x.is_floating_point()
+            or (
+                x.dtype != self.embed.weight.dtype and dtype_checked(x)
+            )  # autocast: lower precision on purpose
+        ):
             w = self.embed.weight
             raise ValueError(
                 f"expected features (..., d_input={c.d_input}) of the model's dtype {w.dtype}, "

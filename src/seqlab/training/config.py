@@ -8,7 +8,14 @@ import torch
 
 from seqlab.validation import check_nonnegative, check_positive_floats, check_positive_ints
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "cpu_has_bf16_matmul"]
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX512-BF16 dot products, which
+    oneDNN uses for bf16 matmuls): there bf16 autocast trains faster than fp32, elsewhere far slower."""
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
 @dataclass
@@ -51,8 +58,9 @@ class TrainConfig:
     """With several processes (torchrun): 'ddp' replicates the model and averages gradients; 'fsdp' shards
     parameters, gradients and optimizer state (FSDP2), for models that do not fit one process."""
     precision: str = "auto"
-    """'auto' (bf16 autocast and TF32 matmuls on CUDA, fp32 on CPU), 'fp32', or 'bf16' (CUDA only: bf16
-    matmuls are hundreds of times slower than fp32 on most CPUs)."""
+    """'auto' (bf16 autocast and TF32 matmuls on CUDA, fp32 on CPU), 'fp32', or 'bf16' (bf16 autocast: on CUDA,
+    and on a CPU that multiplies bf16 matrices in hardware, AMX or AVX512-BF16; elsewhere bf16 matmuls are
+    emulated, many times slower than fp32, and 'bf16' is refused)."""
     threads: int | None = None
     """torch.set_num_threads for this run; None leaves PyTorch's default."""
     progress: bool = True
@@ -99,15 +107,19 @@ class TrainConfig:
             raise ValueError(f"train.strategy must be 'ddp' or 'fsdp', got {self.strategy!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"train.precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
-        if self.precision == "bf16" and self.resolved_device().type != "cuda":
+        kind = self.resolved_device().type
+        if self.precision == "bf16" and kind == "cpu" and not cpu_has_bf16_matmul():
             raise ValueError(
-                "train.precision='bf16' needs a CUDA device: on CPU, bf16 matmuls are hundreds of times slower "
-                "than fp32; use 'auto' or 'fp32'"
+                "train.precision='bf16' on this CPU: it has neither AMX nor AVX512-BF16, so bf16 matmuls are "
+                "emulated, many times slower than fp32; use 'auto' or 'fp32'"
             )
+        if self.precision == "bf16" and kind not in ("cpu", "cuda"):
+            raise ValueError(f"train.precision='bf16' runs on CUDA or the CPU, not on {kind}; use 'fp32'")
 
     def autocast_dtype(self) -> torch.dtype | None:
-        """bf16 under 'auto' or 'bf16' on CUDA; None (fp32, no autocast) otherwise."""
-        if self.precision != "fp32" and self.resolved_device().type == "cuda":
+        """bf16 under 'bf16', and under 'auto' on CUDA; None (fp32, no autocast) otherwise."""
+        kind = self.resolved_device().type
+        if self.precision == "bf16" or (self.precision == "auto" and kind == "cuda"):
             return torch.bfloat16
         return None
 

@@ -42,6 +42,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from seqlab.training.config import cpu_has_bf16_matmul
+
 log = logging.getLogger("seqlab.train")
 
 __all__ = ["World", "setup", "shard_batch", "teardown", "world_from_env", "wrap"]
@@ -118,6 +120,17 @@ def cuda_precision(precision: str, device: torch.device) -> None:
         "on" if tf32 else "off",
         ", ".join(k for k, on in backends.items() if on),
     )
+
+
+def cpu_precision(precision: str) -> None:
+    """Log the precision of a CPU run, and where fp32 runs on a CPU with bf16 matmuls in hardware, the option."""
+    if precision == "bf16":
+        log.info("CPU: bf16 autocast (matmuls in bf16 on the CPU's AMX/AVX512-BF16 units)")
+    elif cpu_has_bf16_matmul():
+        log.info(
+            "CPU: fp32. This CPU multiplies bf16 matrices in hardware (AMX/AVX512-BF16): train.precision=bf16 "
+            "(autocast) usually trains faster, at bf16's rounding"
+        )
 
 
 def check_divisible(batch: dict[str, Tensor], world: World) -> None:

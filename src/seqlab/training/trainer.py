@@ -210,7 +210,7 @@ class Trainer:
         return f"The last good checkpoint is {self.out_dir / latest.read_text().strip()} (--resume starts there)."
 
     def _autocast(self):
-        """bf16 autocast on CUDA (train.precision 'auto' or 'bf16'); nothing on CPU."""
+        """bf16 autocast where train.precision asks for it ('bf16'; 'auto' on CUDA); nothing otherwise."""
         dtype = self.config.autocast_dtype()
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype)
 
@@ -315,6 +315,8 @@ class Trainer:
         distributed.barrier(self.world)
         if self.device.type == "cuda":
             distributed.cuda_precision(self.config.precision, self.device)
+        elif self.device.type == "cpu":
+            distributed.cpu_precision(self.config.precision)
         if resume is not False:
             self.resume(None if resume is True else resume)
         if "tensorboard" in self.config.loggers and self.out_dir is not None and self.world.main:
