@@ -15,6 +15,9 @@ where per-call overheads weigh more:
     fashion   1×28×28, patch 4 (7×7 = 49 patches, T = 50), d 128, 6 layers, 4 heads, d_ff 512
     cifar     3×32×32, patch 4 (8×8 = 64 patches, T = 65), d 192, 6 layers, 3 heads, d_ff 768
 
+On a CPU that multiplies bf16 in hardware (AMX, AVX512-BF16; ``--bf16`` forces it elsewhere) every config is
+also timed under CPU bf16 autocast, the four steps (two libraries, two precisions) alternating in one loop.
+
 ``--profile`` adds a torch.profiler breakdown of each batch-128 config (self CPU time by kind of op, the
 minimum per kind over 3 alternating one-step rounds), the evidence for where the two differ.
 
@@ -38,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from seqlab.lab.report import cpu_name, hardware_slug
+from seqlab.training.config import cpu_has_bf16_matmul
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -70,6 +74,7 @@ KINDS = {
     "aten::copy_": "copies (copy_, cat, clone)",
     "aten::cat": "copies (copy_, cat, clone)",
     "aten::clone": "copies (copy_, cat, clone)",
+    "aten::_to_copy": "copies (copy_, cat, clone)",  # autocast's casts
     "aten::sum": "bias gradients (sum)",
     "aten::add": "residual adds, gradient accumulation",
     "aten::add_": "residual adds, gradient accumulation",
@@ -105,9 +110,14 @@ def contenders(name: str, batch: int, seed: int = 0):
     return hf, ours, images, labels
 
 
-def train_step(model, logits_of, images, labels):
+def train_step(model, logits_of, images, labels, bf16=False):
+    """One forward + backward; ``bf16``: under CPU bf16 autocast (fp32 weights, the loss in fp32), as
+    ``train.precision: bf16`` runs it."""
+
     def step() -> None:
-        F.cross_entropy(logits_of(model, images), labels).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(logits_of(model, images).float(), labels)
+        loss.backward()
         for p in model.parameters():
             p.grad = None
 
@@ -180,31 +190,41 @@ def profile_table(name: str, fns: dict, rounds: int = 3) -> list[str]:
     return [*lines, "", "(the total row sums the per-kind minima)", ""]
 
 
-def run_config(name: str, batch: int, repeats: int, profile: bool) -> tuple[str, list[str], str]:
-    """One table row, the profile lines (if asked) and a parity line for one configuration and batch."""
+def run_config(
+    name: str, batch: int, repeats: int, profile: bool, bf16: bool
+) -> tuple[list[str], list[str], str]:
+    """The table rows (fp32, and bf16 autocast if asked: all four steps alternating in one loop), the profile
+    lines (if asked) and a parity line for one configuration and batch."""
     hf, ours, images, labels = contenders(name, batch)
     d_logits, d_grad = agreement(hf, ours, images, labels)
-    fns = {
-        "seqlab": train_step(ours, lambda m, x: m(x), images, labels),
-        "hf": train_step(hf, lambda m, x: m(x).logits, images, labels),
-    }
+    fns, precisions = {}, ["fp32", "bf16"] if bf16 else ["fp32"]
+    for prec in precisions:
+        fns[f"seqlab {prec}"] = train_step(ours, lambda m, x: m(x), images, labels, prec == "bf16")
+        fns[f"hf {prec}"] = train_step(hf, lambda m, x: m(x).logits, images, labels, prec == "bf16")
     times = alternate(fns, repeats)
     med = {k: statistics.median(v) for k, v in times.items()}
     best = {k: min(v) for k, v in times.items()}
     c, tokens = ours.config, ours.config.n_tokens
     img = {k: batch / v for k, v in med.items()}
-    row = (
-        f"| {name}: {c.in_channels}×{c.image_size}², patch {c.patch_size}, T {tokens}, d {c.d_model}, "
-        f"{c.n_layers} layers, {c.n_heads} heads | {batch} | {med['seqlab'] * 1e3:,.0f} "
-        f"({best['seqlab'] * 1e3:,.0f}) | {med['hf'] * 1e3:,.0f} ({best['hf'] * 1e3:,.0f}) "
-        f"| {img['seqlab']:,.1f} | {img['hf']:,.1f} | {img['seqlab'] * tokens:,.0f} | {img['hf'] * tokens:,.0f} "
-        f"| **{med['hf'] / med['seqlab']:.2f}** | {best['hf'] / best['seqlab']:.2f} |"
-    )
+    rows = []
+    for prec in precisions:
+        s, h = f"seqlab {prec}", f"hf {prec}"
+        rows.append(
+            f"| {name}: {c.in_channels}×{c.image_size}², patch {c.patch_size}, T {tokens}, d {c.d_model}, "
+            f"{c.n_layers} layers, {c.n_heads} heads | {'fp32' if prec == 'fp32' else 'bf16 autocast'} | {batch} "
+            f"| {med[s] * 1e3:,.0f} ({best[s] * 1e3:,.0f}) | {med[h] * 1e3:,.0f} ({best[h] * 1e3:,.0f}) "
+            f"| {img[s]:,.1f} | {img[h]:,.1f} | {img[s] * tokens:,.0f} | {img[h] * tokens:,.0f} "
+            f"| **{med[h] / med[s]:.2f}** | {best[h] / best[s]:.2f} |"
+        )
     parity = (
         f"`{name}` batch {batch}: HF attention `{hf.config._attn_implementation}`; max |Δ logits| "
         f"{d_logits:.1e}, max relative |Δ grad| over parameters {d_grad:.1e}"
     )
-    return row, profile_table(f"{name}, batch {batch}", fns) if profile else [], parity
+    profiles = []
+    for prec in precisions if profile else []:
+        pair = {"seqlab": fns[f"seqlab {prec}"], "hf": fns[f"hf {prec}"]}
+        profiles += profile_table(f"{name}, batch {batch}, {prec}", pair)
+    return rows, profiles, parity
 
 
 def main() -> None:
@@ -216,6 +236,9 @@ def main() -> None:
     p.add_argument("--small-batch", type=int, default=16, help="fashion's second batch size (0: none)")
     p.add_argument("--profile", action="store_true", help="add a torch.profiler breakdown of each config")
     p.add_argument("--note", default="", help="a line added to the result file (e.g. the machine's load)")
+    p.add_argument(
+        "--bf16", action="store_true", help="bf16 autocast rows on a CPU without bf16 matmul units too"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     repeats, batch = (2, 16) if args.quick else (args.repeats, args.batch)
@@ -225,24 +248,28 @@ def main() -> None:
         [("fashion", args.small_batch)] if args.small_batch else []
     )
     rows, profiles, parity = [], [], []
+    bf16 = args.bf16 or cpu_has_bf16_matmul()  # bf16 rows where the CPU multiplies bf16 in hardware
     for i, (name, b) in enumerate(runs):
-        row, prof, same = run_config(name, b, repeats, args.profile and i < 2)
-        rows.append(row), profiles.extend(prof), parity.append(same)
+        row, prof, same = run_config(name, b, repeats, args.profile and i < 2, bf16)
+        rows.extend(row), profiles.extend(prof), parity.append(same)
     lines = [
         f"# ViT training step (forward + backward) vs HF ViTForImageClassification ({cpu_name()}, torch "
         f"{torch.__version__})",
         "",
-        f"- CPU: {cpu_name()}; {torch.get_num_threads()} threads; fp32; torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; {dt.date.today()}",
+        f"- CPU: {cpu_name()}; {torch.get_num_threads()} threads; fp32"
+        + (" and bf16 autocast (fp32 weights, loss in fp32)" if bf16 else "")
+        + f"; bf16 matmul units: {'yes' if cpu_has_bf16_matmul() else 'no'}; torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; {dt.date.today()}",
         f"- command: `python benchmarks/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}`",
-        f"- {repeats} repeats, the two alternating within each repeat; ms/step: median (minimum); img/s and tok/s "
+        f"- {repeats} repeats, the contenders of a config (both libraries, each precision) alternating within each "
+        "repeat; ms/step: median (minimum); img/s and tok/s "
         "from the medians; ratio = seqlab images/s over HF's (above 1: seqlab faster), of the medians and of the "
         "minima. Target: ratio >= 1.2." + (" Quick run." if args.quick else ""),
         *([f"- {args.note}"] if args.note else []),
         "",
-        "| config | batch | seqlab ms/step | HF ms/step | seqlab img/s | HF img/s | seqlab tok/s | HF tok/s "
-        "| ratio (medians) | ratio (minima) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| config | precision | batch | seqlab ms/step | HF ms/step | seqlab img/s | HF img/s | seqlab tok/s "
+        "| HF tok/s | ratio (medians) | ratio (minima) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
         "Same weights, same outputs (checked before timing): " + "; ".join(parity) + ".",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from seqlab.cli import main
+from seqlab.layers import create_mixer, list_mixers
 from seqlab.layers.attention import MultiheadAttention
 from seqlab.training import config as train_config
 from seqlab.training.config import TrainConfig
@@ -55,6 +56,24 @@ def test_self_attention_under_cpu_autocast_runs_the_kernel_in_float32(causal):
     y.float().square().sum().backward()
     assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
     torch.testing.assert_close(y.float(), mha(x)[0], rtol=0.05, atol=0.03)
+
+
+@pytest.mark.parametrize("name", list_mixers())
+def test_every_mixer_under_cpu_autocast_is_close_to_float32(name):
+    """A float32 input under CPU autocast (what a model's norm hands its mixer): the output and the input's
+    gradient within bf16's rounding of the float32 layer's, gradients of the parameters in float32."""
+    torch.manual_seed(0)
+    mixer = create_mixer(name, 64)
+    x = torch.randn(2, 40, 64, requires_grad=True)
+    y32, _ = mixer(x)
+    (g32,) = torch.autograd.grad(y32.square().sum(), x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y16, _ = mixer(x)
+    y16.float().square().sum().backward()
+    scale = y32.abs().max().item()
+    assert (y16.float() - y32).abs().max().item() < 0.05 * scale
+    assert (x.grad - g32).abs().max().item() < 0.05 * g32.abs().max().item()
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in mixer.parameters())
 
 
 def _first_loss(tmp_path, name, precision, *argv) -> float:

