@@ -1,3 +1,4 @@
+import copy
 import dataclasses
 import itertools
 import json
@@ -12,7 +13,7 @@ from seqlab.models import create
 from seqlab.tasks.text import CharLMTask
 from seqlab.training import TrainConfig, Trainer
 from seqlab.training import checkpoint as ckpt
-from seqlab.training.optim import lr_at, param_groups
+from seqlab.training.optim import lr_at, make_optimizer, param_groups
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400))
 
@@ -189,5 +190,14 @@ def test_param_groups_never_decay_ssm_state_matrices():
         assert id(p) in no_decay and id(p) not in decay
     for p in (mamba.in_proj.weight, mamba.x_proj.weight, s4d.C, s4d.out_proj.weight):
         assert id(p) in decay
-    model.double()  # the marks live on the Parameter objects and survive dtype moves
+    model.double()  # the modules name them: dtype moves, deep copies (and FSDP's new Parameters) keep them
     assert id(mamba.A_log) in set(map(id, param_groups(model, 0.1)[1]["params"]))
+    copied = copy.deepcopy(model)  # a copy loses any attribute set on a Parameter object
+    kept = set(map(id, param_groups(copied, 0.1)[1]["params"]))
+    assert {id(copied[0].A_log), id(copied[0].D), id(copied[1].A_log_re), id(copied[1].log_dt)} <= kept
+
+
+def test_the_trainer_takes_torchs_fused_adamw_where_it_can():
+    model = torch.nn.Linear(4, 3)
+    assert make_optimizer(model, 1e-3, 0.1, (0.9, 0.99)).defaults["fused"] is True
+    assert make_optimizer(model.to(torch.float16), 1e-3, 0.1, (0.9, 0.99)).defaults["fused"] is True

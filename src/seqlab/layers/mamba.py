@@ -63,7 +63,7 @@ class Mamba(FastPathMixin, nn.Module):
     D = 1,
     dt_proj.weight ~ U(±dt_rank^-1/2); dt_proj.bias = softplus⁻¹(Δ₀) with Δ₀ log-uniform in [dt_min, dt_max],
     floored at dt_init_floor, so that Δ starts in a useful range of time scales whatever the input.
-    A_log and D are meant to be trained without weight decay (``_no_weight_decay`` marks them).
+    A_log and D are meant to be trained without weight decay (``no_weight_decay`` names them).
 
     State: (conv_state (b, d_inner, d_conv), the last d_conv conv inputs, oldest first; ssm_state
     (b, d_inner, n)). ``step`` costs O(1) time and memory per token. ``mask``: see the module docstring.
@@ -75,6 +75,8 @@ class Mamba(FastPathMixin, nn.Module):
         >>> y.shape, conv_state.shape, ssm_state.shape
         (torch.Size([2, 10, 8]), torch.Size([2, 16, 4]), torch.Size([2, 16, 4]))
     """
+
+    no_weight_decay = ("A_log", "D")  # trained without weight decay (seqlab.training.optim.param_groups)
 
     def __init__(
         self,
@@ -108,8 +110,6 @@ class Mamba(FastPathMixin, nn.Module):
         self.dt_proj = nn.Linear(self.dt_rank, di, bias=True, **kw)
         self.A_log = nn.Parameter(torch.empty(di, d_state, **kw))
         self.D = nn.Parameter(torch.empty(di, **kw))
-        self.A_log._no_weight_decay = True
-        self.D._no_weight_decay = True
         self.out_proj = nn.Linear(di, d_model, bias=bias, **kw)
         self.reset_parameters()
 

@@ -91,6 +91,9 @@ class S4D(FastPathMixin, nn.Module):
         (torch.Size([2, 10, 8]), torch.Size([2, 8, 2]), torch.complex64)
     """
 
+    # the time scales: trained, but not pulled to zero by weight decay (seqlab.training.optim.param_groups)
+    no_weight_decay = ("log_dt", "A_log_re", "A_im")
+
     def __init__(
         self,
         d_model: int,
@@ -117,8 +120,6 @@ class S4D(FastPathMixin, nn.Module):
         self.A_im = nn.Parameter(torch.empty(d_model, m, **kw))
         self.C = nn.Parameter(torch.empty(d_model, m, 2, **kw))  # (re, im) of C
         self.D = nn.Parameter(torch.empty(d_model, **kw))
-        for p in (self.log_dt, self.A_log_re, self.A_im):
-            p._no_weight_decay = True  # the time scales: trained, but not pulled to zero (optim.param_groups)
         self.drop = nn.Dropout(dropout)
         self.out_proj = nn.Linear(d_model, 2 * d_model, **kw)  # then GLU: (b, t, 2d) -> (b, t, d)
         self.reset_parameters()

@@ -10,14 +10,19 @@ from torch import nn
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices (weights of linear, recurrent and embedding layers); never decay biases, norm gains or
-    other vectors (Loshchilov & Hutter 2019, arXiv 1711.05101; the GPT-2/nanoGPT convention), nor parameters
-    a layer marks with ``_no_weight_decay = True``: the state matrices of S4D and Mamba, whose initialization
-    spreads their decay rates over several time scales that weight decay would pull together (the Mamba and
-    S4 reference code train A without weight decay too)."""
+    other vectors (Loshchilov & Hutter 2019, arXiv 1711.05101; the GPT-2/nanoGPT convention), nor the
+    parameters a module names in its ``no_weight_decay`` class attribute: the state matrices of S4D and Mamba,
+    whose initialization spreads their decay rates over several time scales that weight decay would pull
+    together (the Mamba and S4 reference code train A without weight decay too). A module names them rather
+    than marking the tensors, since a mark on a Parameter is lost by ``copy.deepcopy`` and by FSDP's sharding;
+    a parameter marked ``_no_weight_decay = True`` is still honoured."""
+    named = set()
+    for module in model.modules():
+        named |= {id(getattr(module, name)) for name in getattr(module, "no_weight_decay", ())}
     decay, no_decay = [], []
     for p in model.parameters():  # each tied parameter appears once
         if p.requires_grad:
-            keep = p.dim() < 2 or getattr(p, "_no_weight_decay", False)
+            keep = p.dim() < 2 or id(p) in named or getattr(p, "_no_weight_decay", False)
             (no_decay if keep else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
@@ -25,7 +30,23 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def make_optimizer(
     model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float], eps: float = 1e-8
 ) -> torch.optim.AdamW:
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+    """AdamW over :func:`param_groups`; torch's fused implementation (one kernel over all parameters) where it
+    takes them: plain float tensors on the CPU or CUDA, not FSDP's sharded DTensors. The same update as the
+    per-parameter loop that torch uses by default on the CPU, several times faster there
+    (``python benchmarks/bench_optimizer.py``)."""
+    groups = param_groups(model, weight_decay)
+    fused = _fusable([p for g in groups for p in g["params"]])
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
+
+
+def _fusable(params: list[torch.Tensor]) -> bool:
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if any(isinstance(p, DTensor) for p in params):
+            return False
+    floats = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    return all(p.device.type in ("cpu", "cuda") and p.dtype in floats for p in params)
 
 
 def lr_at(step: int, max_lr: float, total_steps: int, warmup_steps: int, min_lr: float) -> float:
