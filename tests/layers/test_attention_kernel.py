@@ -317,6 +317,34 @@ def test_dropout_matches_the_written_out_form_with_the_same_mask(causal):
 
 
 @needs_compiler
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("b", "t", "h", "d"), [(2, 50, 4, 32), (1, 37, 3, 12), (2, 64, 2, 48)])
+def test_bfloat16_is_the_float32_kernel_on_the_same_values(b, t, h, d, causal):
+    """bfloat16 (CPU autocast's dtype), packed and through `attention` with a key mask and dropout: each output
+    is the float32 kernel's on the same values rounded once (exactly), the gradients (in bf16, the packed one in
+    the projection's layout) within bf16's rounding of the float32 kernel's."""
+    qkv, q, k, v = packed(b, t, h, d, torch.bfloat16)
+    wide, qw, kw, vw = packed(b, t, h, d, torch.bfloat16)
+    wide = wide.detach().float().requires_grad_()
+    qw, kw, vw = (x.view(b, t, h, d).transpose(1, 2) for x in wide.split(h * d, dim=-1))
+    keep = torch.ones(b, t, dtype=torch.bool)
+    keep[0, -5:] = False
+    for run in ("packed", "masked with dropout"):
+        torch.manual_seed(3)
+        if run == "packed":
+            out, ref = kernel.attention_packed(qkv, h, causal), kernel.attention_packed(wide, h, causal)
+        else:
+            out = kernel.attention(q, k, v, causal, keep=keep, dropout_p=0.2)
+            torch.manual_seed(3)
+            ref = kernel.attention(qw, kw, vw, causal, keep=keep, dropout_p=0.2)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, ref.to(torch.bfloat16), rtol=0, atol=0)
+        (g16,), (g32,) = grads(out.float(), qkv), grads(ref, wide)
+        assert g16.dtype == torch.bfloat16
+        assert (g16.float() - g32).abs().max().item() < 2**-7 * g32.abs().max().item()
+
+
+@needs_compiler
 def test_dropout_gradcheck_with_a_fixed_seed():
     """With the seed fixed (as autograd's backward sees it), the dropped attention is a smooth function:
     gradcheck and gradgradcheck through the kernel's own Function."""

@@ -19,7 +19,8 @@
 // output is laid out (b, t, h, d) so that merging the heads is free, and the gradients are written where the caller
 // says, e.g. into one packed (b, t, 3 h d) gradient); each (b, h) task owns its rows of dq, dk, dv, so there
 // are no atomics and the results do not depend on the thread count. A head dim that is not a multiple of the
-// vector width runs on zero-padded copies of the task's rows (forward_one, backward_one).
+// vector width runs on zero-padded copies of the task's rows (forward_one, backward_one); bfloat16 tensors on
+// float32 copies of them (forward_one_bf16, backward_one_bf16).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -444,13 +445,67 @@ void backward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, c
   unpad(dvb, tk, d, dp, out_rows_of(dv, task, h));
 }
 
+// bfloat16 storage (torch.autocast's CPU dtype): a task's rows are widened to float32 in zero-padded buffers
+// (exactly: a bf16 is a float's high half), computed by the float32 task above, and the outputs rounded to
+// nearest-even on the way out; the rows' log-sum-exp stays float32
+Mat<const float> widened(Mat<const at::BFloat16> x, int64_t t, int64_t d, int64_t dp, float* dst) {
+  for (int64_t i = 0; i < t; ++i) {
+    const at::BFloat16* row = x.p + i * x.st;
+    float* out = dst + i * dp;
+    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(row[c]);
+    std::fill(out + d, out + dp, 0.0f);
+  }
+  return {dst, dp};
+}
+
+void narrowed(const float* src, int64_t t, int64_t d, int64_t dp, Mat<at::BFloat16> x) {
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t c = 0; c < d; ++c) x.p[i * x.st + c] = at::BFloat16(src[i * dp + c]);
+}
+
+using Rows16 = Rows<at::BFloat16>;
+
+void forward_one_bf16(int64_t task, int64_t h, const Rows16& q, const Rows16& k, const Rows16& v, const Rows16& o,
+                      float* lse, const bool* keep, int64_t tq, int64_t tk, int64_t d, bool causal, float scale,
+                      const Dropout& drop) {
+  const int64_t dp = round_up(d, Vec<float>::W);
+  std::vector<float>& buf = scratch<float, 1>();
+  buf.resize(2 * (tq + tk) * dp);
+  float *qb = buf.data(), *kb = qb + tq * dp, *vb = kb + tk * dp, *ob = vb + tk * dp;
+  forward_task<float>(widened(rows_of(q, task, h), tq, d, dp, qb), widened(rows_of(k, task, h), tk, d, dp, kb),
+                      widened(rows_of(v, task, h), tk, d, dp, vb), Mat<float>{ob, dp}, lse, keep, tq, tk, dp, causal,
+                      scale, drop, task, scratch<float>());
+  narrowed(ob, tq, d, dp, out_rows_of(o, task, h));
+}
+
+void backward_one_bf16(int64_t task, int64_t h, const Rows16& q, const Rows16& k, const Rows16& v, const Rows16& o,
+                       const Rows16& g, const float* lse, const bool* keep, const Rows16& dq, const Rows16& dk,
+                       const Rows16& dv, int64_t tq, int64_t tk, int64_t d, bool causal, float scale,
+                       const Dropout& drop) {
+  const int64_t dp = round_up(d, Vec<float>::W);
+  std::vector<float>& buf = scratch<float, 1>();
+  buf.resize((4 * tq + 4 * tk) * dp);
+  float *qb = buf.data(), *ob = qb + tq * dp, *gb = ob + tq * dp, *dqb = gb + tq * dp;
+  float *kb = dqb + tq * dp, *vb = kb + tk * dp, *dkb = vb + tk * dp, *dvb = dkb + tk * dp;
+  backward_task<float>(widened(rows_of(q, task, h), tq, d, dp, qb), widened(rows_of(k, task, h), tk, d, dp, kb),
+                       widened(rows_of(v, task, h), tk, d, dp, vb), widened(rows_of(o, task, h), tq, d, dp, ob),
+                       widened(rows_of(g, task, h), tq, d, dp, gb), lse, keep, Mat<float>{dqb, dp},
+                       Mat<float>{dkb, dp}, Mat<float>{dvb, dp}, tq, tk, dp, causal, scale, drop, task,
+                       scratch<float>());
+  narrowed(dqb, tq, d, dp, out_rows_of(dq, task, h));
+  narrowed(dkb, tk, d, dp, out_rows_of(dk, task, h));
+  narrowed(dvb, tk, d, dp, out_rows_of(dv, task, h));
+}
+
+bool is_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+
 void check(const at::Tensor& t, const char* name, const at::Tensor& like) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == 4 && t.stride(3) == 1, "attention: ", name,
               " must be a (b, h, t, d) CPU tensor with a contiguous last dimension; got shape ", t.sizes(),
               ", strides ", t.strides(), " on ", t.device());
-  TORCH_CHECK(t.scalar_type() == like.scalar_type() && (t.scalar_type() == at::kFloat ||
-                                                         t.scalar_type() == at::kDouble),
-              "attention: ", name, " must be float32 or float64 like q; got ", t.scalar_type(), " (q is ",
+  const auto k = t.scalar_type();
+  TORCH_CHECK(k == like.scalar_type() && (k == at::kFloat || k == at::kDouble || k == at::kBFloat16),
+              "attention: ", name, " must be float32, float64 or bfloat16 like q; got ", k, " (q is ",
               like.scalar_type(), ")");
 }
 
@@ -487,7 +542,17 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
   TORCH_CHECK(d >= 1, "attention: the head dim must be at least 1");
   TORCH_CHECK(!causal || tq == tk, "attention: causal needs t_q == t_k; got t_q ", tq, ", t_k ", tk);
   at::Tensor o = heads_last(q, b, h, tq, d);
-  at::Tensor lse = at::empty({b, h, tq}, q.options());
+  at::Tensor lse = at::empty({b, h, tq}, q.options().dtype(is_bf16(q) ? at::kFloat : q.scalar_type()));
+  if (is_bf16(q)) {
+    const Rows16 qr(q), kr(k), vr(v), orr(o);
+    float* lp = lse.data_ptr<float>();
+    at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t)
+        forward_one_bf16(t, h, qr, kr, vr, orr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, tq, tk, d, causal,
+                         float(scale), drop);
+    });
+    return {o, lse};
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_forward", [&] {
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o);
     scalar_t* lp = lse.data_ptr<scalar_t>();
@@ -521,6 +586,17 @@ void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
                   lse.numel() == b * h * tq,
               "attention: grad, o and dq must be shaped like q, dk and dv like k and v, lse (b, h, t_q)");
   const bool* kp = keep_rows(keep, b, tk);
+  if (is_bf16(q)) {
+    TORCH_CHECK(lse.scalar_type() == at::kFloat, "attention: lse of bfloat16 attention must be float32");
+    const Rows16 qr(q), kr(k), vr(v), orr(o), gr(grad), dqr(dq), dkr(dk), dvr(dv);
+    const float* lp = lse.data_ptr<float>();
+    at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t)
+        backward_one_bf16(t, h, qr, kr, vr, orr, gr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, dqr, dkr, dvr,
+                          tq, tk, d, causal, float(scale), drop);
+    });
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_backward", [&] {
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o), gr(grad), dqr(dq), dkr(dk), dvr(dv);
     const scalar_t* lp = lse.data_ptr<scalar_t>();

@@ -128,7 +128,8 @@ class _PackedAttention(torch.autograd.Function):
 def dropout_mask(q: Tensor, k: Tensor, p: float, seed: int) -> Tensor:
     """The factors (0 or 1 / (1 − p)) that the kernel's dropout with this seed multiplies P by, (b, h, t_q, t_k)."""
     b, h, t_q, _ = q.shape
-    return EXTENSION.load().dropout_mask(b, h, t_q, k.size(2), float(p), int(seed), q.detach())
+    like = q.detach() if q.dtype != torch.bfloat16 else q.detach().float()  # bf16: float32 factors, then cast
+    return EXTENSION.load().dropout_mask(b, h, t_q, k.size(2), float(p), int(seed), like).to(q.dtype)
 
 
 def _written_out(
@@ -183,7 +184,8 @@ def why_not_shapes(
 ) -> str | None:
     """None when the kernel takes attention of these dtype, device, heads (h query, g key/value), lengths and
     head dim (masks and dropout are checked by why_not_kernel), else why not."""
-    if (reason := cpu_float_reason_of(device, dtype, "q")) is not None:
+    bf16 = dtype == torch.bfloat16 and device.type == "cpu"  # torch.autocast's CPU dtype: computed in float32
+    if not bf16 and (reason := cpu_float_reason_of(device, dtype, "q")) is not None:
         return reason
     if g != h:
         return "the kernel needs as many key/value heads as query heads"
@@ -191,7 +193,7 @@ def why_not_shapes(
         return "the kernel's causal mask needs t_q == t_k"
     if d > MAX_HEAD_DIM:
         return f"the kernel takes head dims up to {MAX_HEAD_DIM}, got {d}"
-    width = 64 * 8 // torch.finfo(dtype).bits  # one 64-byte vector of elements
+    width = 64 * 8 // torch.finfo(torch.float32 if bf16 else dtype).bits  # one 64-byte vector of elements
     if not is_causal and d % width:
         return (
             f"bidirectional attention with a head dim that is not a multiple of {width} (here {d}) runs as fast in "

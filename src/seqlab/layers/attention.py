@@ -227,9 +227,6 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         t = x.size(1)
         h, g, kd = self.n_heads, self.n_kv_heads, self.head_dim
         dtype = matmul_dtype(x)  # what the projection gives: under torch.autocast, its lower precision
-        if dtype == torch.bfloat16 and x.device.type == "cpu":
-            # CPU autocast: the kernel runs on the projection cast up (_packed_self_attention)
-            dtype = torch.float32
         return attention_kernel.why_not_shapes(dtype, x.device, h, g, t, t, kd, self.causal, x.size(0))
 
     def _packed_self_attention(self, x: Tensor) -> tuple[Tensor, KVCache]:
@@ -237,10 +234,6 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         same outputs and cache as the general path."""
         b, t, _ = x.shape
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, 3 h k)
-        if qkv.dtype == torch.bfloat16:
-            # CPU autocast: float32 attention through the kernel is faster than torch's bf16 flash attention on
-            # the CPU (6.6x in the ViT profile of benchmarks/bench_vit.py), and more exact
-            qkv = qkv.float()
         drop = self.dropout if self.training else 0.0
         out = attention_kernel.attention_packed(
             qkv, self.n_heads, self.causal, self.scale, drop
