@@ -9,7 +9,7 @@ from seqlab.cli import main
 def test_doctor_reports_the_machine_and_every_task(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert "torch 2." in out and "CPU:" in out
+    assert "torch 2." in out and "CPU:" in out and "CPU bf16 matmul units: " in out
     for what in commands_doctor.NEEDS:
         assert what in out, what
 

@@ -169,6 +169,7 @@ def _machine() -> list[str]:
 
     from seqlab import __version__
     from seqlab.lab.report import cpu_name
+    from seqlab.training.config import cpu_has_bf16_matmul
 
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     gpus = (
@@ -176,10 +177,16 @@ def _machine() -> list[str]:
         if torch.cuda.is_available()
         else []
     )
+    bf16 = (
+        "yes (AMX or AVX512-BF16): train.precision=bf16 trains in bf16 autocast"
+        if cpu_has_bf16_matmul()
+        else "no (emulated, far slower than fp32): train.precision=bf16 is refused on the CPU"
+    )
     return [
         f"seqlab {__version__}, Python {platform.python_version()} ({sys.executable})",
         f"torch {torch.__version__} ({build}), {torch.get_num_threads()} threads",
         f"CPU: {cpu_name()}; GPU: {', '.join(gpus) if gpus else 'none'}",
+        f"CPU bf16 matmul units: {bf16}",
     ]
 
 
