@@ -117,7 +117,8 @@ void forward(const at::BFloat16* __restrict__ x, at::BFloat16* __restrict__ y, i
 
 void backward(const at::BFloat16* __restrict__ g, const at::BFloat16* __restrict__ x, at::BFloat16* __restrict__ dx,
               int64_t lo, int64_t hi) {
-  for (int64_t i = lo; i < hi; ++i) dx[i] = at::BFloat16(gelu_tanh_grad(static_cast<float>(g[i]), static_cast<float>(x[i])));
+  for (int64_t i = lo; i < hi; ++i)
+    dx[i] = at::BFloat16(gelu_tanh_grad(static_cast<float>(g[i]), static_cast<float>(x[i])));
 }
 #endif
 

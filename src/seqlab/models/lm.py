@@ -232,12 +232,11 @@ class LM(nn.Module):
         c = self.config
         if c.d_input is None:
             check_token_ids(x, c.vocab_size)
+        # under torch.autocast the features may come in a lower precision than the weights, on purpose
         elif (
             x.size(-1) != c.d_input
             or not x.is_floating_point()
-            or (
-                x.dtype != self.embed.weight.dtype and dtype_checked(x)
-            )  # autocast: lower precision on purpose
+            or (x.dtype != self.embed.weight.dtype and dtype_checked(x))
         ):
             w = self.embed.weight
             raise ValueError(
