@@ -102,7 +102,13 @@ CASES = {
     "test-mamba": ["--task.name=shakespeare", "--task.seq_len=32", "--task.batch_size=4"],
     "test-vit": ["--task.name=image_classification", "--task.source=digits"],
     "test-video-frames": [*VIDEO, "--task.batch_size=8"],  # frame features into an LM: the input check
-    "test-seq2seq-luong": ["--task.name=translation", "--task.batch_size=8"],
+    "test-show-attend-tell": [  # an LSTM decoder with additive attention over an image grid
+        "--task.name=captioning",
+        "--task.image_size=32",
+        "--task.n_train=64",
+        "--task.n_eval=8",
+        "--task.batch_size=8",
+    ],
 }
 
 
