@@ -55,35 +55,19 @@ struct Gelu16 {
 
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 
-void forward(const float* __restrict__ x, float* __restrict__ y, int64_t lo, int64_t hi) {
-  for (int64_t i = lo; i < hi; i += 16) {
-    const __mmask16 m = tail_mask(hi - i);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, Gelu16(v).s));
-  }
-}
+// 16 values of the storage type in, as float32; and out. bfloat16 (torch.autocast's CPU dtype) is widened exactly
+// (its bits are the high half of the float's) and rounded back to nearest-even as c10::BFloat16 rounds (a NaN
+// becomes 0x7FC0, torch's quiet NaN), so a stored bf16 result is the bf16 rounding of the float32 one.
+inline __m512 load16(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
 
-void backward(const float* __restrict__ g, const float* __restrict__ x, float* __restrict__ dx, int64_t lo,
-              int64_t hi) {
-  for (int64_t i = lo; i < hi; i += 16) {
-    const __mmask16 m = tail_mask(hi - i);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    const Gelu16 f(v);
-    // gelu'(x) = s + x s (1 - s) 2c (1 + 3a x²)
-    const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(v, f.s), f.rest), f.slope, f.s);
-    _mm512_mask_storeu_ps(dx + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g + i), d));
-  }
-}
-
-// bfloat16 storage (torch.autocast's CPU dtype): 16 values widened to float32 exactly (the bf16 bits are the
-// high half of the float's), computed as above, rounded back to nearest-even as c10::BFloat16 rounds (a NaN
-// becomes 0x7FC0, torch's quiet NaN), so a stored result is the bf16 rounding of the float32 one.
-inline __m512 load_bf16(__mmask16 m, const at::BFloat16* p) {
+inline __m512 load16(__mmask16 m, const at::BFloat16* p) {
   const __m256i h = _mm256_maskz_loadu_epi16(m, p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-inline void store_bf16(at::BFloat16* p, __mmask16 m, __m512 v) {
+inline void store16(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+
+inline void store16(at::BFloat16* p, __mmask16 m, __m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
@@ -91,23 +75,32 @@ inline void store_bf16(at::BFloat16* p, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
 }
 
-void forward(const at::BFloat16* __restrict__ x, at::BFloat16* __restrict__ y, int64_t lo, int64_t hi) {
+template <typename S>
+void forward16(const S* __restrict__ x, S* __restrict__ y, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; i += 16) {
     const __mmask16 m = tail_mask(hi - i);
-    const __m512 v = load_bf16(m, x + i);
-    store_bf16(y + i, m, _mm512_mul_ps(v, Gelu16(v).s));
+    const __m512 v = load16(m, x + i);
+    store16(y + i, m, _mm512_mul_ps(v, Gelu16(v).s));
   }
 }
 
-void backward(const at::BFloat16* __restrict__ g, const at::BFloat16* __restrict__ x, at::BFloat16* __restrict__ dx,
-              int64_t lo, int64_t hi) {
+template <typename S>
+void backward16(const S* __restrict__ g, const S* __restrict__ x, S* __restrict__ dx, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; i += 16) {
     const __mmask16 m = tail_mask(hi - i);
-    const __m512 v = load_bf16(m, x + i);
+    const __m512 v = load16(m, x + i);
     const Gelu16 f(v);
+    // gelu'(x) = s + x s (1 - s) 2c (1 + 3a x²)
     const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(v, f.s), f.rest), f.slope, f.s);
-    store_bf16(dx + i, m, _mm512_mul_ps(load_bf16(m, g + i), d));
+    store16(dx + i, m, _mm512_mul_ps(load16(m, g + i), d));
   }
+}
+
+void forward(const float* x, float* y, int64_t lo, int64_t hi) { forward16(x, y, lo, hi); }
+void forward(const at::BFloat16* x, at::BFloat16* y, int64_t lo, int64_t hi) { forward16(x, y, lo, hi); }
+void backward(const float* g, const float* x, float* dx, int64_t lo, int64_t hi) { backward16(g, x, dx, lo, hi); }
+void backward(const at::BFloat16* g, const at::BFloat16* x, at::BFloat16* dx, int64_t lo, int64_t hi) {
+  backward16(g, x, dx, lo, hi);
 }
 #else
 // bfloat16 without AVX-512: each value widened to float, computed in float, rounded once on the way out

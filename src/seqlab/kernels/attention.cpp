@@ -19,8 +19,8 @@
 // output is laid out (b, t, h, d) so that merging the heads is free, and the gradients are written where the caller
 // says, e.g. into one packed (b, t, 3 h d) gradient); each (b, h) task owns its rows of dq, dk, dv, so there
 // are no atomics and the results do not depend on the thread count. A head dim that is not a multiple of the
-// vector width runs on zero-padded copies of the task's rows (forward_one, backward_one); bfloat16 tensors on
-// float32 copies of them (forward_one_bf16, backward_one_bf16).
+// vector width runs on zero-padded copies of the task's rows (forward_one, backward_one), and bfloat16 tensors
+// on float32 copies of them.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -33,6 +33,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "vec_math.h"
@@ -377,19 +378,31 @@ std::vector<T>& scratch() {
 
 // A head dim d that is not a multiple of the vector width runs as d_pad = ⌈d / W⌉ W: each task copies its rows
 // into zero-padded buffers (zero columns add nothing to q kᵀ, and the padded output columns are dropped), O(t d)
-// copies beside O(t² d) products
-template <typename T>
-Mat<const T> padded(Mat<const T> x, int64_t t, int64_t d, int64_t dp, T* dst) {
+// copies beside O(t² d) products. Tensors stored in bfloat16 (torch.autocast's CPU dtype) take the same route:
+// their rows are widened to float32 on the way in (exactly: a bf16 is a float's high half), and the outputs
+// rounded to nearest-even on the way out; the rows' log-sum-exp stays float32.
+template <typename S>
+struct Compute {
+  using T = S;  // float32 and float64 compute in their own type
+};
+template <>
+struct Compute<at::BFloat16> {
+  using T = float;
+};
+
+template <typename T, typename S>
+Mat<const T> padded(Mat<const S> x, int64_t t, int64_t d, int64_t dp, T* dst) {
   for (int64_t i = 0; i < t; ++i) {
-    std::copy(x.p + i * x.st, x.p + i * x.st + d, dst + i * dp);
+    std::transform(x.p + i * x.st, x.p + i * x.st + d, dst + i * dp, [](S e) { return static_cast<T>(e); });
     std::fill(dst + i * dp + d, dst + (i + 1) * dp, T(0));
   }
   return {dst, dp};
 }
 
-template <typename T>
-void unpad(const T* src, int64_t t, int64_t d, int64_t dp, Mat<T> x) {
-  for (int64_t i = 0; i < t; ++i) std::copy(src + i * dp, src + i * dp + d, x.p + i * x.st);
+template <typename T, typename S>
+void unpad(const T* src, int64_t t, int64_t d, int64_t dp, Mat<S> x) {
+  for (int64_t i = 0; i < t; ++i)
+    std::transform(src + i * dp, src + i * dp + d, x.p + i * x.st, [](T e) { return static_cast<S>(e); });
 }
 
 template <typename T>
@@ -402,15 +415,18 @@ Mat<T> out_rows_of(const Rows<T>& x, int64_t task, int64_t h) {
   return {x.at(task / h, task % h), x.st};
 }
 
-template <typename T>
-void forward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
+// S: the tensors' storage type, T: the type computed in
+template <typename S, typename T = typename Compute<S>::T>
+void forward_one(int64_t task, int64_t h, const Rows<S>& q, const Rows<S>& k, const Rows<S>& v, const Rows<S>& o,
                  T* lse, const bool* keep, int64_t tq, int64_t tk, int64_t d, bool causal, T scale,
                  const Dropout& drop) {
   const int64_t dp = round_up(d, Vec<T>::W);
-  if (dp == d) {
-    forward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), out_rows_of(o, task, h), lse,
-                    keep, tq, tk, d, causal, scale, drop, task, scratch<T>());
-    return;
+  if constexpr (std::is_same_v<S, T>) {
+    if (dp == d) {
+      forward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), out_rows_of(o, task, h), lse,
+                      keep, tq, tk, d, causal, scale, drop, task, scratch<T>());
+      return;
+    }
   }
   std::vector<T>& pad = scratch<T, 1>();
   pad.resize(2 * (tq + tk) * dp);
@@ -421,16 +437,18 @@ void forward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, co
   unpad(ob, tq, d, dp, out_rows_of(o, task, h));
 }
 
-template <typename T>
-void backward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, const Rows<T>& v, const Rows<T>& o,
-                  const Rows<T>& g, const T* lse, const bool* keep, const Rows<T>& dq, const Rows<T>& dk,
-                  const Rows<T>& dv, int64_t tq, int64_t tk, int64_t d, bool causal, T scale, const Dropout& drop) {
+template <typename S, typename T = typename Compute<S>::T>
+void backward_one(int64_t task, int64_t h, const Rows<S>& q, const Rows<S>& k, const Rows<S>& v, const Rows<S>& o,
+                  const Rows<S>& g, const T* lse, const bool* keep, const Rows<S>& dq, const Rows<S>& dk,
+                  const Rows<S>& dv, int64_t tq, int64_t tk, int64_t d, bool causal, T scale, const Dropout& drop) {
   const int64_t dp = round_up(d, Vec<T>::W);
-  if (dp == d) {
-    backward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), rows_of(o, task, h),
-                     rows_of(g, task, h), lse, keep, out_rows_of(dq, task, h), out_rows_of(dk, task, h),
-                     out_rows_of(dv, task, h), tq, tk, d, causal, scale, drop, task, scratch<T>());
-    return;
+  if constexpr (std::is_same_v<S, T>) {
+    if (dp == d) {
+      backward_task<T>(rows_of(q, task, h), rows_of(k, task, h), rows_of(v, task, h), rows_of(o, task, h),
+                       rows_of(g, task, h), lse, keep, out_rows_of(dq, task, h), out_rows_of(dk, task, h),
+                       out_rows_of(dv, task, h), tq, tk, d, causal, scale, drop, task, scratch<T>());
+      return;
+    }
   }
   std::vector<T>& pad = scratch<T, 1>();
   pad.resize((4 * tq + 4 * tk) * dp);
@@ -443,58 +461,6 @@ void backward_one(int64_t task, int64_t h, const Rows<T>& q, const Rows<T>& k, c
   unpad(dqb, tq, d, dp, out_rows_of(dq, task, h));
   unpad(dkb, tk, d, dp, out_rows_of(dk, task, h));
   unpad(dvb, tk, d, dp, out_rows_of(dv, task, h));
-}
-
-// bfloat16 storage (torch.autocast's CPU dtype): a task's rows are widened to float32 in zero-padded buffers
-// (exactly: a bf16 is a float's high half), computed by the float32 task above, and the outputs rounded to
-// nearest-even on the way out; the rows' log-sum-exp stays float32
-Mat<const float> widened(Mat<const at::BFloat16> x, int64_t t, int64_t d, int64_t dp, float* dst) {
-  for (int64_t i = 0; i < t; ++i) {
-    const at::BFloat16* row = x.p + i * x.st;
-    float* out = dst + i * dp;
-    for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(row[c]);
-    std::fill(out + d, out + dp, 0.0f);
-  }
-  return {dst, dp};
-}
-
-void narrowed(const float* src, int64_t t, int64_t d, int64_t dp, Mat<at::BFloat16> x) {
-  for (int64_t i = 0; i < t; ++i)
-    for (int64_t c = 0; c < d; ++c) x.p[i * x.st + c] = at::BFloat16(src[i * dp + c]);
-}
-
-using Rows16 = Rows<at::BFloat16>;
-
-void forward_one_bf16(int64_t task, int64_t h, const Rows16& q, const Rows16& k, const Rows16& v, const Rows16& o,
-                      float* lse, const bool* keep, int64_t tq, int64_t tk, int64_t d, bool causal, float scale,
-                      const Dropout& drop) {
-  const int64_t dp = round_up(d, Vec<float>::W);
-  std::vector<float>& buf = scratch<float, 1>();
-  buf.resize(2 * (tq + tk) * dp);
-  float *qb = buf.data(), *kb = qb + tq * dp, *vb = kb + tk * dp, *ob = vb + tk * dp;
-  forward_task<float>(widened(rows_of(q, task, h), tq, d, dp, qb), widened(rows_of(k, task, h), tk, d, dp, kb),
-                      widened(rows_of(v, task, h), tk, d, dp, vb), Mat<float>{ob, dp}, lse, keep, tq, tk, dp, causal,
-                      scale, drop, task, scratch<float>());
-  narrowed(ob, tq, d, dp, out_rows_of(o, task, h));
-}
-
-void backward_one_bf16(int64_t task, int64_t h, const Rows16& q, const Rows16& k, const Rows16& v, const Rows16& o,
-                       const Rows16& g, const float* lse, const bool* keep, const Rows16& dq, const Rows16& dk,
-                       const Rows16& dv, int64_t tq, int64_t tk, int64_t d, bool causal, float scale,
-                       const Dropout& drop) {
-  const int64_t dp = round_up(d, Vec<float>::W);
-  std::vector<float>& buf = scratch<float, 1>();
-  buf.resize((4 * tq + 4 * tk) * dp);
-  float *qb = buf.data(), *ob = qb + tq * dp, *gb = ob + tq * dp, *dqb = gb + tq * dp;
-  float *kb = dqb + tq * dp, *vb = kb + tk * dp, *dkb = vb + tk * dp, *dvb = dkb + tk * dp;
-  backward_task<float>(widened(rows_of(q, task, h), tq, d, dp, qb), widened(rows_of(k, task, h), tk, d, dp, kb),
-                       widened(rows_of(v, task, h), tk, d, dp, vb), widened(rows_of(o, task, h), tq, d, dp, ob),
-                       widened(rows_of(g, task, h), tq, d, dp, gb), lse, keep, Mat<float>{dqb, dp},
-                       Mat<float>{dkb, dp}, Mat<float>{dvb, dp}, tq, tk, dp, causal, scale, drop, task,
-                       scratch<float>());
-  narrowed(dqb, tq, d, dp, out_rows_of(dq, task, h));
-  narrowed(dkb, tk, d, dp, out_rows_of(dk, task, h));
-  narrowed(dvb, tk, d, dp, out_rows_of(dv, task, h));
 }
 
 bool is_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
@@ -543,19 +509,10 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
   TORCH_CHECK(!causal || tq == tk, "attention: causal needs t_q == t_k; got t_q ", tq, ", t_k ", tk);
   at::Tensor o = heads_last(q, b, h, tq, d);
   at::Tensor lse = at::empty({b, h, tq}, q.options().dtype(is_bf16(q) ? at::kFloat : q.scalar_type()));
-  if (is_bf16(q)) {
-    const Rows16 qr(q), kr(k), vr(v), orr(o);
-    float* lp = lse.data_ptr<float>();
-    at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t)
-        forward_one_bf16(t, h, qr, kr, vr, orr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, tq, tk, d, causal,
-                         float(scale), drop);
-    });
-    return {o, lse};
-  }
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "attention_forward", [&] {
+    using acc_t = typename Compute<scalar_t>::T;
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o);
-    scalar_t* lp = lse.data_ptr<scalar_t>();
+    acc_t* lp = lse.data_ptr<acc_t>();
     at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t) {
         if (t + 1 < hi) {
@@ -565,7 +522,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
           prefetch_rows(vr.at(bn, hn), tk, d, vr.st);
         }
         forward_one<scalar_t>(t, h, qr, kr, vr, orr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, tq, tk, d,
-                              causal, scalar_t(scale), drop);
+                              causal, acc_t(scale), drop);
       }
     });
   });
@@ -586,20 +543,12 @@ void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
                   lse.numel() == b * h * tq,
               "attention: grad, o and dq must be shaped like q, dk and dv like k and v, lse (b, h, t_q)");
   const bool* kp = keep_rows(keep, b, tk);
-  if (is_bf16(q)) {
-    TORCH_CHECK(lse.scalar_type() == at::kFloat, "attention: lse of bfloat16 attention must be float32");
-    const Rows16 qr(q), kr(k), vr(v), orr(o), gr(grad), dqr(dq), dkr(dk), dvr(dv);
-    const float* lp = lse.data_ptr<float>();
-    at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t)
-        backward_one_bf16(t, h, qr, kr, vr, orr, gr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, dqr, dkr, dvr,
-                          tq, tk, d, causal, float(scale), drop);
-    });
-    return;
-  }
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention_backward", [&] {
+  TORCH_CHECK(lse.scalar_type() == (is_bf16(q) ? at::kFloat : q.scalar_type()),
+              "attention: lse must be float32 for bfloat16 attention, else of q's dtype");
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "attention_backward", [&] {
+    using acc_t = typename Compute<scalar_t>::T;
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o), gr(grad), dqr(dq), dkr(dk), dvr(dv);
-    const scalar_t* lp = lse.data_ptr<scalar_t>();
+    const acc_t* lp = lse.data_ptr<acc_t>();
     at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t) {
         if (t + 1 < hi) {
@@ -608,7 +557,7 @@ void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
           for (const auto* x : {&kr, &vr}) prefetch_rows(x->at(bn, hn), tk, d, x->st);
         }
         backward_one<scalar_t>(t, h, qr, kr, vr, orr, gr, lp + t * tq, kp ? kp + (t / h) * tk : nullptr, dqr, dkr,
-                               dvr, tq, tk, d, causal, scalar_t(scale), drop);
+                               dvr, tq, tk, d, causal, acc_t(scale), drop);
       }
     });
   });
