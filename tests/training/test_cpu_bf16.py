@@ -44,9 +44,10 @@ def _graph_names(t: torch.Tensor) -> set[str]:
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_self_attention_under_cpu_autocast_runs_the_kernel_in_float32(causal):
-    """A float32 input under autocast: the packed projection comes out in bf16; the kernel then runs on it cast
-    up (it takes float32), close to the float32 layer."""
+def test_self_attention_under_cpu_autocast_runs_the_kernel(causal):
+    """A float32 input under autocast: the packed projection comes out in bf16 and the kernel takes it as it is
+    (computing in float32 inside; once, the layer checked its input's dtype and handed the kernel bf16 it then
+    refused); the output close to the float32 layer's."""
     torch.manual_seed(0)
     mha = MultiheadAttention(64, 4, causal=causal)
     x = torch.randn(2, 40, 64, requires_grad=True)  # past the kernel's 32-query minimum
