@@ -48,7 +48,6 @@ class _GeluTanh(torch.autograd.Function):
 
 def gelu_tanh(x: Tensor) -> Tensor:
     """½ x (1 + tanh(√(2/π) (x + 0.044715 x³))), elementwise, any shape."""
-    bf16 = x.dtype == torch.bfloat16 and x.device.type == "cpu"  # torch.autocast's CPU dtype
-    if (bf16 or cpu_float_reason(x) is None) and x.is_contiguous() and EXTENSION.unbuilt_reason() is None:
+    if cpu_float_reason(x, bf16=True) is None and x.is_contiguous() and EXTENSION.unbuilt_reason() is None:
         return _GeluTanh.apply(x)
     return F.gelu(x, approximate="tanh")

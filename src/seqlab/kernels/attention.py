@@ -184,8 +184,7 @@ def why_not_shapes(
 ) -> str | None:
     """None when the kernel takes attention of these dtype, device, heads (h query, g key/value), lengths and
     head dim (masks and dropout are checked by why_not_kernel), else why not."""
-    bf16 = dtype == torch.bfloat16 and device.type == "cpu"  # torch.autocast's CPU dtype: computed in float32
-    if not bf16 and (reason := cpu_float_reason_of(device, dtype, "q")) is not None:
+    if (reason := cpu_float_reason_of(device, dtype, "q", bf16=True)) is not None:
         return reason
     if g != h:
         return "the kernel needs as many key/value heads as query heads"
@@ -193,7 +192,8 @@ def why_not_shapes(
         return "the kernel's causal mask needs t_q == t_k"
     if d > MAX_HEAD_DIM:
         return f"the kernel takes head dims up to {MAX_HEAD_DIM}, got {d}"
-    width = 64 * 8 // torch.finfo(torch.float32 if bf16 else dtype).bits  # one 64-byte vector of elements
+    compute = torch.float32 if dtype == torch.bfloat16 else dtype  # bfloat16 rows are computed in float32
+    width = 64 * 8 // torch.finfo(compute).bits  # one 64-byte vector of elements
     if not is_causal and d % width:
         return (
             f"bidirectional attention with a head dim that is not a multiple of {width} (here {d}) runs as fast in "

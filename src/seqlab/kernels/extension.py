@@ -33,23 +33,26 @@ import torch
 
 from seqlab.kernels.build import ISA_FLAGS, disabled_reason, library_path
 
-__all__ = ["CppExtension", "cpu_float_reason", "cpu_float_reason_of", "spaced_rows"]
+__all__ = ["CppExtension", "cpu_float_reason", "cpu_float_reason_of", "matmul_dtype", "spaced_rows"]
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 
 
-def cpu_float_reason(x: torch.Tensor) -> str | None:
-    """Why a C++ kernel here cannot take x, as far as all of them care (a float32 or float64 CPU tensor), or None."""
-    return cpu_float_reason_of(x.device, x.dtype)
+def cpu_float_reason(x: torch.Tensor, bf16: bool = False) -> str | None:
+    """Why a C++ kernel here cannot take x, as far as all of them care (a float32 or float64 CPU tensor; with
+    ``bf16``, for a kernel that also takes bfloat16, torch.autocast's CPU dtype, computing in float32), or None."""
+    return cpu_float_reason_of(x.device, x.dtype, bf16=bf16)
 
 
-def cpu_float_reason_of(device: torch.device, dtype: torch.dtype, name: str = "x") -> str | None:
+def cpu_float_reason_of(
+    device: torch.device, dtype: torch.dtype, name: str = "x", bf16: bool = False
+) -> str | None:
     """:func:`cpu_float_reason` for a tensor not made yet, known by its device and dtype."""
     if device.type != "cpu":
         return f"the kernel runs on the CPU, {name} is on {device.type}"
-    if dtype not in (torch.float32, torch.float64):
-        return f"the kernel takes float32 or float64, {name} is {dtype}"
+    if dtype not in (torch.float32, torch.float64) and not (bf16 and dtype == torch.bfloat16):
+        return f"the kernel takes float32 or float64{' (or bfloat16)' if bf16 else ''}, {name} is {dtype}"
     return None
 
 
