@@ -31,16 +31,14 @@ import datetime as dt
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from common import alternate, result_file
 from seqlab.kernels import attention as kernel
-from seqlab.lab.report import cpu_name, hardware_slug
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from seqlab.lab.report import cpu_name
 
 # name, b, h, t, d, causal
 SHAPES = [
@@ -199,18 +197,6 @@ def model_rows(repeats: int, quick: bool) -> list[str]:
     return rows
 
 
-def alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
-    for f in fns.values():  # warm-up
-        f()
-    times = {n: [] for n in fns}
-    for r in range(repeats):
-        for n in list(fns) if r % 2 == 0 else list(fns)[::-1]:
-            t0 = time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t0)
-    return times
-
-
 def spread(v: list[float]) -> float:
     q1, _, q3 = statistics.quantiles(v, n=4)
     return (q3 - q1) / statistics.median(v)
@@ -294,12 +280,7 @@ def main() -> None:
         ]
     )
     print(text)
-    out = args.out or (
-        None
-        if args.quick
-        else RESULTS
-        / f"attention-kernel-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
-    )
+    out = args.out or (None if args.quick else result_file("attention-kernel"))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")

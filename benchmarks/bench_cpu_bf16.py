@@ -14,18 +14,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from seqlab.lab.report import cpu_name, hardware_slug
+from common import alternate, result_file
+from seqlab.lab.report import cpu_name
 from seqlab.layers import list_mixers
 from seqlab.models import create
 from seqlab.training.config import cpu_has_bf16_matmul
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def step_fn(model, ids: torch.Tensor, bf16: bool):
@@ -45,15 +42,7 @@ def measure(name: str, repeats: int) -> dict[str, float]:
     torch.manual_seed(0)
     model = create("test-lm-lstm", mixer=name, d_model=128, n_layers=2, vocab_size=96).train()
     ids = torch.randint(0, 96, (16, 257))
-    fns = {"fp32": step_fn(model, ids, False), "bf16": step_fn(model, ids, True)}
-    for f in fns.values():  # warm-up (and the kernels' first load)
-        f()
-    times = {n: [] for n in fns}
-    for r in range(repeats):
-        for n in list(fns) if r % 2 == 0 else list(fns)[::-1]:
-            t = time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t)
+    times = alternate({"fp32": step_fn(model, ids, False), "bf16": step_fn(model, ids, True)}, repeats)
     return {n: statistics.median(v) for n, v in times.items()}
 
 
@@ -84,8 +73,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.quick:
-        RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"cpu-bf16-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
+        out = result_file("cpu-bf16")
         out.write_text(text, encoding="utf-8")
         print(f"wrote {out}")
 

@@ -29,15 +29,14 @@ import datetime as dt
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from seqlab.lab.report import cpu_name, hardware_slug
+from common import alternate, result_file
+from seqlab.lab.report import cpu_name
 from seqlab.training.config import cpu_has_bf16_matmul
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SAMPLING = {"temperature": 0.8, "top_k": 50}  # both libraries' sampled decoding
 
 
@@ -141,7 +140,7 @@ def generation_rows(ours, hf, args, batch, sampled, new_tokens, repeats):
     if reference:
         fns["modules"] = lambda: generate_ref(ours, prompt, new_tokens)
     fns["ceiling"] = ceiling_fn(ours, batch, new_tokens)
-    medians, spread = alternate(fns, repeats)
+    medians, spread = medians_and_spread(fns, repeats)
     rate = {k: batch * new_tokens / v for k, v in medians.items()}
     ceiling = rate["ceiling"]
     what = f"{'sampled' if sampled else 'greedy'} generation tokens/s, batch {batch} ({new_tokens} new)"
@@ -186,18 +185,10 @@ def train_step_fn(model, logits_of, batch, lr=1e-3, bf16=False):
     return step
 
 
-def alternate(fns: dict[str, callable], repeats: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Median seconds per call of each function, alternating the order from repeat to repeat, and each one's
-    spread: the interquartile range over the median (a rate's relative spread is the same)."""
-    names = list(fns)
-    for f in fns.values():  # warm-up
-        f()
-    times = {n: [] for n in names}
-    for r in range(repeats):
-        for n in names if r % 2 == 0 else names[::-1]:
-            t = time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t)
+def medians_and_spread(fns: dict[str, callable], repeats: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds per call of each function, timed alternately (common.alternate), and each one's spread:
+    the interquartile range over the median (a rate's relative spread is the same)."""
+    times = alternate(fns, repeats)
     spread = {}
     for n, v in times.items():
         q1, _, q3 = statistics.quantiles(v, n=4) if len(v) > 1 else (v[0], v[0], v[0])
@@ -271,7 +262,7 @@ def main() -> None:
         rate16, rate16_shape = matmul_rate(
             [(rows, d, 3 * d), (rows, d, 4 * d), (rows, 4 * d, d)], dtype=torch.bfloat16
         )
-    train, train_spread = alternate(steps, repeats)
+    train, train_spread = medians_and_spread(steps, repeats)
     tokens = args.batch * args.context
     flops_tok = 3 * forward_flops_per_token(ours, args.context)[0]
 
@@ -344,8 +335,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.quick:
-        RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"gpt-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
+        out = result_file("gpt")
         out.write_text(text, encoding="utf-8")
         print(f"wrote {out}")
 

@@ -15,16 +15,14 @@ import argparse
 import copy
 import datetime as dt
 import statistics
-import time
-from pathlib import Path
 
 import torch
 
-from seqlab.lab.report import cpu_name, hardware_slug
+from common import alternate, result_file
+from seqlab.lab.report import cpu_name
 from seqlab.models import create
 from seqlab.training.optim import param_groups
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {
     "gpt-tiny": {},
     "lstm-lm-small": {},
@@ -73,14 +71,7 @@ def main() -> None:
     for label in MODELS:
         model = build(label)
         opts = {k: torch.optim.AdamW(param_groups(model, 0.1), lr=1e-6, **kw) for k, kw in KINDS.items()}
-        for o in opts.values():
-            o.step()
-        times = {k: [] for k in opts}
-        for r in range(repeats):
-            for k in list(opts) if r % 2 == 0 else list(opts)[::-1]:
-                t = time.perf_counter()
-                opts[k].step()
-                times[k].append(time.perf_counter() - t)
+        times = alternate({k: o.step for k, o in opts.items()}, repeats)
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         params = list(model.parameters())
         lines.append(
@@ -92,8 +83,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.quick:
-        RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"optimizer-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
+        out = result_file("optimizer")
         out.write_text(text, encoding="utf-8")
         print(f"wrote {out}")
 

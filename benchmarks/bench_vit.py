@@ -33,17 +33,15 @@ import argparse
 import datetime as dt
 import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from seqlab.lab.report import cpu_name, hardware_slug
+from common import alternate, result_file
+from seqlab.lab.report import cpu_name
 from seqlab.training.config import cpu_has_bf16_matmul
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 CONFIGS = {
     "fashion": dict(
@@ -141,20 +139,6 @@ def agreement(hf, ours, images, labels) -> tuple[float, float]:
     )
     hf.zero_grad(set_to_none=True), ours.zero_grad(set_to_none=True)
     return d_logits, d_grad
-
-
-def alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each function, ``repeats`` times, alternating the order from repeat to repeat."""
-    names = list(fns)
-    for f in fns.values():  # warm-up
-        f()
-    times = {n: [] for n in names}
-    for r in range(repeats):
-        for n in names if r % 2 == 0 else names[::-1]:
-            t = time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t)
-    return times
 
 
 def profile_step(fn) -> dict[str, float]:
@@ -279,8 +263,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.quick:
-        RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"vit-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
+        out = result_file("vit")
         out.write_text(text, encoding="utf-8")
         print(f"wrote {out}")
 
