@@ -3,6 +3,8 @@ shared beam search batches correctly, and bad input is refused at the boundary."
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -82,6 +84,18 @@ def test_every_parameter_gets_a_finite_gradient(name):
     for name_, p in model.named_parameters():
         assert p.grad is not None, f"{name_} got no gradient"
         assert torch.isfinite(p.grad).all(), name_
+
+
+@pytest.mark.parametrize("name", [*TEST_PRESETS, "vit-captioner", "show-attend-tell"])
+def test_an_untrained_captioner_starts_near_the_uniform_loss(name):
+    """Cross-entropy at initialization close to ln(vocabulary): no word favoured yet. The Transformer decoder's
+    head is tied to its embedding, whose N(0, 1) default gave logits of standard deviation √d (a first loss of
+    27 nats against ln 24 = 3.2 for test-vit-captioner)."""
+    model = _model(name, vocab_size=24, image_size=16)
+    images, tgt = _inputs()
+    logits = model(images, tgt)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tgt[:, 1:].flatten())
+    assert abs(loss.item() - math.log(24)) < 0.5, loss.item()
 
 
 @pytest.mark.parametrize("name", TEST_PRESETS)

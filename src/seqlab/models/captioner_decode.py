@@ -66,6 +66,7 @@ class CaptionDecodeMixin:
         self.drop = nn.Dropout(c.dropout)
         if c.decoder == "transformer":
             self.embed = nn.Embedding(c.vocab_size, d, **kw)
+            nn.init.normal_(self.embed.weight, std=0.02)  # tied to the head: N(0, 1) gives logits of std √d
             self.pos = nn.Parameter(torch.randn(c.max_len, d, **kw) * 0.02)
             self.memory_proj = nn.Linear(d_ann, d, **kw) if d_ann != d else nn.Identity()
             self.layers = nn.ModuleList(
