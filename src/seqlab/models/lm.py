@@ -46,6 +46,7 @@ from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import LearnedPositionalEmbedding
+from seqlab.layers.vocab_head import VocabHead
 from seqlab.models.generation import check_token_ids, generate
 from seqlab.models.init import normal_init_
 from seqlab.validation import (
@@ -207,7 +208,7 @@ class LM(nn.Module):
             if c.layout == "pre-norm"
             else None
         )
-        self.head = nn.Linear(c.d_model, c.d_output or c.vocab_size, bias=c.head_bias, **kw)
+        self.head = VocabHead(c.d_model, c.d_output or c.vocab_size, bias=c.head_bias, **kw)
         if c.tied:
             self.head.weight = self.embed.weight
         self.reset_parameters()

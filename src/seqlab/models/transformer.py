@@ -35,6 +35,7 @@ from seqlab.layers.attention import KVCache, MultiheadAttention
 from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.positional import SinusoidalPositionalEncoding
 from seqlab.layers.transformer_blocks import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer
+from seqlab.layers.vocab_head import VocabHead
 from seqlab.models.beam import Decoded, StepFn, never, search
 from seqlab.models.generation import check_token_ids
 from seqlab.validation import (
@@ -129,7 +130,7 @@ class Transformer(nn.Module):
             TransformerDecoderLayer(c.d_model, c.n_heads, c.d_ff, **layer, **kw)
             for _ in range(c.n_decoder_layers)
         )
-        self.generator = nn.Linear(c.d_model, c.target_vocab, bias=False, **kw)
+        self.generator = VocabHead(c.d_model, c.target_vocab, bias=False, **kw)
         self.reset_parameters()
         if c.share_embeddings:
             self.generator.weight = self.tgt_embed.weight
