@@ -100,3 +100,86 @@ def test_other_layouts_and_a_failed_build_take_torchs_kernel(monkeypatch):
     assert len(mine) == 1 and "command not found" in str(mine[0].message)
     ref = mlp.fc2(F.gelu(mlp.fc1(x), approximate="tanh"))
     torch.testing.assert_close(y, ref, rtol=0, atol=0)
+
+
+# ---- the bias form: gelu_tanh(p + b) with b's gradient from the same pass, and the MLP paths that use it ------
+
+
+@needs_compiler
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 3e-7), (torch.float64, 1e-14)])
+def test_bias_form_matches_float64_truth(dtype, tol):
+    """Values and dL/dp within the element-wise kernel's tolerance; dL/db (a sum over 1,492 rows, accumulated in
+    float64) within float32 rounding of each summand."""
+    torch.manual_seed(1)
+    p = points(dtype)[: 1492 * 67].view(1492, 67).requires_grad_()  # 67 columns: four vectors and a tail
+    b = torch.randn(67, dtype=dtype, requires_grad=True)
+    y = activations.gelu_tanh_bias(p, b)
+    assert "_GeluTanhBiasBackward" in _graph_names(y)
+    tp, tb = p.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    truth = F.gelu(tp + tb, approximate="tanh")
+    assert ((y.double() - truth).abs() / truth.abs().clamp_min(1.0)).max().item() < tol
+    g = torch.randn_like(y)
+    y.backward(g)
+    truth.backward(g.double())
+    assert ((p.grad.double() - tp.grad).abs() / g.double().abs().clamp_min(1.0)).max().item() < tol
+    scale = (g.double().abs().sum(0)).clamp_min(1.0)  # |db| ≤ Σ|g| (gelu' is within [-0.13, 1.13])
+    assert ((b.grad.double() - tb.grad).abs() / scale).max().item() < 2 * tol
+
+
+@needs_compiler
+def test_bias_form_gradcheck_double_backward_and_nan():
+    p = torch.randn(5, 19, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(19, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(activations.gelu_tanh_bias, (p, b))
+    assert torch.autograd.gradgradcheck(activations.gelu_tanh_bias, (p, b))
+    p = torch.ones(3, 17, requires_grad=True)
+    b = torch.zeros(17, requires_grad=True)
+    with torch.no_grad():
+        p[1, 4] = float("nan")
+    activations.gelu_tanh_bias(p, b).sum().backward()
+    assert torch.isnan(p.grad[1, 4]) and torch.isnan(b.grad[4])
+    assert torch.isfinite(p.grad[0]).all() and torch.isfinite(b.grad[:4]).all()
+
+
+def _graph_names(t: torch.Tensor) -> set[str]:
+    seen, todo, names = set(), [t.grad_fn], set()
+    while todo:
+        f = todo.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        names.add(type(f).__name__)
+        todo += [g for g, _ in f.next_functions]
+    return names
+
+
+def _mlp_and_inputs():
+    torch.manual_seed(0)
+    mlp = MLP(16, 40, activation="gelu_tanh").double()
+    return mlp, torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+
+
+@needs_compiler
+@pytest.mark.parametrize("train", [True, False])
+def test_mlp_with_the_bias_in_the_gelu_equals_the_written_out_layer(train):
+    """The MLP's hidden layer through ``gelu_tanh_bias`` (W_1's product without b_1, the bias added in the
+    kernel): the same output and the same gradient for the input and every parameter."""
+    mlp, x = _mlp_and_inputs()
+    mlp.train(train)
+    out = mlp(x)
+    assert "_GeluTanhBiasBackward" in _graph_names(out)  # the fused kernel ran
+    ref = mlp.fc2(F.gelu(mlp.fc1(x), approximate="tanh"))
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
+    g = torch.randn_like(out)
+    leaves = (x, *mlp.parameters())
+    for a, e in zip(torch.autograd.grad(out, leaves, g), torch.autograd.grad(ref, leaves, g), strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=1e-12)
+
+
+def test_a_hook_on_the_first_linear_layer_still_runs():
+    """The fused hidden layer skips fc1's call; a forward hook on fc1 sends it back through the call."""
+    mlp, x = _mlp_and_inputs()
+    seen = []
+    mlp.fc1.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    y = mlp(x)
+    assert seen == [(3, 5, 40)] and "_GeluTanhBiasBackward" not in _graph_names(y)

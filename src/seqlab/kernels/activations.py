@@ -19,7 +19,7 @@ from torch import Tensor
 
 from seqlab.kernels.extension import CppExtension, cpu_float_reason
 
-__all__ = ["EXTENSION", "gelu_tanh"]
+__all__ = ["EXTENSION", "gelu_tanh", "gelu_tanh_bias", "gelu_tanh_bias_ready"]
 
 EXTENSION = CppExtension(
     "activations",
@@ -51,3 +51,43 @@ def gelu_tanh(x: Tensor) -> Tensor:
     if cpu_float_reason(x, bf16=True) is None and x.is_contiguous() and EXTENSION.unbuilt_reason() is None:
         return _GeluTanh.apply(x)
     return F.gelu(x, approximate="tanh")
+
+
+class _GeluTanhBias(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p: Tensor, b: Tensor) -> Tensor:
+        ctx.save_for_backward(p, b)
+        return EXTENSION.load().bias_forward(p, b)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        p, b = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True, as in _GeluTanh
+            with torch.enable_grad():
+                y = F.gelu(p + b, approximate="tanh")
+                return torch.autograd.grad(y, (p, b), grad, create_graph=True)
+        du, db = EXTENSION.load().bias_backward(grad.contiguous(), p, b)
+        return du, db
+
+
+def gelu_tanh_bias_ready(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether ``gelu_tanh_bias`` runs its fused kernel on the product of x with a linear layer's weight: float32
+    or float64 CPU tensors of one dtype, outside CPU autocast (whose bf16 products take ``gelu_tanh``)."""
+    return (
+        bias is not None
+        and x.dtype == weight.dtype == bias.dtype
+        and cpu_float_reason(x) is None
+        and not torch.is_autocast_enabled("cpu")
+        and EXTENSION.unbuilt_reason() is None
+    )
+
+
+def gelu_tanh_bias(p: Tensor, b: Tensor) -> Tensor:
+    """gelu_tanh(p + b) for a linear layer's product p (..., n) before its bias b (n,), in one pass; the backward
+    gives b's gradient (the column sums) in the pass that gives p's. Where ``gelu_tanh_bias_ready`` is false,
+    ``gelu_tanh(p + b)``."""
+    if cpu_float_reason(p) is None and p.dtype == b.dtype and EXTENSION.unbuilt_reason() is None:
+        if p.dim() == 2:
+            return _GeluTanhBias.apply(p.contiguous(), b.contiguous())
+        return _GeluTanhBias.apply(p.reshape(-1, p.size(-1)).contiguous(), b.contiguous()).view(p.shape)
+    return gelu_tanh(p + b)
