@@ -50,7 +50,7 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
         "GRU / RNN",
         "causal conv (Mamba)",
         "decoding step (GPT)",
-        "tanh-GELU",
+        "GELU",
     ]
     for label in [*labels, "LayerNorm", "attention (short seqs)"]:
         assert f"{label:<23} built on first use" in out, label

@@ -203,7 +203,7 @@ def _kernels() -> list[str]:
         ("GRU / RNN", recurrent.EXTENSION),
         ("causal conv (Mamba)", causal_conv.EXTENSION),
         ("decoding step (GPT)", decode.EXTENSION),
-        ("tanh-GELU", activations.EXTENSION),
+        ("GELU", activations.EXTENSION),
         ("LayerNorm", layer_norm.EXTENSION),
         ("attention (short seqs)", attention.EXTENSION),
     ):

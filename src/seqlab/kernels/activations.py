@@ -1,13 +1,18 @@
-"""GELU with the tanh approximation (GPT-2's ``gelu_new``) through a vectorized C++ kernel (``activations.cpp``).
+"""GELU through a vectorized C++ kernel (``activations.cpp``): exact (``F.gelu(x)``, x Φ(x): BERT, ViT) and with
+the tanh approximation (``F.gelu(x, approximate="tanh")``: GPT-2's ``gelu_new``).
 
-:func:`gelu_tanh` is ``F.gelu(x, approximate="tanh")`` with the same values (float32: within a few ulps; the
-sigmoid form x σ(2z) of ½ x (1 + tanh z) rounds differently) and an autograd backward of its own. It takes the
-kernel for contiguous float32/float64/bfloat16 CPU tensors when the kernel builds (bfloat16, what
-``torch.autocast`` gives on the CPU, is computed in float32 and rounded once), and ``F.gelu`` otherwise (other
-devices, dtypes, layouts, or no compiler: then once, a warning). A backward with ``create_graph=True`` (double
-backward) differentiates ``F.gelu`` itself, so second derivatives are exact too.
+:func:`gelu` and :func:`gelu_tanh` give torch's values to a few float32 ulps (the exact form computes Φ(x) from
+erfc and is more accurate than torch's 1 + erf(x/√2) in the negative tail; the tanh form's sigmoid x σ(2z)
+rounds differently from ½ x (1 + tanh z)) with an autograd backward of their own. They take the kernel for
+contiguous float32/float64/bfloat16 CPU tensors when it builds (bfloat16, what ``torch.autocast`` gives on the
+CPU, is computed in float32 and rounded once), and ``F.gelu`` otherwise (other devices, dtypes, layouts, or no
+compiler: then once, a warning). A backward with ``create_graph=True`` (double backward) differentiates
+``F.gelu`` itself, so second derivatives are exact too.
 
-Measured in ``benchmarks/bench_gpt.py`` (the GPT training rows): torch's CPU kernel for this approximation
+The bias forms (:func:`gelu_bias`) take a linear layer's product before its bias and add the bias inside the
+kernel; their backward gives the bias gradient in the same pass (``seqlab.layers.mlp.MLP`` uses them).
+
+Measured in ``benchmarks/bench_gpt.py`` (the GPT training rows): torch's CPU kernel for the tanh approximation
 runs about 5x slower than its erf GELU, which made GELU about a sixth of a GPT-2 training step.
 """
 
@@ -19,60 +24,75 @@ from torch import Tensor
 
 from seqlab.kernels.extension import CppExtension, cpu_float_reason
 
-__all__ = ["EXTENSION", "gelu_tanh", "gelu_tanh_bias", "gelu_tanh_bias_ready"]
+__all__ = ["EXTENSION", "gelu", "gelu_bias", "gelu_bias_ready", "gelu_tanh"]
 
 EXTENSION = CppExtension(
     "activations",
-    "GELU (tanh) kernel",
-    "GELU with the tanh approximation uses torch's kernel instead",
+    "GELU kernel",
+    "GELU uses torch's kernel instead",
     headers=("vec_math.h",),
     openmp=True,
 )
 
+_TORCH = {True: "tanh", False: "none"}  # F.gelu's approximate= for each form
 
-class _GeluTanh(torch.autograd.Function):
+
+class _Gelu(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
+    def forward(ctx, x: Tensor, tanh: bool) -> Tensor:
         ctx.save_for_backward(x)
-        return EXTENSION.load().forward(x)
+        ctx.tanh = tanh
+        ext = EXTENSION.load()
+        return ext.forward(x) if tanh else ext.erf_forward(x)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         (x,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a backward that autograd can differentiate again
             with torch.enable_grad():
-                y = F.gelu(x, approximate="tanh")
-                return torch.autograd.grad(y, x, grad, create_graph=True)[0]
-        return EXTENSION.load().backward(grad.to(x.dtype).contiguous(), x)
+                y = F.gelu(x, approximate=_TORCH[ctx.tanh])
+                return torch.autograd.grad(y, x, grad, create_graph=True)[0], None
+        ext, grad = EXTENSION.load(), grad.to(x.dtype).contiguous()
+        return (ext.backward(grad, x) if ctx.tanh else ext.erf_backward(grad, x)), None
+
+
+def _kernel_takes(x: Tensor) -> bool:
+    return cpu_float_reason(x, bf16=True) is None and x.is_contiguous() and EXTENSION.unbuilt_reason() is None
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
     """½ x (1 + tanh(√(2/π) (x + 0.044715 x³))), elementwise, any shape."""
-    if cpu_float_reason(x, bf16=True) is None and x.is_contiguous() and EXTENSION.unbuilt_reason() is None:
-        return _GeluTanh.apply(x)
-    return F.gelu(x, approximate="tanh")
+    return _Gelu.apply(x, True) if _kernel_takes(x) else F.gelu(x, approximate="tanh")
 
 
-class _GeluTanhBias(torch.autograd.Function):
+def gelu(x: Tensor) -> Tensor:
+    """x Φ(x), Φ the standard normal CDF, elementwise, any shape."""
+    return _Gelu.apply(x, False) if _kernel_takes(x) else F.gelu(x)
+
+
+class _GeluBias(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, p: Tensor, b: Tensor) -> Tensor:
+    def forward(ctx, p: Tensor, b: Tensor, tanh: bool) -> Tensor:
         ctx.save_for_backward(p, b)
-        return EXTENSION.load().bias_forward(p, b)
+        ctx.tanh = tanh
+        ext = EXTENSION.load()
+        return ext.bias_forward(p, b) if tanh else ext.erf_bias_forward(p, b)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         p, b = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True, as in _GeluTanh
+        if torch.is_grad_enabled():  # create_graph=True, as in _Gelu
             with torch.enable_grad():
-                y = F.gelu(p + b, approximate="tanh")
-                return torch.autograd.grad(y, (p, b), grad, create_graph=True)
-        du, db = EXTENSION.load().bias_backward(grad.contiguous(), p, b)
-        return du, db
+                y = F.gelu(p + b, approximate=_TORCH[ctx.tanh])
+                return (*torch.autograd.grad(y, (p, b), grad, create_graph=True), None)
+        ext, grad = EXTENSION.load(), grad.contiguous()
+        du, db = ext.bias_backward(grad, p, b) if ctx.tanh else ext.erf_bias_backward(grad, p, b)
+        return du, db, None
 
 
-def gelu_tanh_bias_ready(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether ``gelu_tanh_bias`` runs its fused kernel on the product of x with a linear layer's weight: float32
-    or float64 CPU tensors of one dtype, outside CPU autocast (whose bf16 products take ``gelu_tanh``)."""
+def gelu_bias_ready(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether ``gelu_bias`` runs its fused kernel on the product of x with a linear layer's weight: float32 or
+    float64 CPU tensors of one dtype, outside CPU autocast (whose bf16 products take ``gelu``/``gelu_tanh``)."""
     return (
         bias is not None
         and x.dtype == weight.dtype == bias.dtype
@@ -82,12 +102,14 @@ def gelu_tanh_bias_ready(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool
     )
 
 
-def gelu_tanh_bias(p: Tensor, b: Tensor) -> Tensor:
-    """gelu_tanh(p + b) for a linear layer's product p (..., n) before its bias b (n,), in one pass; the backward
-    gives b's gradient (the column sums) in the pass that gives p's. Where ``gelu_tanh_bias_ready`` is false,
-    ``gelu_tanh(p + b)``."""
+def gelu_bias(p: Tensor, b: Tensor, approximate: str = "none") -> Tensor:
+    """GELU(p + b) for a linear layer's product p (..., n) before its bias b (n,), in one pass (``approximate``
+    as ``F.gelu``'s: 'none' or 'tanh'); the backward gives b's gradient (the column sums) in the pass that gives
+    p's. Where the kernel does not take p, b: GELU(p + b) through :func:`gelu` or :func:`gelu_tanh`."""
+    tanh = approximate == "tanh"
     if cpu_float_reason(p) is None and p.dtype == b.dtype and EXTENSION.unbuilt_reason() is None:
         if p.dim() == 2:
-            return _GeluTanhBias.apply(p.contiguous(), b.contiguous())
-        return _GeluTanhBias.apply(p.reshape(-1, p.size(-1)).contiguous(), b.contiguous()).view(p.shape)
-    return gelu_tanh(p + b)
+            return _GeluBias.apply(p.contiguous(), b.contiguous(), tanh)
+        flat = p.reshape(-1, p.size(-1)).contiguous()
+        return _GeluBias.apply(flat, b.contiguous(), tanh).view(p.shape)
+    return (gelu_tanh if tanh else gelu)(p + b)

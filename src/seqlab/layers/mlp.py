@@ -12,11 +12,13 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.kernels.activations import gelu_tanh, gelu_tanh_bias, gelu_tanh_bias_ready
+from seqlab.kernels.activations import gelu, gelu_bias, gelu_bias_ready, gelu_tanh
 from seqlab.validation import check_dropout, check_positive_ints
 
-# gelu_tanh: F.gelu(x, approximate="tanh") through seqlab's vectorized kernel on CPU (seqlab.kernels.activations)
-_ACTS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": gelu_tanh, "silu": F.silu}
+# gelu, gelu_tanh: F.gelu(x) and F.gelu(x, approximate="tanh") through seqlab's vectorized kernel on the CPU
+# (seqlab.kernels.activations)
+_ACTS = {"relu": F.relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": F.silu}
+_GELU = {"gelu": "none", "gelu_tanh": "tanh"}  # F.gelu's approximate= for the activations with a bias kernel
 
 
 def _unhooked(*modules: nn.Module) -> bool:
@@ -56,16 +58,12 @@ class MLP(nn.Module):
         return self.drop(self.fc2(self.hidden(x)))  # (.., d) -> (.., d_ff) -> (.., d)
 
     def hidden(self, x: Tensor) -> Tensor:
-        """act(W_1 x + b_1): (.., d) -> (.., d_ff). The tanh GELU on the CPU in float32/float64 takes the product
-        without its bias and adds the bias inside the GELU kernel (one pass fewer each way; the bias gradient
-        comes out of the GELU's backward)."""
+        """act(W_1 x + b_1): (.., d) -> (.., d_ff). GELU (either form) on the CPU in float32/float64 takes the
+        product without its bias and adds the bias inside the GELU kernel (one pass fewer each way; the bias
+        gradient comes out of the GELU's backward)."""
         fc1 = self.fc1
-        if (
-            self.activation == "gelu_tanh"
-            and gelu_tanh_bias_ready(x, fc1.weight, fc1.bias)
-            and _unhooked(fc1)
-        ):
-            return gelu_tanh_bias(F.linear(x, fc1.weight), fc1.bias)
+        if self.activation in _GELU and gelu_bias_ready(x, fc1.weight, fc1.bias) and _unhooked(fc1):
+            return gelu_bias(F.linear(x, fc1.weight), fc1.bias, _GELU[self.activation])
         return _ACTS[self.activation](fc1(x))
 
 
