@@ -16,10 +16,11 @@ patches one path with ``monkeypatch`` to see that the other ran.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["FastPathMixin"]
+__all__ = ["FastPathMixin", "hook_reason"]
 
 _logged: set[tuple[str, str]] = set()  # (layer class, reason) pairs already logged: each is said once
 
@@ -49,3 +50,15 @@ class FastPathMixin:
                 "%s takes the reference path: %s", type(self).__name__, reason
             )
         return False
+
+
+def hook_reason(named_modules: Iterable[tuple[str, nn.Module]]) -> str | None:
+    """Why a fused path that skips these modules' calls would skip a forward hook a user registered (global, or
+    on one of the modules), or None when it skips nothing."""
+    hooks = nn.modules.module
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return "global forward hooks are registered"
+    for name, m in named_modules:
+        if m._forward_hooks or m._forward_pre_hooks:
+            return f"module {name or 'model'} has forward hooks"
+    return None

@@ -13,21 +13,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.kernels.activations import gelu, gelu_bias, gelu_bias_ready, gelu_tanh
+from seqlab.layers.fastpath import hook_reason
 from seqlab.validation import check_dropout, check_positive_ints
 
 # gelu, gelu_tanh: F.gelu(x) and F.gelu(x, approximate="tanh") through seqlab's vectorized kernel on the CPU
 # (seqlab.kernels.activations)
 _ACTS = {"relu": F.relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": F.silu}
 _GELU = {"gelu": "none", "gelu_tanh": "tanh"}  # F.gelu's approximate= for the activations with a bias kernel
-
-
-def _unhooked(*modules: nn.Module) -> bool:
-    """No forward hooks on these modules and none global: a fused path that skips their ``__call__`` skips
-    nothing a user registered."""
-    hooks = nn.modules.module
-    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
-        return False
-    return not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 class MLP(nn.Module):
@@ -62,7 +54,11 @@ class MLP(nn.Module):
         product without its bias and adds the bias inside the GELU kernel (one pass fewer each way; the bias
         gradient comes out of the GELU's backward)."""
         fc1 = self.fc1
-        if self.activation in _GELU and gelu_bias_ready(x, fc1.weight, fc1.bias) and _unhooked(fc1):
+        if (
+            self.activation in _GELU
+            and gelu_bias_ready(x, fc1.weight, fc1.bias)
+            and hook_reason([("fc1", fc1)]) is None
+        ):
             return gelu_bias(F.linear(x, fc1.weight), fc1.bias, _GELU[self.activation])
         return _ACTS[self.activation](fc1(x))
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.attention import MultiheadAttention, SelfAttention
+from seqlab.layers.fastpath import hook_reason
 from seqlab.layers.mlp import _ACTS, MLP, SwiGLU
 from seqlab.layers.norms import LayerNorm, RMSNorm
 
@@ -57,12 +58,9 @@ def why_not_static_decode(model) -> str | None:
         return f"the decoder reads tokens through pre-norm blocks; this model has layout={c.layout!r}" + (
             "" if c.d_input is None else " and feature inputs"
         )
-    hooks = nn.modules.module
-    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
-        return "global forward hooks are registered"
-    for name, m in model.named_modules():
-        if m._forward_hooks or m._forward_pre_hooks:
-            return f"module {name or 'model'} has forward hooks"
+    hooked = hook_reason(model.named_modules())
+    if hooked is not None:
+        return hooked
     norms = (nn.LayerNorm, LayerNorm, RMSNorm)
     for i, blk in enumerate(model.blocks):
         parts = (blk.norm1, blk.mixer, blk.norm2, blk.mlp)
