@@ -4,7 +4,8 @@ Model: 4 layers, 4 heads, d_model 256, context 256 (GPT-2 shape, dropout 0), voc
 seqlab's copy is made by the production converter (``seqlab.interop.hf_gpt2.convert_gpt2``), HF runs with
 ``attn_implementation="sdpa"``.
 
-* Training: one AdamW step on a (16, 256) batch (forward, cross-entropy, backward, update); tokens/s from
+* Training: one AdamW step (torch's fused AdamW, each library's trainer default) on a (16, 256) batch
+  (forward, cross-entropy, backward, update); tokens/s from
   the median over repeats, the two models alternating which goes first from repeat to repeat.
 * Achieved FLOP/s = 3 x forward FLOPs per token (``seqlab.models.flops``: 2 N_matmul + 4 n_layers t d_attn)
   x tokens/s, as a fraction of the fp32 matmul rate measured in the same run: the best median FLOP/s over
@@ -170,9 +171,10 @@ def generation_rows(ours, hf, args, batch, sampled, new_tokens, repeats):
 
 
 def train_step_fn(model, logits_of, batch, lr=1e-3, bf16=False):
-    """One AdamW step; ``bf16``: forward under CPU bf16 autocast (fp32 weights and optimizer, as
-    train.precision: bf16 runs it), the loss in fp32."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    """One AdamW step, torch's fused AdamW for both libraries (what seqlab's trainer and transformers' Trainer,
+    ``optim="adamw_torch_fused"`` by default with torch >= 2.8, each run); ``bf16``: forward under CPU bf16
+    autocast (fp32 weights and optimizer, as train.precision: bf16 runs it), the loss in fp32."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
 
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -330,7 +332,7 @@ def main() -> None:
             "`train.precision: bf16` runs), alternating with the fp32 steps above. bf16 matmul rate in this run:",
             f"{rate16 / 1e9:.0f} GFLOP/s at {rate16_shape} ({rate16 / rate:.1f}x the fp32 rate; this CPU's bf16 matmul "
             f"units: {'yes' if cpu_has_bf16_matmul() else 'none, emulated'}). Under autocast seqlab's GELU runs its kernel on",
-            "bf16 tensors and attention runs its float32 kernel on the projection cast up; HF runs torch's bf16 ops.",
+            "bf16 tensors and attention its kernel on the bf16 projection (float32 inside); HF runs torch's bf16 ops.",
         ]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -67,6 +67,10 @@ KINDS = {
     "aten::native_layer_norm_backward": "LayerNorm",
     "aten::gelu": "GELU",
     "aten::gelu_backward": "GELU",
+    "_Gelu": "GELU",  # seqlab's GELU kernel (seqlab.kernels.activations)
+    "_GeluBackward": "GELU",
+    "_GeluBias": "GELU",  # ... with fc1's bias added inside and its gradient summed in the backward pass
+    "_GeluBiasBackward": "GELU",
     "aten::mkldnn_convolution": "patch embedding (conv)",
     "aten::convolution_backward": "patch embedding (conv)",
     "aten::copy_": "copies (copy_, cat, clone)",
