@@ -100,8 +100,12 @@ class CaptionerConfig:
     dropout: float = 0.1
     gate: bool = True
     """Show, Attend and Tell's gating scalar β_t on the context."""
-    attention_penalty: float = 1.0
-    """λ of the doubly stochastic regularization λ Σ_i (1 − Σ_t α_ti)² (soft LSTM attention; 0: none)."""
+    attention_penalty: float = 0.1
+    """λ of the doubly stochastic regularization λ mean_i (1 − Σ_t α_ti)² (soft LSTM attention; 0: none). 0.1, not
+    the paper's 1: beside a cross-entropy averaged per word, λ = 1 pulls each region's attention toward an equal
+    share strongly enough to keep Show, Attend and Tell from learning the spatial relations of the generated
+    scenes in 3 of 4 seeds (exact captions 0.72-0.73 against 0.93; 0.92-0.94 in all four at 0.1,
+    ``benchmarks/results/captioning-attention-penalty-*.md``)."""
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
