@@ -116,14 +116,14 @@ def test_other_layouts_and_a_failed_build_take_torchs_kernel(monkeypatch):
 @needs_compiler
 @forms
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 3e-7), (torch.float64, 1e-14)])
-def test_bias_form_matches_float64_truth(dtype, tol, form):
+def test_bias_form_matches_float64_truth(dtype, tol, form, graph_names):
     """Values and dL/dp within the element-wise kernel's tolerance; dL/db (a sum over 1,492 rows, accumulated in
     float64) within float32 rounding of each summand."""
     torch.manual_seed(1)
     p = points(dtype)[: 1492 * 67].view(1492, 67).requires_grad_()  # 67 columns: four vectors and a tail
     b = torch.randn(67, dtype=dtype, requires_grad=True)
     y = activations.gelu_bias(p, b, form)
-    assert "_GeluBiasBackward" in _graph_names(y)
+    assert "_GeluBiasBackward" in graph_names(y)
     tp, tb = p.detach().double().requires_grad_(), b.detach().double().requires_grad_()
     truth = F.gelu(tp + tb, approximate=form)
     assert ((y.double() - truth).abs() / truth.abs().clamp_min(1.0)).max().item() < tol
@@ -151,18 +151,6 @@ def test_bias_form_gradcheck_double_backward_and_nan(form):
     assert torch.isfinite(p.grad[0]).all() and torch.isfinite(b.grad[:4]).all()
 
 
-def _graph_names(t: torch.Tensor) -> set[str]:
-    seen, todo, names = set(), [t.grad_fn], set()
-    while todo:
-        f = todo.pop()
-        if f is None or f in seen:
-            continue
-        seen.add(f)
-        names.add(type(f).__name__)
-        todo += [g for g, _ in f.next_functions]
-    return names
-
-
 def _mlp_and_inputs(activation="gelu_tanh"):
     torch.manual_seed(0)
     mlp = MLP(16, 40, activation=activation).double()
@@ -172,13 +160,13 @@ def _mlp_and_inputs(activation="gelu_tanh"):
 @needs_compiler
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
 @pytest.mark.parametrize("train", [True, False])
-def test_mlp_with_the_bias_in_the_gelu_equals_the_written_out_layer(train, activation):
+def test_mlp_with_the_bias_in_the_gelu_equals_the_written_out_layer(train, activation, graph_names):
     """The MLP's hidden layer through ``gelu_bias`` (W_1's product without b_1, the bias added in the
     kernel): the same output and the same gradient for the input and every parameter."""
     mlp, x = _mlp_and_inputs(activation)
     mlp.train(train)
     out = mlp(x)
-    assert "_GeluBiasBackward" in _graph_names(out)  # the fused kernel ran
+    assert "_GeluBiasBackward" in graph_names(out)  # the fused kernel ran
     ref = mlp.fc2(F.gelu(mlp.fc1(x), approximate="tanh" if activation == "gelu_tanh" else "none"))
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
     g = torch.randn_like(out)
@@ -187,10 +175,10 @@ def test_mlp_with_the_bias_in_the_gelu_equals_the_written_out_layer(train, activ
         torch.testing.assert_close(a, e, rtol=0, atol=1e-12)
 
 
-def test_a_hook_on_the_first_linear_layer_still_runs():
+def test_a_hook_on_the_first_linear_layer_still_runs(graph_names):
     """The fused hidden layer skips fc1's call; a forward hook on fc1 sends it back through the call."""
     mlp, x = _mlp_and_inputs()
     seen = []
     mlp.fc1.register_forward_hook(lambda m, i, o: seen.append(o.shape))
     y = mlp(x)
-    assert seen == [(3, 5, 40)] and "_GeluBiasBackward" not in _graph_names(y)
+    assert seen == [(3, 5, 40)] and "_GeluBiasBackward" not in graph_names(y)

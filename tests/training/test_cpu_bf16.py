@@ -31,20 +31,8 @@ def test_bf16_is_autocast_on_a_cpu_with_them_and_auto_stays_fp32(monkeypatch):
     assert TrainConfig(precision="fp32", device="cpu").autocast_dtype() is None
 
 
-def _graph_names(t: torch.Tensor) -> set[str]:
-    seen, todo, names = set(), [t.grad_fn], set()
-    while todo:
-        f = todo.pop()
-        if f is None or f in seen:
-            continue
-        seen.add(f)
-        names.add(type(f).__name__)
-        todo += [g for g, _ in f.next_functions]
-    return names
-
-
 @pytest.mark.parametrize("causal", [True, False])
-def test_self_attention_under_cpu_autocast_runs_the_kernel(causal):
+def test_self_attention_under_cpu_autocast_runs_the_kernel(causal, graph_names):
     """A float32 input under autocast: the packed projection comes out in bf16 and the kernel takes it as it is
     (computing in float32 inside; once, the layer checked its input's dtype and handed the kernel bf16 it then
     refused); the output close to the float32 layer's."""
@@ -53,7 +41,7 @@ def test_self_attention_under_cpu_autocast_runs_the_kernel(causal):
     x = torch.randn(2, 40, 64, requires_grad=True)  # past the kernel's 32-query minimum
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, _ = mha(x)
-    assert any("PackedAttention" in n for n in _graph_names(y))
+    assert any("PackedAttention" in n for n in graph_names(y))
     y.float().square().sum().backward()
     assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
     torch.testing.assert_close(y.float(), mha(x)[0], rtol=0.05, atol=0.03)

@@ -5,18 +5,12 @@ import json
 
 import pytest
 import torch
+from test_cpu_bf16 import VIDEO  # the same folder (pytest puts it on sys.path)
 
 from seqlab.cli import main
 
 SHAKESPEARE = ["--task.name=shakespeare", "--task.seq_len=32", "--task.batch_size=4"]
 BIBLE = ["--task.name=translation", "--task.vocab_size=300", "--task.batch_size=8", "--task.max_len=48"]
-VIDEO = [
-    "--task.name=video",
-    "--task.n_frames=8",
-    "--task.frame_size=16",
-    "--task.n_train=32",
-    "--task.n_eval=8",
-]
 CAPTIONS = ["--task.name=captioning", "--task.image_size=32", "--task.n_train=64", "--task.n_eval=8"]
 CASES = {
     "test-gpt": [*SHAKESPEARE, "--task.sampling=random"],
