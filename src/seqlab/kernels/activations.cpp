@@ -203,15 +203,13 @@ struct Vector<ErfScalar> {
   using type = Erf16;
 };
 
-template <typename F, typename T>
-constexpr bool kVector = std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>;
+template <typename T>
+constexpr bool kVector = std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>;  // the storage types above
 #else
 template <typename F>
-struct Vector {
-  using type = void;
-};
+struct Vector;  // none: every type takes the scalar loops
 
-template <typename F, typename T>
+template <typename T>
 constexpr bool kVector = false;
 #endif
 
@@ -219,7 +217,7 @@ constexpr bool kVector = false;
 // scalar (bfloat16 widened to float and rounded once on the way out).
 template <typename F, typename S>
 void forward_range(const S* __restrict__ x, S* __restrict__ y, int64_t lo, int64_t hi) {
-  if constexpr (kVector<F, S>) {
+  if constexpr (kVector<S>) {
     forward<typename Vector<F>::type>(x, y, lo, hi);
   } else {
 #pragma omp simd
@@ -229,7 +227,7 @@ void forward_range(const S* __restrict__ x, S* __restrict__ y, int64_t lo, int64
 
 template <typename F, typename S>
 void backward_range(const S* __restrict__ g, const S* __restrict__ x, S* __restrict__ dx, int64_t lo, int64_t hi) {
-  if constexpr (kVector<F, S>) {
+  if constexpr (kVector<S>) {
     backward<typename Vector<F>::type>(g, x, dx, lo, hi);
   } else {
     using T = at::opmath_type<S>;
@@ -240,7 +238,7 @@ void backward_range(const S* __restrict__ g, const S* __restrict__ x, S* __restr
 
 template <typename F, typename T>
 void bias_forward_range(const T* p, const T* b, T* y, int64_t cols, int64_t r0, int64_t r1) {
-  if constexpr (kVector<F, T>) {
+  if constexpr (kVector<T>) {
     bias_forward_rows<typename Vector<F>::type>(p, b, y, cols, r0, r1);
   } else {
     for (int64_t r = r0; r < r1; ++r) {
@@ -252,7 +250,7 @@ void bias_forward_range(const T* p, const T* b, T* y, int64_t cols, int64_t r0, 
 
 template <typename F, typename T>
 void bias_backward_range(const T* g, const T* p, const T* b, T* du, double* db, int64_t cols, int64_t r0, int64_t r1) {
-  if constexpr (kVector<F, T>) {
+  if constexpr (kVector<T>) {
     bias_backward_rows<typename Vector<F>::type>(g, p, b, du, db, cols, r0, r1);
   } else {
     for (int64_t r = r0; r < r1; ++r) {
