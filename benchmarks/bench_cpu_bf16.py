@@ -18,7 +18,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from common import alternate, result_file
+from common import alternate, report
 from seqlab.lab.report import cpu_name
 from seqlab.layers import list_mixers
 from seqlab.models import create
@@ -71,11 +71,7 @@ def main() -> None:
         )
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.quick:
-        out = result_file("cpu-bf16")
-        out.write_text(text, encoding="utf-8")
-        print(f"wrote {out}")
+    report("cpu-bf16", text, args.quick)
 
 
 if __name__ == "__main__":

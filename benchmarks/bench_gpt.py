@@ -34,7 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import alternate, result_file
+from common import alternate, report
 from seqlab.lab.report import cpu_name
 from seqlab.training.config import cpu_has_bf16_matmul
 
@@ -335,11 +335,7 @@ def main() -> None:
             "bf16 tensors and attention its kernel on the bf16 projection (float32 inside); HF runs torch's bf16 ops.",
         ]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.quick:
-        out = result_file("gpt")
-        out.write_text(text, encoding="utf-8")
-        print(f"wrote {out}")
+    report("gpt", text, args.quick)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from common import alternate, result_file
+from common import alternate, report
 from seqlab.lab.report import cpu_name
 from seqlab.models import create
 from seqlab.training.optim import param_groups
@@ -81,11 +81,7 @@ def main() -> None:
         )
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.quick:
-        out = result_file("optimizer")
-        out.write_text(text, encoding="utf-8")
-        print(f"wrote {out}")
+    report("optimizer", text, args.quick)
 
 
 if __name__ == "__main__":

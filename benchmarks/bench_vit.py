@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import alternate, result_file
+from common import alternate, report
 from seqlab.lab.report import cpu_name
 from seqlab.training.config import cpu_has_bf16_matmul
 
@@ -265,11 +265,7 @@ def main() -> None:
         *profiles,
     ]
     text = "\n".join(lines)
-    print(text)
-    if not args.quick:
-        out = result_file("vit")
-        out.write_text(text, encoding="utf-8")
-        print(f"wrote {out}")
+    report("vit", text, args.quick)
 
 
 if __name__ == "__main__":

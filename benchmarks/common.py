@@ -32,3 +32,12 @@ def result_file(kind: str) -> Path:
     """benchmarks/results/<kind>-<cpu>-torch<version>.md, its folder made if missing: one file per CPU."""
     RESULTS.mkdir(exist_ok=True)
     return RESULTS / f"{kind}-{hardware_slug(cpu_name(), 2)}-torch{torch.__version__.split('+')[0]}.md"
+
+
+def report(kind: str, text: str, quick: bool) -> None:
+    """Print a benchmark's markdown; unless ``quick`` (a smoke run), also write it to ``result_file(kind)``."""
+    print(text)
+    if not quick:
+        out = result_file(kind)
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
