@@ -182,3 +182,22 @@ def test_a_hook_on_the_first_linear_layer_still_runs(graph_names):
     mlp.fc1.register_forward_hook(lambda m, i, o: seen.append(o.shape))
     y = mlp(x)
     assert seen == [(3, 5, 40)] and "_GeluBiasBackward" not in graph_names(y)
+
+
+@pytest.mark.parametrize(
+    ("p", "b", "approximate", "match"),
+    [
+        (
+            torch.randn(3, 5),
+            torch.randn(4),
+            "none",
+            r"b \(n,\); got p torch.float32 \(3, 5\) and b torch.float32 \(4,\)",
+        ),
+        (torch.randn(3, 5), torch.randn(1, 5), "tanh", r"and b torch.float32 \(1, 5\)"),
+        (torch.ones(3, 5, dtype=torch.long), torch.ones(5, dtype=torch.long), "none", "got p torch.int64"),
+        (torch.randn(3, 5), torch.randn(5), "tan", "approximate must be 'none' or 'tanh'"),
+    ],
+)
+def test_bias_form_refuses_bad_arguments(p, b, approximate, match):
+    with pytest.raises(ValueError, match=match):
+        activations.gelu_bias(p, b, approximate)

@@ -57,3 +57,9 @@ def test_on_cuda_an_unaligned_vocabulary_is_padded():
     out = head(h)
     assert out.shape == (4, 50257) and out.stride(0) == 50304  # the aligned product, viewed
     torch.testing.assert_close(out, F.linear(h, head.weight, head.bias))
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_a_wrong_input_width_is_refused_by_name(pad):
+    with pytest.raises(ValueError, match=r"expected inputs of width 8 \(\.\., d\), got \(2, 7\)"):
+        vocab_logits(torch.randn(2, 7), torch.randn(50, 8), pad=pad)

@@ -35,6 +35,7 @@ EXTENSION = CppExtension(
 )
 
 _TORCH = {True: "tanh", False: "none"}  # F.gelu's approximate= for each form
+_FORMS = {v: k for k, v in _TORCH.items()}  # and back: approximate= -> the tanh form?
 
 
 class _Gelu(torch.autograd.Function):
@@ -106,7 +107,14 @@ def gelu_bias(p: Tensor, b: Tensor, approximate: str = "none") -> Tensor:
     """GELU(p + b) for a linear layer's product p (..., n) before its bias b (n,), in one pass (``approximate``
     as ``F.gelu``'s: 'none' or 'tanh'); the backward gives b's gradient (the column sums) in the pass that gives
     p's. Where the kernel does not take p, b: GELU(p + b) through :func:`gelu` or :func:`gelu_tanh`."""
-    tanh = approximate == "tanh"
+    if approximate not in _FORMS:
+        raise ValueError(f"approximate must be 'none' or 'tanh' (as F.gelu's), got {approximate!r}")
+    if not (p.is_floating_point() and b.is_floating_point()) or b.dim() != 1 or b.size(0) != p.size(-1):
+        raise ValueError(
+            f"gelu_bias expects a float product p (..., n) and a float bias b (n,); got p {p.dtype} "
+            f"{tuple(p.shape)} and b {b.dtype} {tuple(b.shape)}"
+        )
+    tanh = _FORMS[approximate]
     if cpu_float_reason(p) is None and p.dtype == b.dtype and EXTENSION.unbuilt_reason() is None:
         if p.dim() == 2:
             return _GeluBias.apply(p.contiguous(), b.contiguous(), tanh)

@@ -26,6 +26,8 @@ def vocab_logits(h: Tensor, weight: Tensor, bias: Tensor | None = None, pad: boo
     """h (.., d) x weight (v, d) [+ bias (v,)] -> logits (.., v); ``pad`` None: on CUDA when v is unaligned,
     True/False forces it (the CPU tests of the padded path)."""
     v = weight.size(0)
+    if h.size(-1) != weight.size(1):
+        raise ValueError(f"expected inputs of width {weight.size(1)} (.., d), got {tuple(h.shape)}")
     extra = padded_rows(v) - v
     if pad is None:
         pad = h.is_cuda and extra > 0
