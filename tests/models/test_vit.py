@@ -182,6 +182,35 @@ def test_every_parameter_gets_a_finite_gradient(fields):
         assert torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, name
 
 
+@pytest.mark.parametrize("fields", [{}, {"pooler": True}], ids=["cls", "pooler"])
+def test_class_token_forward_equals_pooling_the_full_features(fields):
+    """With 'cls' pooling forward runs the last layer for the class token alone; logits and every gradient
+    equal those of pooling the full last layer (float64, dropout active but 0)."""
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(**(TINY | fields | {"n_layers": 3})), dtype=torch.float64).train()
+    images = _images(3, dtype=torch.float64)
+    assert model._class_token_only()
+    logits = model(images)
+    full = model.head(model.pool(model.features(images)))
+    torch.testing.assert_close(logits, full, rtol=1e-12, atol=1e-12)
+    w = torch.randn_like(logits)
+    ours = torch.autograd.grad((logits * w).sum(), list(model.parameters()))
+    ref = torch.autograd.grad((full * w).sum(), list(model.parameters()))
+    for (name, _), a, b in zip(model.named_parameters(), ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_hooks_on_the_last_layer_see_every_token():
+    torch.manual_seed(0)
+    model, seen = ViT(ViTConfig(**TINY)), []
+    handle = model.layers[-1].mlp.register_forward_hook(lambda m, i, o: seen.append(tuple(o.shape)))
+    assert not model._class_token_only()
+    logits = model(_images(2))
+    handle.remove()
+    assert seen == [(2, 17, 32)] and model._class_token_only()
+    torch.testing.assert_close(model(_images(2)), logits)
+
+
 # ---- golden run ---------------------------------------------------------------------------------------------------
 
 

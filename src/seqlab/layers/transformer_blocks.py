@@ -26,9 +26,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 from seqlab.layers.attention import KVCache, MultiheadAttention, SelfAttention
+from seqlab.layers.masks import combine_masks
 from seqlab.layers.mlp import MLP
 from seqlab.layers.norms import LayerNorm
 
@@ -80,6 +82,32 @@ class TransformerEncoderLayer(nn.Module):
             x = x + self._sa(self.norm1(x), mask)
             return x + self.drop2(self.mlp(self.norm2(x)))
         x = self.norm1(x + self._sa(x, mask))
+        return self.norm2(x + self.drop2(self.mlp(x)))
+
+    def forward_first(self, x: Tensor, n: int, mask: Tensor | None = None) -> Tensor:
+        """The layer's output at the first ``n`` positions only, (b, n, d): those rows of ``forward(x, mask)``
+        (the same numbers without dropout; with it, other draws), computed as n queries attending to all t keys,
+        so the output projection, the MLP and the norms after the attention run on n rows instead of t. A ViT
+        classifier pooling the class token needs nothing else from its last layer."""
+        t = x.size(1)
+        if not 0 < n <= t:
+            raise ValueError(f"forward_first: n must be in [1, {t}] for an input of {t} positions, got {n}")
+        attn = self.self_attn
+        if attn.rope is not None or attn.window is not None:  # positions the query-subset form does not apply
+            return self.forward(x, mask)[:, :n]
+        if attn.causal:  # query i sees keys 0 ... i
+            structure = torch.ones(n, t, dtype=torch.bool, device=x.device).tril()
+            mask = structure if mask is None else combine_masks(mask, structure)
+        if mask is not None and mask.dim() >= 2 and mask.size(-2) == t and n != t:
+            mask = mask[..., :n, :]  # the query rows kept
+        h = self.norm1(x) if self.norm_first else x
+        y = MultiheadAttention.forward(attn, h[:, :n], h, h, mask=mask)[0]  # (b, n, d): n queries, all keys
+        y = self.drop1(y)
+        x = x[:, :n]
+        if self.norm_first:
+            x = x + y
+            return x + self.drop2(self.mlp(self.norm2(x)))
+        x = self.norm1(x + y)
         return self.norm2(x + self.drop2(self.mlp(x)))
 
 
