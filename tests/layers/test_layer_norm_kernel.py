@@ -35,7 +35,9 @@ def test_values_and_every_gradient_match_torch(dtype, tol, bias, shape):
     float32 kernel leaves a rounding of x̂ that sums to a weight gradient of ±2e-4 instead of 0."""
     x, w, b = inputs(shape, dtype, bias)
     wide = [t.detach().double().requires_grad_() if t is not None else None for t in (x, w, b)]
-    y, ref = layer_norm(x, w, b, 1e-5), F.layer_norm(wide[0], (shape[-1],), wide[1], wide[2], 1e-5)
+    # rows of WIDE_ROWS or more go to torch in layer_norm; the kernel itself still takes them
+    kernel = layer_norm if shape[-1] < ln_module.WIDE_ROWS else ln_module._LayerNorm.apply
+    y, ref = kernel(x, w, b, 1e-5), F.layer_norm(wide[0], (shape[-1],), wide[1], wide[2], 1e-5)
     assert "LayerNorm" in type(y.grad_fn).__name__  # the kernel ran
     torch.testing.assert_close(y, ref.to(dtype), rtol=tol, atol=tol)
     wanted, truth = [t for t in (x, w, b) if t is not None], [t for t in wide if t is not None]
@@ -80,7 +82,10 @@ def test_seqlab_layer_norm_takes_the_kernel_and_torch_elsewhere():
         "bfloat16": ln_module.why_not_kernel(x.bfloat16(), norm.weight.bfloat16(), None),
         "non-contiguous": ln_module.why_not_kernel(torch.randn(12, 4).t(), norm.weight, None),
         "no weight": ln_module.why_not_kernel(x, None, None),
+        "wide": ln_module.why_not_kernel(torch.randn(4, 128), torch.ones(128), None),
     }
+    assert "128 or more values" in reasons["wide"]
+    assert "NativeLayerNorm" in type(LayerNorm(128)(torch.randn(4, 128, requires_grad=True)).grad_fn).__name__
     assert "float32 or float64" in reasons["bfloat16"]
     assert "contiguous" in reasons["non-contiguous"]
     assert "weight" in reasons["no weight"]

@@ -7,7 +7,8 @@ contiguous float32/float64 CPU tensors with a weight when the kernel builds, and
 ``create_graph=True`` (double backward) differentiates ``F.layer_norm`` itself.
 
 Why: torch's CPU LayerNorm backward costs about 150 ns per row of 60 floats; at the lab's width a Mamba LM spent
-4% of its training step in it (benchmarks/bench_scan_kernel.py), and GPT and ViT steps run several per block.
+4% of its training step in it (benchmarks/bench_scan_kernel.py). Rows of ``WIDE_ROWS`` (128) values or more go
+to torch, which is as fast there inside a whole training step.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from torch import Tensor
 
 from seqlab.kernels.extension import CppExtension, cpu_float_reason
 
-__all__ = ["EXTENSION", "layer_norm", "why_not_kernel"]
+__all__ = ["EXTENSION", "WIDE_ROWS", "layer_norm", "why_not_kernel"]
+
+# From this width on torch's kernel is as fast or faster inside whole training steps (in-process A/B of the
+# ViT and GPT benchmarks' steps with either LayerNorm: equal at width 128, batch 128; 3-5% of the step faster at
+# width 128, batch 16, and at width 256), although this kernel's backward alone is 1.4-2x torch's there: the
+# Python autograd function around it costs tens of microseconds a call, which narrow rows repay.
+WIDE_ROWS = 128
 
 EXTENSION = CppExtension(
     "layer_norm",
@@ -59,6 +66,8 @@ def why_not_kernel(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> str
         return "weight and bias must share x's dtype and device"
     if not x.is_contiguous() or x.dim() == 0 or x.numel() == 0:
         return "x is not a contiguous, non-empty tensor"
+    if x.size(-1) >= WIDE_ROWS:
+        return f"rows of {WIDE_ROWS} or more values run as fast or faster through torch's LayerNorm"
     if torch.compiler.is_compiling():
         return "torch.compile is tracing"
     return EXTENSION.unbuilt_reason()
