@@ -93,6 +93,40 @@ class RNNBase(FastPathMixin, nn.Module):
     def _flat_weights(self) -> list[Tensor]:
         return [getattr(self, n) for n in self._flat_names]
 
+    def flatten_parameters(self) -> None:
+        """On CUDA with cuDNN, lay the weights out as views of one buffer, as torch.nn's RNNs do (same name, same
+        effect): otherwise cuDNN's kernel copies them into one at every call and warns so. Elsewhere a no-op;
+        ``.to()``/``.cuda()`` call it after moving the module."""
+        weights = self._flat_weights
+        first = weights[0]
+        if any(
+            not w.is_cuda or w.dtype != first.dtype or not torch.backends.cudnn.is_acceptable(w)
+            for w in weights
+        ):
+            return
+        if len({w.data_ptr() for w in weights}) != len(weights):  # aliased weights take the copying path
+            return
+        import torch.backends.cudnn.rnn as cudnn_rnn
+
+        with torch.cuda.device_of(first), torch.no_grad():
+            if torch._use_cudnn_rnn_flatten_weight():
+                torch._cudnn_rnn_flatten_weight(
+                    weights,
+                    4 if self.bias else 2,
+                    self.input_size,
+                    cudnn_rnn.get_cudnn_mode(self.mode),
+                    self.hidden_size,
+                    0,  # no projection
+                    self.num_layers,
+                    self.batch_first,
+                    self.bidirectional,
+                )
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self.flatten_parameters()
+        return out
+
     def _layer_params(self, layer: int, reverse: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         s = f"l{layer}{'_reverse' if reverse else ''}"
         if self.bias:
