@@ -22,6 +22,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from seqlab.kernels.recurrent import MODES, load_recurrent_kernel, recurrent_layer
 from seqlab.layers import fastpath
 from seqlab.layers.checks import check_dtype, check_input, check_state
+from seqlab.layers.cudnn_weights import flatten_cudnn_weights
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 
@@ -94,33 +95,9 @@ class RNNBase(FastPathMixin, nn.Module):
         return [getattr(self, n) for n in self._flat_names]
 
     def flatten_parameters(self) -> None:
-        """On CUDA with cuDNN, lay the weights out as views of one buffer, as torch.nn's RNNs do (same name, same
-        effect): otherwise cuDNN's kernel copies them into one at every call and warns so. Elsewhere a no-op;
-        ``.to()``/``.cuda()`` call it after moving the module."""
-        weights = self._flat_weights
-        first = weights[0]
-        if any(
-            not w.is_cuda or w.dtype != first.dtype or not torch.backends.cudnn.is_acceptable(w)
-            for w in weights
-        ):
-            return
-        if len({w.data_ptr() for w in weights}) != len(weights):  # aliased weights take the copying path
-            return
-        import torch.backends.cudnn.rnn as cudnn_rnn
-
-        with torch.cuda.device_of(first), torch.no_grad():
-            if torch._use_cudnn_rnn_flatten_weight():
-                torch._cudnn_rnn_flatten_weight(
-                    weights,
-                    4 if self.bias else 2,
-                    self.input_size,
-                    cudnn_rnn.get_cudnn_mode(self.mode),
-                    self.hidden_size,
-                    0,  # no projection
-                    self.num_layers,
-                    self.batch_first,
-                    self.bidirectional,
-                )
+        """On CUDA with cuDNN, the weights as views of one buffer, as torch.nn's RNNs do (same name, same effect):
+        otherwise cuDNN copies them into one at every call and warns. Elsewhere a no-op; ``.to()`` calls it."""
+        flatten_cudnn_weights(self)
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
