@@ -10,8 +10,12 @@ performance guide gets by preloading jemalloc or tcmalloc.
 Measured on one core (Mamba LM, d_model 60, 2 layers, batch 32 x 72 tokens, the lab's selective-copying run):
 a training step 119 -> 112 ms, the selective scan's fwd+bwd 45 -> 39 ms and its page faults 5,900 -> about
 100 per call (with 32-position chunks, whose buffers are 8 MB: 190 -> 148-153 ms per step, 22,000 -> 0
-faults); the lab's LSTM and a 4 x 256 GPT were unchanged. The cost is that the process keeps its peak heap
-until it exits, which a training run reaches anyway.
+faults); the lab's LSTM and a 4 x 256 GPT were unchanged there. On a 2-core Intel Xeon VM, whose page faults
+cost about 1.5 us a page, three alternating pairs of processes each: the ViT benchmark's step (fashion, batch 128)
+261-278 -> 245-254 ms and its faults 3,400-8,800 -> 400-800 per step; the GPT benchmark's (4 x 256, batch 16)
+406-410 -> 381-389 ms, faults 6,400-9,200 -> 400-1,000. The cost is that the process keeps its peak heap until it
+exits, which a training run reaches anyway. (The benchmarks comparing seqlab with Hugging Face leave malloc as it
+is for both.)
 
 ``seqlab train`` and ``seqlab compare`` (and the lab's worker processes) call :func:`keep_freed_memory`;
 library code never does, because the setting belongs to the whole process.
