@@ -320,10 +320,9 @@ void backward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<const T> 
   T *dqp = dq.p, *dkp = dk.p, *dvp = dv.p;
   transpose_padded(tk, d, kp, k.st, kt, n_pad, ldt);
   transpose_padded(tk, d, vp, v.st, vt, n_pad, ldt);
-  for (int64_t j = 0; j < tk; ++j) {  // this task's rows of dk and dv, accumulated below
-    std::fill(dkp + j * dk.st, dkp + j * dk.st + d, T(0));
-    std::fill(dvp + j * dv.st, dvp + j * dv.st + d, T(0));
-  }
+  // this task's rows of dk and dv: rows [0, seen) hold sums from earlier blocks; a block's first products into
+  // rows [seen, n) write instead of adding (no zero fill beforehand)
+  int64_t seen = 0;
   for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
     const int64_t m = std::min(kRows, tq - i0);
     const int64_t n = causal ? std::min(tk, i0 + m) : tk;
@@ -363,8 +362,20 @@ void backward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<const T> 
     }
     gemm<T>(m, d, n, dp, np, false, kp, k.st, dqp + i0 * dq.st, dq.st, false);  // dQ = dS K
     // dV += Pᵀ dO and dK += dSᵀ Q, over the keys this block sees (P and dS read transposed in place)
-    gemm<T>(n, d, m, p, np, true, gi, g.st, dvp, dv.st, true);
-    gemm<T>(n, d, m, dp, np, true, qi, q.st, dkp, dk.st, true);
+    const int64_t old_rows = std::min(seen, n);
+    if (old_rows > 0) {
+      gemm<T>(old_rows, d, m, p, np, true, gi, g.st, dvp, dv.st, true);
+      gemm<T>(old_rows, d, m, dp, np, true, qi, q.st, dkp, dk.st, true);
+    }
+    if (n > old_rows) {
+      gemm<T>(n - old_rows, d, m, p + old_rows, np, true, gi, g.st, dvp + old_rows * dv.st, dv.st, false);
+      gemm<T>(n - old_rows, d, m, dp + old_rows, np, true, qi, q.st, dkp + old_rows * dk.st, dk.st, false);
+      seen = n;
+    }
+  }
+  for (int64_t j = seen; j < tk; ++j) {  // keys no query saw (none when t_q = t_k): zero gradients
+    std::fill(dkp + j * dk.st, dkp + j * dk.st + d, T(0));
+    std::fill(dvp + j * dv.st, dvp + j * dv.st + d, T(0));
   }
 }
 
