@@ -10,6 +10,11 @@ seqlab's copy is made by the production converter (``seqlab.interop.hf_gpt2.conv
 * Achieved FLOP/s = 3 x forward FLOPs per token (``seqlab.models.flops``: 2 N_matmul + 4 n_layers t d_attn)
   x tokens/s, as a fraction of the fp32 matmul rate measured in the same run: the best median FLOP/s over
   square matmuls and the model's own GEMM shapes (the ceiling its matmuls can reach on this CPU).
+* The floor under the training step: its weight GEMMs alone (each linear layer's forward X Wᵀ and backward
+  dY W, dYᵀ X, same shapes and transposes, into preallocated outputs, nothing between them), timed alternating
+  with the steps, and the achieved fraction of the matmul rate a step would reach if nothing but those GEMMs
+  and the attention products (at the matmul rate) cost time: the bound any fp32 implementation built on
+  torch's GEMMs meets.
 * Generation: greedy and sampled (temperature 0.8, top-k 50), at batch 1 and batch 8, a 16-token prompt and
   200 new tokens through each library's KV cache (seqlab ``generate``, which decodes through
   ``StaticCacheDecoder`` and, for a float32 model on the CPU, the fused kernel ``seqlab.kernels.decode``; HF
@@ -92,6 +97,29 @@ def ceiling_fn(model, batch: int, steps: int):
                 f(a, b)
 
     return run
+
+
+def gemm_floor_fn(model, rows: int):
+    """A call that runs one training step's weight GEMMs alone: per linear layer (packed QKV, output projection,
+    the MLP's two, the head) the forward X Wᵀ and the backward dY W and dYᵀ X, with the shapes and transposed
+    operands autograd gives them, into preallocated outputs, nothing between them. Its time is what the step
+    would take if attention, the elementwise ops and the optimizer cost nothing; also returns its FLOPs."""
+    mats = []
+    for blk in model.blocks:
+        mats += [blk.mixer.in_proj_weight, blk.mixer.out_proj.weight, blk.mlp.fc1.weight, blk.mlp.fc2.weight]
+    mats = [w.detach() for w in mats] + [model.head.weight.detach()]
+    calls = []
+    for w in mats:
+        d_out, d_in = w.shape
+        x, dy = torch.randn(rows, d_in), torch.randn(rows, d_out)
+        calls += [(x, w.t(), torch.empty(rows, d_out)), (dy, w, torch.empty(rows, d_in))]
+        calls.append((dy.t(), x, torch.empty(d_out, d_in)))
+
+    def run() -> None:
+        for a, b, out in calls:
+            torch.mm(a, b, out=out)
+
+    return run, sum(6 * rows * w.numel() for w in mats)
 
 
 def generate_ref(model, prompt, new_tokens):
@@ -264,9 +292,11 @@ def main() -> None:
         rate16, rate16_shape = matmul_rate(
             [(rows, d, 3 * d), (rows, d, 4 * d), (rows, 4 * d, d)], dtype=torch.bfloat16
         )
+    steps["gemms"], gemm_flops = gemm_floor_fn(ours, rows)
     train, train_spread = medians_and_spread(steps, repeats)
     tokens = args.batch * args.context
     flops_tok = 3 * forward_flops_per_token(ours, args.context)[0]
+    attn_flops = 3 * forward_flops_per_token(ours, args.context)[1] * tokens
 
     hf.eval(), ours.eval()
     gen_rows, same, modules_same = [], None, None
@@ -297,6 +327,15 @@ def main() -> None:
     )
     fr = {k: v * flops_tok / rate for k, v in tr.items()}
     lines.append(f"| achieved FLOP/s / matmul rate | {fr['seqlab']:.2f} | {fr['hf']:.2f} | | |")
+    g = train["gemms"]
+    lines.append(
+        f"| the step's weight GEMMs alone: ms, and their FLOP/s / matmul rate | {g * 1e3:.0f} "
+        f"({gemm_flops / g / rate:.2f}) | | {g / train['seqlab']:.2f} of seqlab's step | |"
+    )
+    bound = flops_tok * tokens / (g + attn_flops / rate) / rate
+    lines.append(
+        f"| achieved FLOP/s / matmul rate if only those GEMMs and attention at the rate cost time | {bound:.2f} | | | |"
+    )
     if bf16:
         a, b = "seqlab bf16", "hf bf16"
         lines.append(
