@@ -164,12 +164,14 @@ struct Rows {
 // the scores of query rows [i0, i0 + m) against keys [0, n): S (m × n_pad, row stride n_pad) = Q Kᵀ, computed
 // from the keys transposed (zero columns past n); then P = exp(scale S − lse) in place, 0 where masked
 // (causal: key j > query i; and the padding columns j ≥ n). forward: lse computed here and stored; backward:
-// lse given.
+// lse given. With inv_rows (the forward) the rows are left unnormalized, exp(scale S − max), and 1 / Σ_j stored
+// per row: the caller scales the row's output instead (d products instead of n).
 // (no-split-loops: GCC would otherwise split each loop at `valid` and run the tail as a scalar add chain)
 template <typename T, bool Keyed>
 __attribute__((optimize("no-split-loops"))) void probs_rows(int64_t m, int64_t n, int64_t n_pad, int64_t i0,
                                                              bool causal, T scale, T* s, T* lse_rows,
-                                                             bool compute_lse, const bool* __restrict__ keep) {
+                                                             bool compute_lse, const bool* __restrict__ keep,
+                                                             T* inv_rows) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   for (int64_t r = 0; r < m; ++r) {
     T* __restrict__ row = s + r * n_pad;
@@ -194,10 +196,15 @@ __attribute__((optimize("no-split-loops"))) void probs_rows(int64_t m, int64_t n
       }
       if (sum == T(0)) {  // every key masked: a zero output (seqlab's law), and P = 0 in the backward
         lse_rows[r] = std::numeric_limits<T>::infinity();
+        if (inv_rows != nullptr) inv_rows[r] = T(0);
         continue;  // the row is already all zeros
       }
       lse_rows[r] = mx + std::log(sum);
       const T inv = T(1) / sum;
+      if (inv_rows != nullptr) {
+        inv_rows[r] = inv;
+        continue;
+      }
 #pragma omp simd
       for (int64_t j = 0; j < n_pad; ++j) row[j] *= inv;
     } else {
@@ -214,11 +221,11 @@ __attribute__((optimize("no-split-loops"))) void probs_rows(int64_t m, int64_t n
 // keep: null, or this batch row's (t_k) key mask, false = never attended to
 template <typename T>
 void scores_to_probs(int64_t m, int64_t n, int64_t n_pad, int64_t i0, bool causal, T scale, T* s, T* lse_rows,
-                     bool compute_lse, const bool* keep) {
+                     bool compute_lse, const bool* keep, T* inv_rows = nullptr) {
   if (keep == nullptr)
-    probs_rows<T, false>(m, n, n_pad, i0, causal, scale, s, lse_rows, compute_lse, nullptr);
+    probs_rows<T, false>(m, n, n_pad, i0, causal, scale, s, lse_rows, compute_lse, nullptr, inv_rows);
   else
-    probs_rows<T, true>(m, n, n_pad, i0, causal, scale, s, lse_rows, compute_lse, keep);
+    probs_rows<T, true>(m, n, n_pad, i0, causal, scale, s, lse_rows, compute_lse, keep, inv_rows);
 }
 
 // One (b, h) pair's rows of a tensor: row i at p + i st
@@ -287,9 +294,10 @@ void forward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> o, T* l
                   std::vector<T>& work) {
   constexpr int W = Vec<T>::W;
   const int64_t n_pad = round_up(tk, W), ldt = n_pad + W;  // ldt: Kᵀ's row stride, never a multiple of 4 KiB
-  work.resize(d * ldt + kRows * n_pad);
+  work.resize(d * ldt + kRows * n_pad + kRows);
   T* kt = work.data();
   T* s = kt + d * ldt;
+  T* inv = s + kRows * n_pad;  // each row's 1 / Σ_j exp(scale S_ij − max)
   const T *qp = q.p, *kp = k.p, *vp = v.p;
   T* op = o.p;
   transpose_padded(tk, d, kp, k.st, kt, n_pad, ldt);
@@ -298,9 +306,15 @@ void forward_task(Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> o, T* l
     const int64_t n = causal ? std::min(tk, i0 + m) : tk;  // keys any row of the block sees
     const int64_t np = round_up(n, W);
     gemm<T>(m, np, d, qp + i0 * q.st, q.st, false, kt, ldt, s, np, false);
-    scores_to_probs<T>(m, n, np, i0, causal, scale, s, lse + i0, true, keep);
+    scores_to_probs<T>(m, n, np, i0, causal, scale, s, lse + i0, true, keep, inv);  // unnormalized
     if (drop.on) drop_rows(s, m, np, i0, drop, task, tq);
     gemm<T>(m, d, n, s, np, false, vp, v.st, op + i0 * o.st, o.st, false);
+    for (int64_t r = 0; r < m; ++r) {  // O = P V with P's normalization applied to O's rows
+      T* __restrict__ orow = op + (i0 + r) * o.st;
+      const T f = inv[r];
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) orow[c] *= f;
+    }
   }
 }
 
