@@ -24,6 +24,8 @@ seqlab's copy is made by the production converter (``seqlab.interop.hf_gpt2.conv
 
     python benchmarks/bench_gpt.py              # writes benchmarks/results/gpt-<hardware>-torch<version>.md
     python benchmarks/bench_gpt.py --quick      # a smoke run that writes no file
+    python benchmarks/bench_gpt.py --keep-heap  # both keep freed memory, as seqlab train runs (glibc's
+                                                # defaults re-map HF's temporaries every step)
 
 On a shared machine the absolute numbers move with the load; the ratios, measured alternately, move less.
 """
@@ -246,7 +248,18 @@ def main() -> None:
         action="store_true",
         help="add the bf16 autocast rows on a CPU without bf16 matmul units too",
     )
+    p.add_argument(
+        "--keep-heap",
+        action="store_true",
+        help="run both libraries with seqlab's trainer setting for glibc malloc (seqlab.training.allocator: freed "
+        "memory kept, no page faults from re-mapped temporaries); writes gpt-keep-heap-<cpu>-...md",
+    )
     args = p.parse_args()
+    if args.keep_heap:
+        from seqlab.training.allocator import keep_freed_memory
+
+        if not keep_freed_memory():
+            p.error("--keep-heap needs Linux with glibc (mallopt)")
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats, new_tokens = (2, 50) if args.quick else (args.repeats, args.new_tokens)
@@ -312,7 +325,13 @@ def main() -> None:
         f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
         f"{transformers.__version__}, {dt.date.today()}; {repeats} repeats (generation: {gen_repeats}), medians "
         "± the interquartile range over the median, alternating order; load average before / after: "
-        f"{load_before:.2f} / {os.getloadavg()[0]:.2f}." + (" Quick run." if args.quick else ""),
+        f"{load_before:.2f} / {os.getloadavg()[0]:.2f}."
+        + (" Quick run." if args.quick else "")
+        + (
+            " malloc: freed memory kept for both libraries (`--keep-heap`, what `seqlab train` sets)."
+            if args.keep_heap
+            else " malloc: glibc's defaults (freed memory returned to the OS, re-faulted on reuse)."
+        ),
         f"fp32 matmul rate measured in this run: {rate / 1e9:.1f} GFLOP/s (best median over square and the "
         f"model's GEMM shapes, reached at (m, k, n) = {rate_shape}).",
         "",
@@ -374,7 +393,7 @@ def main() -> None:
             "bf16 tensors and attention its kernel on the bf16 projection (float32 inside); HF runs torch's bf16 ops.",
         ]
     text = "\n".join(lines) + "\n"
-    report("gpt", text, args.quick)
+    report("gpt-keep-heap" if args.keep_heap else "gpt", text, args.quick)
 
 
 if __name__ == "__main__":
