@@ -116,8 +116,6 @@ def gelu_bias(p: Tensor, b: Tensor, approximate: str = "none") -> Tensor:
         )
     tanh = _FORMS[approximate]
     if cpu_float_reason(p) is None and p.dtype == b.dtype and EXTENSION.unbuilt_reason() is None:
-        if p.dim() == 2:
-            return _GeluBias.apply(p.contiguous(), b.contiguous(), tanh)
-        flat = p.reshape(-1, p.size(-1)).contiguous()
+        flat = p.reshape(-1, p.size(-1)).contiguous()  # (rows, n); p itself when p is a contiguous matrix
         return _GeluBias.apply(flat, b.contiguous(), tanh).view(p.shape)
     return (gelu_tanh if tanh else gelu)(p + b)

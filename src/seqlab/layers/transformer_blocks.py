@@ -78,10 +78,15 @@ class TransformerEncoderLayer(nn.Module):
         return self.drop1(self.self_attn(x, attn_mask=mask)[0])  # (b, t, d)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        return self._after_attention(x, self._sa(self.norm1(x) if self.norm_first else x, mask))
+
+    def _after_attention(self, x: Tensor, y: Tensor) -> Tensor:
+        """The residual around the attention's output y (after its dropout), then the MLP's residual, in the
+        layer's norm placement."""
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), mask)
+            x = x + y
             return x + self.drop2(self.mlp(self.norm2(x)))
-        x = self.norm1(x + self._sa(x, mask))
+        x = self.norm1(x + y)
         return self.norm2(x + self.drop2(self.mlp(x)))
 
     def forward_first(self, x: Tensor, n: int, mask: Tensor | None = None) -> Tensor:
@@ -102,13 +107,7 @@ class TransformerEncoderLayer(nn.Module):
             mask = mask[..., :n, :]  # the query rows kept
         h = self.norm1(x) if self.norm_first else x
         y = MultiheadAttention.forward(attn, h[:, :n], h, h, mask=mask)[0]  # (b, n, d): n queries, all keys
-        y = self.drop1(y)
-        x = x[:, :n]
-        if self.norm_first:
-            x = x + y
-            return x + self.drop2(self.mlp(self.norm2(x)))
-        x = self.norm1(x + y)
-        return self.norm2(x + self.drop2(self.mlp(x)))
+        return self._after_attention(x[:, :n], self.drop1(y))
 
 
 DecoderState = tuple[KVCache | None, KVCache | None]
