@@ -41,7 +41,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import alternate, report
+from common import add_keep_heap, alternate, keep_heap, report
 from seqlab.lab.report import cpu_name
 from seqlab.training.config import cpu_has_bf16_matmul
 
@@ -72,6 +72,15 @@ def matmul_rate(
     return best, best_shape
 
 
+def weight_matrices(model) -> list[torch.Tensor]:
+    """The model's linear weights in the order a step uses them: per layer the packed QKV, the output projection
+    and the MLP's two, then the head (detached)."""
+    mats = []
+    for blk in model.blocks:
+        mats += [blk.mixer.in_proj_weight, blk.mixer.out_proj.weight, blk.mlp.fc1.weight, blk.mlp.fc2.weight]
+    return [w.detach() for w in mats] + [model.head.weight.detach()]
+
+
 def ceiling_fn(model, batch: int, steps: int):
     """A call that runs, ``steps`` times, the model's weight products alone, the weights read in decoding order.
 
@@ -82,10 +91,7 @@ def ceiling_fn(model, batch: int, steps: int):
     rate is a ceiling on the tokens/s of any fp32 decoder of this model on this machine that reads its weights
     once per step through torch's kernels.
     """
-    mats = []
-    for blk in model.blocks:
-        mats += [blk.mixer.in_proj_weight, blk.mixer.out_proj.weight, blk.mlp.fc1.weight, blk.mlp.fc2.weight]
-    mats = [w.detach() for w in mats] + [model.head.weight.detach()]
+    mats = weight_matrices(model)
     if batch == 1:
         inputs = {w.size(1): torch.randn(w.size(1)) for w in mats}
         products = [(torch.mv, w, inputs[w.size(1)]) for w in mats]  # W x, x (d_in,)
@@ -106,10 +112,7 @@ def gemm_floor_fn(model, rows: int):
     the MLP's two, the head) the forward X Wᵀ and the backward dY W and dYᵀ X, with the shapes and transposed
     operands autograd gives them, into preallocated outputs, nothing between them. Its time is what the step
     would take if attention, the elementwise ops and the optimizer cost nothing; also returns its FLOPs."""
-    mats = []
-    for blk in model.blocks:
-        mats += [blk.mixer.in_proj_weight, blk.mixer.out_proj.weight, blk.mlp.fc1.weight, blk.mlp.fc2.weight]
-    mats = [w.detach() for w in mats] + [model.head.weight.detach()]
+    mats = weight_matrices(model)
     calls = []
     for w in mats:
         d_out, d_in = w.shape
@@ -248,18 +251,9 @@ def main() -> None:
         action="store_true",
         help="add the bf16 autocast rows on a CPU without bf16 matmul units too",
     )
-    p.add_argument(
-        "--keep-heap",
-        action="store_true",
-        help="run both libraries with seqlab's trainer setting for glibc malloc (seqlab.training.allocator: freed "
-        "memory kept, no page faults from re-mapped temporaries); writes gpt-keep-heap-<cpu>-...md",
-    )
+    add_keep_heap(p, "gpt")
     args = p.parse_args()
-    if args.keep_heap:
-        from seqlab.training.allocator import keep_freed_memory
-
-        if not keep_freed_memory():
-            p.error("--keep-heap needs Linux with glibc (mallopt)")
+    malloc = keep_heap(p, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats, new_tokens = (2, 50) if args.quick else (args.repeats, args.new_tokens)
@@ -308,8 +302,8 @@ def main() -> None:
     steps["gemms"], gemm_flops = gemm_floor_fn(ours, rows)
     train, train_spread = medians_and_spread(steps, repeats)
     tokens = args.batch * args.context
-    flops_tok = 3 * forward_flops_per_token(ours, args.context)[0]
-    attn_flops = 3 * forward_flops_per_token(ours, args.context)[1] * tokens
+    fwd_flops, fwd_attn_flops = forward_flops_per_token(ours, args.context)
+    flops_tok, attn_flops = 3 * fwd_flops, 3 * fwd_attn_flops * tokens
 
     hf.eval(), ours.eval()
     gen_rows, same, modules_same = [], None, None
@@ -327,11 +321,7 @@ def main() -> None:
         "± the interquartile range over the median, alternating order; load average before / after: "
         f"{load_before:.2f} / {os.getloadavg()[0]:.2f}."
         + (" Quick run." if args.quick else "")
-        + (
-            " malloc: freed memory kept for both libraries (`--keep-heap`, what `seqlab train` sets)."
-            if args.keep_heap
-            else " malloc: glibc's defaults (freed memory returned to the OS, re-faulted on reuse)."
-        ),
+        + f" {malloc}",
         f"fp32 matmul rate measured in this run: {rate / 1e9:.1f} GFLOP/s (best median over square and the "
         f"model's GEMM shapes, reached at (m, k, n) = {rate_shape}).",
         "",

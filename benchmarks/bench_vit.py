@@ -44,9 +44,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import alternate, report
+from common import add_keep_heap, alternate, keep_heap, report
 from seqlab.lab.report import cpu_name
-from seqlab.training.allocator import keep_freed_memory
 from seqlab.training.config import cpu_has_bf16_matmul
 
 CONFIGS = {
@@ -233,14 +232,9 @@ def main() -> None:
     p.add_argument(
         "--bf16", action="store_true", help="bf16 autocast rows on a CPU without bf16 matmul units too"
     )
-    p.add_argument(
-        "--keep-heap",
-        action="store_true",
-        help="both libraries keep freed memory (seqlab.training.allocator, as seqlab train runs); writes vit-keep-heap-*",
-    )
+    add_keep_heap(p, "vit")
     args = p.parse_args()
-    if args.keep_heap and not keep_freed_memory():
-        p.error("--keep-heap needs Linux with glibc (mallopt)")
+    malloc = keep_heap(p, args)
     torch.set_num_threads(args.threads)
     repeats, batch = (2, 16) if args.quick else (args.repeats, args.batch)
     import transformers
@@ -266,9 +260,7 @@ def main() -> None:
         "repeat; ms/step: median (minimum); img/s and tok/s "
         "from the medians; ratio = seqlab images/s over HF's (above 1: seqlab faster), of the medians and of the "
         "minima. Target: ratio >= 1.2." + (" Quick run." if args.quick else ""),
-        "- malloc: freed memory kept for both (`--keep-heap`, what `seqlab train` sets)"
-        if args.keep_heap
-        else "- malloc: glibc's defaults (freed memory returned to the OS, re-faulted on reuse)",
+        f"- {malloc}",
         *([f"- {args.note}"] if args.note else []),
         "",
         "| config | precision | batch | seqlab ms/step | HF ms/step | seqlab img/s | HF img/s | seqlab tok/s "

@@ -1,7 +1,9 @@
-"""What the benchmarks share: contenders timed alternately in one process, and where a result file goes."""
+"""What the benchmarks share: contenders timed alternately in one process, the malloc setting they run under,
+and where a result file goes."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,3 +43,25 @@ def report(kind: str, text: str, quick: bool) -> None:
         out = result_file(kind)
         out.write_text(text, encoding="utf-8")
         print(f"wrote {out}")
+
+
+def add_keep_heap(p: argparse.ArgumentParser, kind: str) -> None:
+    """The ``--keep-heap`` option of a benchmark comparing libraries in one process."""
+    p.add_argument(
+        "--keep-heap",
+        action="store_true",
+        help="both libraries keep freed memory (seqlab.training.allocator: what seqlab train sets; glibc's "
+        f"defaults re-map freed temporaries at every step); writes {kind}-keep-heap-<cpu>-...md",
+    )
+
+
+def keep_heap(p: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """Apply ``--keep-heap`` if given (an error where glibc's mallopt is missing); the result file's line saying
+    which malloc setting the run had."""
+    from seqlab.training.allocator import keep_freed_memory
+
+    if not args.keep_heap:
+        return "malloc: glibc's defaults (freed memory returned to the OS, re-faulted on reuse)."
+    if not keep_freed_memory():
+        p.error("--keep-heap needs Linux with glibc (mallopt)")
+    return "malloc: freed memory kept for both libraries (`--keep-heap`, what `seqlab train` sets)."
