@@ -49,7 +49,26 @@ def test_rope_takes_the_full_layer_and_slices():
     torch.testing.assert_close(layer.forward_first(x, 2), layer(x)[:, :2], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("n", [0, 8, -1])
-def test_n_out_of_range_is_refused(n):
-    with pytest.raises(ValueError, match=r"n must be in \[1, 7\] for an input of 7 positions, got"):
+@pytest.mark.parametrize("n", [0, 8, -1, 1.5, True])
+def test_n_out_of_range_or_not_an_int_is_refused(n):
+    with pytest.raises(ValueError, match=r"n must be an int in \[1, 7\] for an input of 7 positions, got"):
         _layer().forward_first(_x(), n)
+
+
+@pytest.mark.parametrize(
+    ("x", "message"),
+    [
+        (
+            torch.randn(7, 16, dtype=torch.float64),
+            r"expects x of shape \(b, t, 16\) with t >= 1, got \(7, 16\)",
+        ),
+        (
+            torch.randn(2, 7, 15, dtype=torch.float64),
+            r"expects x of shape \(b, t, 16\) with t >= 1, got \(2, 7, 15\)",
+        ),
+        (torch.randn(2, 7, 16), r"has torch.float64 parameters but x is torch.float32"),
+    ],
+)
+def test_a_wrong_input_is_refused_naming_the_layer(x, message):
+    with pytest.raises(ValueError, match=r"TransformerEncoderLayer.forward_first " + message):
+        _layer().forward_first(x, 1)

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from seqlab.layers.attention import KVCache, MultiheadAttention, SelfAttention
+from seqlab.layers.checks import check_input
 from seqlab.layers.masks import combine_masks
 from seqlab.layers.mlp import MLP
 from seqlab.layers.norms import LayerNorm
@@ -94,10 +95,13 @@ class TransformerEncoderLayer(nn.Module):
         (the same numbers without dropout; with it, other draws), computed as n queries attending to all t keys,
         so the output projection, the MLP and the norms after the attention run on n rows instead of t. A ViT
         classifier pooling the class token needs nothing else from its last layer."""
-        t = x.size(1)
-        if not 0 < n <= t:
-            raise ValueError(f"forward_first: n must be in [1, {t}] for an input of {t} positions, got {n}")
         attn = self.self_attn
+        check_input("TransformerEncoderLayer.forward_first", x, attn.d_model, attn.in_proj_weight)
+        t = x.size(1)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= t:
+            raise ValueError(
+                f"forward_first: n must be an int in [1, {t}] for an input of {t} positions, got {n!r}"
+            )
         if attn.rope is not None or attn.window is not None:  # positions the query-subset form does not apply
             return self.forward(x, mask)[:, :n]
         if attn.causal:  # query i sees keys 0 ... i
