@@ -40,3 +40,10 @@ def test_a_hook_on_the_projection_runs_the_convolution():
 def test_sizes_the_patch_does_not_divide_are_refused_with_what_fits():
     with pytest.raises(ValueError, match=r"image size 30×28 is not a multiple of the patch size 4.*28 or 32"):
         PatchEmbedding(4, 1, 8)(torch.rand(1, 1, 30, 28))
+
+
+def test_images_of_another_dtype_than_the_weights_are_refused_by_name():
+    with pytest.raises(
+        ValueError, match=r"PatchEmbedding has torch.float32 parameters but images is torch.float64"
+    ):
+        PatchEmbedding(4, 3, 8)(torch.rand(2, 3, 16, 16, dtype=torch.float64))

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.checks import check_dtype
 from seqlab.layers.fastpath import hook_reason
 from seqlab.validation import check_positive_ints
 
@@ -68,6 +69,7 @@ class PatchEmbedding(nn.Module):
             raise ValueError(
                 f"expected float images (b, {self.in_channels}, H, W), got {images.dtype} {tuple(images.shape)}"
             )
+        check_dtype("PatchEmbedding", images, self.proj.weight, "images")
         gh, gw = self.grid(images.size(2), images.size(3))
         if images.device.type != "cpu" or hook_reason([("proj", self.proj)]) is not None:
             x = self.proj(images)  # (b, c, H, W) -> (b, d, gh, gw)
