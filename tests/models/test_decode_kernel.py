@@ -10,6 +10,7 @@ from test_gpt_decode import CONFIGS, make, reference  # the same folder (pytest 
 
 from seqlab.kernels import decode as decode_kernel
 from seqlab.layers.positional import RotaryEmbedding
+from seqlab.models.generation import sample_next
 from seqlab.models.gpt_decode import StaticCacheDecoder
 
 needs_compiler = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
@@ -64,6 +65,92 @@ def test_greedy_in_one_call_equals_step_then_argmax():
     assert torch.equal(tokens, torch.stack(expected, 1))
     assert one.pos == many.pos == 25
     assert one.greedy(nxt, 25, 6) is None  # 31 positions do not fit 30: the caller steps (and slides) instead
+
+
+SAMPLINGS = [
+    {"temperature": 1.0},
+    {"temperature": 0.8, "top_k": 7},
+    {"temperature": 1.3, "top_p": 0.85},
+    {"temperature": 0.7, "top_k": 20, "top_p": 0.6},
+    {"temperature": 2.0, "top_k": 1},
+]
+
+
+@needs_compiler
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+@torch.inference_mode()
+def test_sampling_in_one_call_draws_what_step_then_sample_next_draws(batch, sampling):
+    """The kernel's sampler against stepping the decoder and drawing with sample_next (torch.topk, torch.sort,
+    torch.softmax and torch.multinomial), from one generator state: the same tokens."""
+    for name, model in models():
+        ids = torch.randint(0, 50, (batch, 5))
+        one, many = StaticCacheDecoder(model, 30), StaticCacheDecoder(model, 30)
+        logits, pos = one(ids)
+        many(ids)
+        first = logits[:, -1].argmax(-1)
+        tokens = one.sample(first, pos, 25, generator=torch.Generator().manual_seed(3), **sampling)
+        g, nxt, expected = torch.Generator().manual_seed(3), first, []
+        for _ in range(25):
+            step_logits, pos = many.step(nxt, pos)
+            nxt = sample_next(step_logits, generator=g, **sampling)
+            expected.append(nxt)
+        assert torch.equal(tokens, torch.stack(expected, 1)), name
+        assert one.pos == many.pos == 30
+        if sampling.get("top_k") == 1:  # one token left: the argmax, whatever the draw
+            assert torch.equal(tokens, one_greedy(model, ids, first, 25)), name
+
+
+def one_greedy(model, ids, first, n):
+    dec = StaticCacheDecoder(model, 30)
+    _, pos = dec(ids)
+    return dec.greedy(first, pos, n)
+
+
+@needs_compiler
+@torch.inference_mode()
+def test_generate_samples_through_the_kernel_with_the_module_paths_tokens():
+    """LM.generate with sampling runs the kernel's loop and gives the tokens of fast_path=False (LM.step and
+    sample_next) for the same seed, torch's default generator included; past the position table both slide."""
+    model = make("gpt2", torch.float32)  # 32 positions
+    prompt = torch.randint(0, 50, (2, 6))
+    ref = reference(model)  # built before seeding: building draws initial weights from the default generator
+    ran = []
+    original = StaticCacheDecoder.sample
+
+    def spy(self, *args, **kwargs):
+        ran.append(args[2])
+        return original(self, *args, **kwargs)
+
+    for n, sampling in [(20, {"top_k": 10}), (26, {"top_p": 0.9}), (40, {"temperature": 0.9})]:
+        torch.manual_seed(11)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(StaticCacheDecoder, "sample", spy)
+            fast = model.generate(prompt, n, **sampling)
+        torch.manual_seed(11)
+        slow = ref.generate(prompt, n, **sampling)
+        assert torch.equal(fast, slow), sampling
+    assert ran == [19, 25]  # 6 + 40 positions do not fit 32: that one steps token by token and slides
+
+
+@needs_compiler
+@torch.inference_mode()
+def test_sampling_refuses_bad_arguments_and_nan_logits_with_a_clear_error():
+    model = make("gpt2", torch.float32)
+    dec = StaticCacheDecoder(model, 10)
+    _, pos = dec(torch.zeros(1, 3, dtype=torch.long))
+    one = torch.tensor([1])
+    with pytest.raises(RuntimeError, match=r"temperature > 0 \(0 is greedy\), got 0"):
+        dec.native.sample(one, pos, 2, 0.0, 0, 1.0, None)
+    with pytest.raises(RuntimeError, match=r"top_p in \(0, 1\], got 0 and 1.5"):
+        dec.native.sample(one, pos, 2, 1.0, 0, 1.5, None)
+    with pytest.raises(RuntimeError, match="do not fit the buffers' 10"):
+        dec.native.sample(one, pos, 8, 1.0, 0, 1.0, None)
+    model.head.weight.data[3, 0] = float("nan")
+    dec = StaticCacheDecoder(model, 10)
+    _, pos = dec(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="the logits hold NaN"):
+        dec.sample(one, pos, 2, 1.0)
 
 
 @needs_compiler

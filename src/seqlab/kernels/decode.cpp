@@ -15,7 +15,9 @@
 // weights once, so decoding is bound by memory bandwidth; what costs time beyond that is everything between the
 // products. Here the whole step is one OpenMP parallel region: each thread owns a fixed share of every weight
 // matrix's rows (and of the attention heads), norms are recomputed by every thread into its own buffer, and the
-// phases are separated by barriers (4 per layer) instead of one fork and join per operation.
+// phases are separated by barriers (4 per layer) instead of one fork and join per operation. Generation loops
+// in one call too, greedy (argmax) or sampled (temperature, top-k, top-p, and torch.multinomial's draws from the
+// caller's generator), so a token costs no Python.
 //
 // Narrow includes rather than <torch/extension.h>: they halve the first build's time.
 #include <ATen/core/Tensor.h>
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -256,7 +259,87 @@ class Decoder {
     return tokens;
   }
 
+  // sampled decoding in one call: feed ids (b,) at `pos`, then n times draw each row's next token as
+  // seqlab.models.generation.sample_next does (temperature, then top-k, then top-p) and feed it at the next
+  // position -> the n tokens (b, n) int64. The randomness is torch.multinomial's for one sample, drawn from
+  // `generator` (torch's default when None) in the same order: Exp(1) noise q (b, V) per step and the token
+  // argmax(probs / q), so a seed gives the tokens that stepping with sample_next gives (up to float rounding of
+  // the probabilities, which can only break a near tie another way)
+  at::Tensor sample(const at::Tensor& ids, int64_t pos, int64_t n, double temperature, int64_t top_k, double top_p,
+                    std::optional<at::Generator> generator) {
+    TORCH_CHECK(n >= 0, "decoder: n must be >= 0, got ", n);
+    TORCH_CHECK(temperature > 0, "decoder: sampling needs a temperature > 0 (0 is greedy), got ", temperature);
+    TORCH_CHECK(top_k >= 0 && top_p > 0 && top_p <= 1,
+                "decoder: top_k must be >= 0 (0: all) and top_p in (0, 1], got ", top_k, " and ", top_p);
+    at::Tensor current = check_ids(ids, pos, n).clone();
+    at::Tensor tokens = at::empty({b_, n}, current.options());
+    at::Tensor logits = at::empty({b_, vocab_}, x_.options());
+    at::Tensor noise = at::empty({b_, vocab_}, x_.options());
+    int64_t* cur = current.data_ptr<int64_t>();
+    int64_t* out = tokens.data_ptr<int64_t>();
+    const float* lg = logits.data_ptr<float>();
+    std::vector<float> z(vocab_), scratch(vocab_);
+    std::vector<int64_t> order(vocab_);
+    for (int64_t s = 0; s < n; ++s) {
+      run(cur, pos + s, logits.data_ptr<float>());
+      noise.exponential_(1.0, generator);
+      const float* q = noise.data_ptr<float>();
+      for (int64_t i = 0; i < b_; ++i)
+        cur[i] = out[i * n + s] =
+            pick(lg + i * vocab_, q + i * vocab_, float(temperature), top_k, top_p, z, scratch, order);
+    }
+    return tokens;
+  }
+
  private:
+  // one row's token: z = logits / temperature; top-k keeps z >= the k-th largest (ties kept); top-p keeps, in
+  // order of z (stable), the tokens whose probability mass before them is < top_p; then argmax(softmax(z) / q)
+  int64_t pick(const float* row, const float* q, float temperature, int64_t top_k, double top_p,
+               std::vector<float>& z, std::vector<float>& scratch, std::vector<int64_t>& order) const {
+    const float neg_inf = -INFINITY;
+    const int64_t V = vocab_;
+    for (int64_t v = 0; v < V; ++v) {
+      z[v] = row[v] / temperature;
+      TORCH_CHECK(!std::isnan(z[v]) && z[v] != INFINITY,
+                  "decoder: the logits hold NaN or +inf: nothing to sample from");
+    }
+    if (top_k > 0 && top_k < V) {
+      std::copy(z.begin(), z.end(), scratch.begin());
+      std::nth_element(scratch.begin(), scratch.begin() + (top_k - 1), scratch.end(), std::greater<float>());
+      const float kth = scratch[top_k - 1];
+      for (int64_t v = 0; v < V; ++v)
+        if (z[v] < kth) z[v] = neg_inf;
+    }
+    const float top = *std::max_element(z.begin(), z.end());
+    if (top_p < 1.0) {
+      int64_t kept = 0;
+      for (int64_t v = 0; v < V; ++v)
+        if (z[v] > neg_inf) order[kept++] = v;
+      std::stable_sort(order.begin(), order.begin() + kept, [&](int64_t a, int64_t c) { return z[a] > z[c]; });
+      double total = 0.0;
+      for (int64_t j = 0; j < kept; ++j) total += std::exp(double(z[order[j]]) - double(top));
+      double before = 0.0;  // the mass of the tokens ranked above, the top token's 0: it is always kept
+      for (int64_t j = 0; j < kept; ++j) {
+        const double e = std::exp(double(z[order[j]]) - double(top));
+        if (before / total >= top_p) z[order[j]] = neg_inf;
+        before += e;
+      }
+    }
+    float total = 0.0f;
+    for (int64_t v = 0; v < V; ++v) {
+      z[v] = z[v] > neg_inf ? exp_(z[v] - top) : 0.0f;
+      total += z[v];
+    }
+    const float inv = 1.0f / total;
+    int64_t best = 0;
+    float best_ratio = -1.0f;
+    for (int64_t v = 0; v < V; ++v) {
+      const float ratio = (z[v] * inv) / q[v];
+      if (ratio > best_ratio) best = v, best_ratio = ratio;
+    }
+    return best;
+  }
+
   at::Tensor check_ids(const at::Tensor& ids, int64_t pos, int64_t steps) const {
     TORCH_CHECK(ids.dim() == 1 && ids.size(0) == b_ && ids.scalar_type() == at::kLong,
                 "decoder: expected ids of shape (", b_, ",) int64, got ", ids.sizes(), " ", ids.scalar_type());
@@ -423,5 +506,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("step", &Decoder::step, "ids (b,) at position pos -> logits (b, V)", pybind11::arg("ids"),
            pybind11::arg("pos"))
       .def("greedy", &Decoder::greedy, "feed ids (b,) at pos, then n greedy steps -> tokens (b, n)",
-           pybind11::arg("ids"), pybind11::arg("pos"), pybind11::arg("n"));
+           pybind11::arg("ids"), pybind11::arg("pos"), pybind11::arg("n"))
+      .def("sample", &Decoder::sample,
+           "feed ids (b,) at pos, then n sampled steps (sample_next's law and torch.multinomial's draws) -> tokens "
+           "(b, n)",
+           pybind11::arg("ids"), pybind11::arg("pos"), pybind11::arg("n"), pybind11::arg("temperature"),
+           pybind11::arg("top_k"), pybind11::arg("top_p"), pybind11::arg("generator"));
 }

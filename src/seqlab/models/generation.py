@@ -58,7 +58,7 @@ def sample_next(
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (b, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
         probs = sorted_logits.softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above this one
         drop_sorted = mass_before >= top_p  # the top token has mass_before 0 and is always kept
@@ -97,13 +97,17 @@ def generate(
         logits, state = model(window, return_state=True)  # (b, t, vocab): read the prompt in one pass
         logits, held = logits[:, -1], window.size(1)  # held: positions in the state
         out = [ids]
-        greedy = getattr(model, "greedy", None)  # a decoder that runs the whole greedy loop in one call
-        if temperature == 0 and greedy is not None and max_new_tokens > 1:
-            nxt = logits.argmax(dim=-1)  # (b,)
-            rest = greedy(nxt, state, max_new_tokens - 1)  # (b, n - 1), or None when it cannot
-            if rest is not None:
-                out += [nxt[:, None], rest]
-                max_new_tokens = 0
+        # a decoder that runs the whole loop in one call: greedy, or sampled with sample_next's law and draws
+        loops = getattr(model, "loops", None)
+        if loops is not None and max_new_tokens > 1 and loops(state, max_new_tokens - 1):
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (b,)
+            n = max_new_tokens - 1
+            if temperature == 0:
+                rest = model.greedy(nxt, state, n)  # (b, n)
+            else:
+                rest = model.sample(nxt, state, n, temperature, top_k, top_p, generator)
+            out += [nxt[:, None], rest]
+            max_new_tokens = 0
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (b,)
             out.append(nxt[:, None])

@@ -271,15 +271,45 @@ class StaticCacheDecoder:
         self.pos = t
         return logits, t
 
+    def loops(self, state: int, n: int) -> bool:
+        """Whether ``greedy`` and ``sample`` would run n steps from ``state`` in one kernel call."""
+        return self.native is not None and state == self.pos and self.pos + n <= self.capacity
+
     def greedy(self, ids: Tensor, state: int, n: int) -> Tensor | None:
         """Feed ids (b,) at the decoder's position, then n greedy steps in one kernel call -> tokens (b, n).
 
         None when the decoder is not on the kernel (the caller then steps token by token) or the buffers cannot
         hold the n positions; the tokens are those of n ``step`` calls each followed by ``argmax``.
         """
-        if self.native is None or state != self.pos or self.pos + n > self.capacity:
+        if not self.loops(state, n):
             return None
         tokens = self.native.greedy(ids, self.pos, n)
+        self.pos += n
+        return tokens
+
+    def sample(
+        self,
+        ids: Tensor,
+        state: int,
+        n: int,
+        temperature: float,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor | None:
+        """Feed ids (b,) at the decoder's position, then n sampled steps in one kernel call -> tokens (b, n).
+
+        None when the decoder is not on the kernel or the buffers cannot hold the n positions. The tokens are
+        those of n ``step`` calls each followed by :func:`seqlab.models.generation.sample_next` with the same
+        arguments and generator state: the same law (temperature, top-k, top-p) and the same draws (those of
+        ``torch.multinomial``), so only a near tie that float rounding of the probabilities breaks another way
+        can tell them apart.
+        """
+        if not self.loops(state, n):
+            return None
+        k = 0 if top_k is None else top_k
+        p = 1.0 if top_p is None else top_p
+        tokens = self.native.sample(ids, self.pos, n, float(temperature), k, float(p), generator)
         self.pos += n
         return tokens
 
