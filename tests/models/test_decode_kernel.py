@@ -149,7 +149,7 @@ def test_sampling_refuses_bad_arguments_and_nan_logits_with_a_clear_error():
     model.head.weight.data[3, 0] = float("nan")
     dec = StaticCacheDecoder(model, 10)
     _, pos = dec(torch.zeros(1, 3, dtype=torch.long))
-    with pytest.raises(RuntimeError, match="the logits hold NaN"):
+    with pytest.raises(RuntimeError, match="logit 3 over the temperature 1 is nan: nothing to sample from"):
         dec.sample(one, pos, 2, 1.0)
 
 

@@ -300,8 +300,8 @@ class Decoder {
     const int64_t V = vocab_;
     for (int64_t v = 0; v < V; ++v) {
       z[v] = row[v] / temperature;
-      TORCH_CHECK(!std::isnan(z[v]) && z[v] != INFINITY,
-                  "decoder: the logits hold NaN or +inf: nothing to sample from");
+      TORCH_CHECK(!std::isnan(z[v]) && z[v] != INFINITY, "decoder: logit ", v, " over the temperature ", temperature,
+                  " is ", z[v], ": nothing to sample from");
     }
     if (top_k > 0 && top_k < V) {
       std::copy(z.begin(), z.end(), scratch.begin());
