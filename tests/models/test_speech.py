@@ -47,6 +47,7 @@ def test_padding_invariance(mixer, fields):
     x, lengths = _features(dtype=torch.float64), [21, 13, 6]
     x = x * (torch.arange(21)[None, :, None] < torch.tensor(lengths)[:, None, None])  # zeros after the end
     x[1, 13:] = 5.0  # padding holds anything: the mask must hide it
+    x[2, 6:10], x[2, 10:] = float("-inf"), float("nan")  # even -inf (the log-mel of zero power) or NaN
     mask = torch.arange(21)[None, :] < torch.tensor(lengths)[:, None]
     batch = model(x, mask=mask)
     for i, n in enumerate(lengths):
@@ -86,6 +87,14 @@ def test_bad_inputs_and_configs():
         model(torch.zeros(2, 10, 16, dtype=torch.long))
     with pytest.raises(ValueError, match="mask must be bool"):
         model(torch.randn(2, 10, 16), mask=torch.ones(2, 9, dtype=torch.bool))
+    holey = torch.ones(2, 10, dtype=torch.bool)
+    holey[1, 3] = False  # a real frame after padding would be dropped without a word
+    with pytest.raises(ValueError, match="right-padded .* row 1 has a real position at 4 after padding"):
+        model(torch.randn(2, 10, 16), mask=holey)
+    with pytest.raises(
+        ValueError, match=r"SpeechModel has torch.float32 parameters but x \(the features\) is torch.float64"
+    ):
+        model(torch.randn(2, 10, 16, dtype=torch.float64))
     with pytest.raises(ValueError, match="odd"):
         SpeechConfig(kernel_size=4)
     with pytest.raises(ValueError, match="pool='mean'"):

@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.checks import check_dtype
+from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.models.lm import LM, LMConfig
 from seqlab.validation import check_choices, check_dropout, check_nonnegative, check_positive_ints
@@ -124,7 +126,7 @@ class FrontEnd(nn.Module):
             self.proj = nn.Linear(s * c.n_mels, f, **kw)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = x * mask[..., None]  # padded frames are zeros, as the convolution's own padding
+        x = x.masked_fill(~mask[..., None], 0.0)  # padded frames are zeros (whatever they held: -inf too)
         if self.kind == "linear":
             b, t, m = x.shape
             x = F.pad(x, (0, 0, 0, (-t) % self.subsample))  # (b, s t', m)
@@ -185,15 +187,21 @@ class SpeechModel(nn.Module):
             raise ValueError(f"expected features (b, t, n_mels={m}) as floats, got {got}")
         if x.size(1) == 0:
             raise ValueError("an utterance needs at least one frame")
+        check_dtype("SpeechModel", x, self.frontend_weight(), what="x (the features)")
         if mask is None:
             return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-        if mask.shape != x.shape[:2] or mask.dtype != torch.bool:
-            raise ValueError(
-                f"mask must be bool (b, t) = {tuple(x.shape[:2])}, got {mask.dtype} {tuple(mask.shape)}"
-            )
+        if not isinstance(mask, Tensor) or mask.shape != x.shape[:2] or mask.dtype != torch.bool:
+            got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+            raise ValueError(f"mask must be bool (b, t) = {tuple(x.shape[:2])}, got {got}")
         if not bool(mask[:, 0].all()):
             raise ValueError("every utterance needs at least one real frame (right padding: mask[:, 0] True)")
+        check_padding_mask(mask, *x.shape[:2])  # right padding: a real frame after padding would be dropped
         return mask
+
+    def frontend_weight(self) -> Tensor:
+        """The front end's first weight (its dtype and device are the features' expected ones)."""
+        f = self.frontend
+        return f.conv1.weight if f.kind == "conv" else f.proj.weight
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """x (b, t, m) [, mask (b, t)] -> logits (b, K) ('classify') or (b, t', K) ('ctc')."""
