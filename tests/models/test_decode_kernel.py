@@ -149,8 +149,23 @@ def test_sampling_refuses_bad_arguments_and_nan_logits_with_a_clear_error():
     model.head.weight.data[3, 0] = float("nan")
     dec = StaticCacheDecoder(model, 10)
     _, pos = dec(torch.zeros(1, 3, dtype=torch.long))
-    with pytest.raises(RuntimeError, match="logit 3 over the temperature 1 is nan: nothing to sample from"):
+    with pytest.raises(RuntimeError, match="the logits hold NaN or \\+inf, or a row is all -inf"):
         dec.sample(one, pos, 2, 1.0)
+    with pytest.raises(RuntimeError, match="the logits hold NaN"):  # greedy too: no silent token 0
+        dec.greedy(one, pos, 2)
+    with pytest.raises(ValueError, match="the logits hold NaN"):  # and the module path, in sample_next
+        reference(model).generate(torch.zeros(1, 3, dtype=torch.long), 2, temperature=0)
+
+
+@needs_compiler
+@torch.inference_mode()
+def test_a_tiny_temperature_is_greedy_on_both_paths():
+    """Logits over 1e-40 overflow float32 unless the top is taken off first (as both samplers do)."""
+    model = make("gpt2", torch.float32)
+    prompt = torch.randint(0, 50, (2, 4))
+    greedy = model.generate(prompt, 12, temperature=0)
+    assert torch.equal(model.generate(prompt, 12, temperature=1e-40), greedy)
+    assert torch.equal(reference(model).generate(prompt, 12, temperature=1e-40), greedy)
 
 
 @needs_compiler

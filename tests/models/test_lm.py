@@ -107,14 +107,24 @@ def test_bad_inputs_get_clear_errors_at_the_boundary():
         model(torch.tensor([[0, 11]]))
     with pytest.raises(ValueError, match="from -1"):
         model.step(torch.tensor([-1]))
-    with pytest.raises(ValueError, match="integer tensor"):
-        model(torch.tensor([[True, False]]))
+    for bad in (torch.tensor([[True, False]]), torch.tensor([[1, 2]], dtype=torch.uint8)):
+        with pytest.raises(
+            ValueError, match=r"token ids as an int64 \(or int32\) tensor, got torch\.(bool|uint8)"
+        ):
+            model(bad)
     with pytest.raises(ValueError, match="one entry per layer"):
         model(torch.tensor([[1, 2]]), state=model.init_state(1)[:1])
     with pytest.raises(ValueError, match="top_p"):
         model.generate(torch.tensor([1, 2]), 0, top_p=-0.1)  # checked even when nothing is drawn
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(torch.tensor([1, 2]), 2.5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(torch.tensor([1, 2]), None)  # before the decoder is sized from it
+    with pytest.raises(ValueError, match=r"prompt_ids must be a non-empty long tensor .* got list"):
+        model.generate([1, 2], 3)
+    wide = create("test-gpt", vocab_size=11, d_output=12, tie_weights=False)  # a drawn 11 has no embedding
+    with pytest.raises(ValueError, match="d_output=12 and vocab_size=11"):
+        wide.generate(torch.tensor([1, 2]), 3)
     features = create("test-lm-gru", d_input=3, d_output=1)
     with pytest.raises(ValueError, match=r"dtype torch\.float32"):
         features(torch.randn(2, 4, 3, dtype=torch.float64))

@@ -120,6 +120,21 @@ def test_sample_next_filters():
         sample_next(logits, top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         sample_next(logits, temperature=-1)
+    for bad in (float("inf"), True, None, "1"):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            sample_next(logits, temperature=bad)
+    for bad in (True, "0.9", float("nan")):
+        with pytest.raises(ValueError, match=r"top_p must be a number in \(0, 1\]"):
+            sample_next(logits, top_p=bad)
+    # no overflow at a tiny temperature: the most likely token, as greedy
+    assert sample_next(torch.tensor([[1e3, 2e3, -5e3]]), temperature=1e-40).item() == 1
+    for bad in ([[0.0, float("nan")]], [[0.0, float("inf")]], [[float("-inf")] * 2]):
+        for t in (0, 1.0):
+            with pytest.raises(ValueError, match="the logits hold NaN or \\+inf, or a row is all -inf"):
+                sample_next(torch.tensor(bad), temperature=t)
+    for bad in (torch.zeros(2, 3, 4), torch.zeros(2, 0), torch.zeros(2, 3, dtype=torch.long), [[0.0, 1.0]]):
+        with pytest.raises(ValueError, match=r"expected logits \(b, vocab\) of floats"):
+            sample_next(bad, temperature=1.0)
 
 
 def test_generate_greedy_matches_argmax_rollout():
@@ -152,3 +167,18 @@ def test_char_rnn_equals_torch_nn_stacked_lstm():
     torch.testing.assert_close(logits, head(ref), rtol=0, atol=1e-12)
     torch.testing.assert_close(torch.cat([s[0] for s in states]), h, rtol=0, atol=1e-12)
     torch.testing.assert_close(torch.cat([s[1] for s in states]), c, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mixer", ["rnn", "gru", "lstm"])
+def test_training_goes_on_after_generate(mixer):
+    """generate runs under torch.inference_mode; the recurrent kernels' kept scratch must stay writable by the
+    training steps after it (sampling text between steps is common)."""
+    torch.manual_seed(0)
+    model = create(f"test-lm-{mixer}", vocab_size=20)
+    ids = torch.randint(0, 20, (2, 7))
+    model(ids).sum().backward()
+    model.generate(torch.randint(0, 20, (8, 40)), 3, temperature=0)  # a larger scratch than the step's
+    model(ids).sum().backward()
+    with torch.no_grad():
+        model(ids)
+    assert all(p.grad is not None for p in model.parameters())

@@ -89,7 +89,7 @@ def test_bad_inputs_and_configs():
         model(torch.randn(2, 10, 16), mask=torch.ones(2, 9, dtype=torch.bool))
     holey = torch.ones(2, 10, dtype=torch.bool)
     holey[1, 3] = False  # a real frame after padding would be dropped without a word
-    with pytest.raises(ValueError, match="right-padded .* row 1 has a real position at 4 after padding"):
+    with pytest.raises(ValueError, match=r"right-padded .* row 1 has a real position at 4 after padding"):
         model(torch.randn(2, 10, 16), mask=holey)
     with pytest.raises(
         ValueError, match=r"SpeechModel has torch.float32 parameters but x \(the features\) is torch.float64"

@@ -250,11 +250,13 @@ class Decoder {
       run(cur, pos + s, logits.data_ptr<float>());
       for (int64_t i = 0; i < b_; ++i) {
         const float* row = lg + i * vocab_;
+        finite_top(row);
         int64_t best = 0;
         for (int64_t v = 1; v < vocab_ && !std::isnan(row[best]); ++v)
           if (row[v] > row[best] || std::isnan(row[v])) best = v;
         cur[i] = out[i * n + s] = best;
       }
+      check_fed_back(cur);
     }
     return tokens;
   }
@@ -287,22 +289,20 @@ class Decoder {
       for (int64_t i = 0; i < b_; ++i)
         cur[i] = out[i * n + s] =
             pick(lg + i * vocab_, q + i * vocab_, float(temperature), top_k, top_p, z, scratch, order);
+      check_fed_back(cur);
     }
     return tokens;
   }
 
  private:
-  // one row's token: z = logits / temperature; top-k keeps z >= the k-th largest (ties kept); top-p keeps, in
+  // one row's token: z = (logits - max) / temperature; top-k keeps z >= the k-th largest (ties kept); top-p keeps, in
   // order of z (stable), the tokens whose probability mass before them is < top_p; then argmax(softmax(z) / q)
   int64_t pick(const float* row, const float* q, float temperature, int64_t top_k, double top_p,
                std::vector<float>& z, std::vector<float>& scratch, std::vector<int64_t>& order) const {
     const float neg_inf = -INFINITY;
     const int64_t V = vocab_;
-    for (int64_t v = 0; v < V; ++v) {
-      z[v] = row[v] / temperature;
-      TORCH_CHECK(!std::isnan(z[v]) && z[v] != INFINITY, "decoder: logit ", v, " over the temperature ", temperature,
-                  " is ", z[v], ": nothing to sample from");
-    }
+    const float mx = finite_top(row);
+    for (int64_t v = 0; v < V; ++v) z[v] = (row[v] - mx) / temperature;  // the top at 0: no overflow at any T
     if (top_k > 0 && top_k < V) {
       std::copy(z.begin(), z.end(), scratch.begin());
       std::nth_element(scratch.begin(), scratch.begin() + (top_k - 1), scratch.end(), std::greater<float>());
@@ -310,24 +310,23 @@ class Decoder {
       for (int64_t v = 0; v < V; ++v)
         if (z[v] < kth) z[v] = neg_inf;
     }
-    const float top = *std::max_element(z.begin(), z.end());
-    if (top_p < 1.0) {
+    if (top_p < 1.0) {  // (z's largest is 0 after the shift)
       int64_t kept = 0;
       for (int64_t v = 0; v < V; ++v)
         if (z[v] > neg_inf) order[kept++] = v;
       std::stable_sort(order.begin(), order.begin() + kept, [&](int64_t a, int64_t c) { return z[a] > z[c]; });
       double total = 0.0;
-      for (int64_t j = 0; j < kept; ++j) total += std::exp(double(z[order[j]]) - double(top));
+      for (int64_t j = 0; j < kept; ++j) total += std::exp(double(z[order[j]]));
       double before = 0.0;  // the mass of the tokens ranked above, the top token's 0: it is always kept
       for (int64_t j = 0; j < kept; ++j) {
-        const double e = std::exp(double(z[order[j]]) - double(top));
+        const double e = std::exp(double(z[order[j]]));
         if (before / total >= top_p) z[order[j]] = neg_inf;
         before += e;
       }
     }
     float total = 0.0f;
     for (int64_t v = 0; v < V; ++v) {
-      z[v] = z[v] > neg_inf ? exp_(z[v] - top) : 0.0f;
+      z[v] = z[v] > neg_inf ? exp_(z[v]) : 0.0f;
       total += z[v];
     }
     const float inv = 1.0f / total;
@@ -338,6 +337,23 @@ class Decoder {
       if (ratio > best_ratio) best = v, best_ratio = ratio;
     }
     return best;
+  }
+
+  // a row's largest logit, after checking that none is NaN or +inf and not all are -inf (sample_next's check)
+  float finite_top(const float* row) const {
+    float mx = -INFINITY;
+    bool nan = false;
+    for (int64_t v = 0; v < vocab_; ++v) nan |= std::isnan(row[v]), mx = std::max(mx, row[v]);
+    TORCH_CHECK(!nan && std::isfinite(mx), "decoder: the logits hold NaN or +inf, or a row is all -inf (a diverged "
+                "model?): there is no token to pick");
+    return mx;
+  }
+
+  // the tokens a loop feeds back are rows of the head (V of them): each must be a row of the embedding too
+  void check_fed_back(const int64_t* ids) const {
+    for (int64_t i = 0; i < b_; ++i)
+      TORCH_CHECK(ids[i] < globals_[0]->size(0), "decoder: drew token ", ids[i], ", which the embedding of ",
+                  globals_[0]->size(0), " rows cannot read back");
   }
 
   at::Tensor check_ids(const at::Tensor& ids, int64_t pos, int64_t steps) const {

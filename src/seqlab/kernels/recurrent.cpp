@@ -19,6 +19,7 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/accumulate.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -171,8 +172,12 @@ at::Tensor scratch(Scratch role, at::IntArrayRef sizes, const at::TensorOptions&
   thread_local std::array<at::Tensor, kRoles> kept;
   at::Tensor& t = kept[role];
   const int64_t n = c10::multiply_integers(sizes);
-  if (!t.defined() || t.scalar_type() != options.dtype().toScalarType() || t.numel() < n)
+  if (!t.defined() || t.scalar_type() != options.dtype().toScalarType() || t.numel() < n) {
+    // a normal tensor even when the call runs under torch.inference_mode (generate): an inference tensor kept
+    // here could not be written in place by a later call outside it (a training step after sampling)
+    c10::InferenceMode normal(false);
     t = buffer({std::max<int64_t>(n, 1)}, options);
+  }
   return t.narrow(0, 0, n).view(sizes);
 }
 

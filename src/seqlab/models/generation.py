@@ -11,14 +11,18 @@ context and the re-reading costs O(1) amortized forward passes per token.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 
 def check_token_ids(ids: Tensor, vocab_size: int) -> None:
     """Token ids must be integers in [0, vocab_size): a clear error here instead of an IndexError in embedding."""
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise ValueError(f"expected token ids (an integer tensor), got {ids.dtype}; set d_input for features")
+    if not isinstance(ids, Tensor) or ids.dtype not in (torch.long, torch.int32):
+        got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
+        hint = "; set d_input for features" if isinstance(ids, Tensor) and ids.is_floating_point() else ""
+        raise ValueError(f"expected token ids as an int64 (or int32) tensor, got {got}{hint}")
     if ids.numel():
         lo, hi = (int(v) for v in torch.aminmax(ids))  # one pass over the ids
         if lo < 0 or hi >= vocab_size:
@@ -28,13 +32,38 @@ def check_token_ids(ids: Tensor, vocab_size: int) -> None:
             )
 
 
+def _is_real(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if not temperature >= 0:  # NaN fails too
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not (_is_real(temperature) and 0 <= temperature < math.inf):  # NaN fails too
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_p is not None and not (_is_real(top_p) and 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+
+
+def _check_logits(logits: Tensor) -> None:
+    """Logits (b, vocab) of real floats, none NaN or +inf and not all -inf in a row (one host sync)."""
+    if (
+        not isinstance(logits, Tensor)
+        or logits.dim() != 2
+        or logits.size(-1) == 0
+        or not logits.is_floating_point()
+    ):
+        got = (
+            f"{logits.dtype} of shape {tuple(logits.shape)}"
+            if isinstance(logits, Tensor)
+            else type(logits).__name__
+        )
+        raise ValueError(f"expected logits (b, vocab) of floats with vocab >= 1, got {got}")
+    top = logits.amax(dim=-1)
+    if bool(torch.isnan(logits).any() | ~torch.isfinite(top).all()):
+        raise ValueError(
+            "the logits hold NaN or +inf, or a row is all -inf (a diverged model?): there is no token to pick"
+        )
 
 
 def sample_next(
@@ -51,9 +80,11 @@ def sample_next(
     always survives.
     """
     _check_sampling(temperature, top_k, top_p)
+    _check_logits(logits)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # the top at 0: no overflow at any T
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (b, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -68,6 +99,23 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def check_request(
+    prompt_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None
+) -> None:
+    """The arguments of :func:`generate`, checked before any work (even when no token is drawn)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    _check_sampling(temperature, top_k, top_p)
+    ok = isinstance(prompt_ids, Tensor) and prompt_ids.dim() in (1, 2) and prompt_ids.dtype == torch.long
+    if not ok or prompt_ids.size(-1) == 0:
+        got = (
+            f"{prompt_ids.dtype} of shape {tuple(prompt_ids.shape)}"
+            if isinstance(prompt_ids, Tensor)
+            else type(prompt_ids).__name__
+        )
+        raise ValueError(f"prompt_ids must be a non-empty long tensor (b, t) or (t,), got {got}")
+
+
 @torch.inference_mode()
 def generate(
     model,
@@ -79,16 +127,9 @@ def generate(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """prompt_ids (b, t) or (t,) long -> (b, t + max_new_tokens): the prompt followed by the continuation."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    _check_sampling(temperature, top_k, top_p)  # before any work, even when no token is drawn
+    check_request(prompt_ids, max_new_tokens, temperature, top_k, top_p)  # before any work
     squeeze = prompt_ids.dim() == 1
     ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
-    if ids.dim() != 2 or ids.size(1) == 0 or ids.dtype != torch.long:
-        raise ValueError(
-            f"prompt_ids must be a non-empty long tensor (b, t) or (t,), got "
-            f"{ids.dtype} of shape {tuple(prompt_ids.shape)}"
-        )
     limit = getattr(model, "context_limit", None)  # None: the state can grow (or stays O(1)) without bound
     was_training = model.training
     model.eval()

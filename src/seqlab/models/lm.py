@@ -47,7 +47,7 @@ from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import LearnedPositionalEmbedding
 from seqlab.layers.vocab_head import VocabHead
-from seqlab.models.generation import check_token_ids, generate
+from seqlab.models.generation import check_request, check_token_ids, generate
 from seqlab.models.init import normal_init_
 from seqlab.validation import (
     check_choices,
@@ -347,6 +347,14 @@ class LM(nn.Module):
 
         With learned positions the context slides past ``max_seq_len`` (see ``seqlab.models.generation``).
         """
+        check_request(prompt_ids, max_new_tokens, temperature, sampling.get("top_k"), sampling.get("top_p"))
+        c = self.config
+        if c.d_input is not None or c.d_output not in (None, c.vocab_size):
+            raise ValueError(
+                "generate feeds each drawn token back as the next input, so it needs token inputs and outputs over "
+                f"the same vocabulary; this model has d_input={c.d_input}, d_output={c.d_output} and vocab_size="
+                f"{c.vocab_size} (call the model on sequences instead)"
+            )
         model = self
         if self.why_not_fast_path() is None:
             from seqlab.models.gpt_decode import StaticCacheDecoder
