@@ -180,6 +180,31 @@ def test_beam_search_sums_paths_over_three_frames():
     assert beam_search(peaked) == greedy_decode(peaked) == [[1, 2]]
 
 
+def test_decoders_refuse_lengths_past_the_frames_and_bad_beams():
+    """The beam search's decoder reads as many frames of memory as it is told: more than t read past the array."""
+    log_probs = torch.randn(2, 6, 5).log_softmax(-1)
+    for bad in (
+        torch.tensor([6, 600]),
+        torch.tensor([-2, 3]),
+        torch.tensor([3]),
+        torch.tensor([2.0, 3.0]),
+        [3, 3],
+    ):
+        for decode in (greedy_decode, beam_search):
+            with pytest.raises(ValueError, match=r"lengths must be \(b,\) = \(2,\) integers in \[0, t = 6\]"):
+                decode(log_probs, bad)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="beam_size must be an integer >= 1"):
+            beam_search(log_probs, beam_size=bad)
+    with pytest.raises(ValueError, match=r"expected log_probs \(b, t, v\) as floats"):
+        greedy_decode(torch.zeros(2, 6, dtype=torch.long))
+    assert (
+        beam_search(log_probs, torch.tensor([6, 0]))[1]
+        == greedy_decode(log_probs, torch.tensor([6, 0]))[1]
+        == []
+    )
+
+
 def test_error_rates_through_jiwer():
     scores = error_rates(["seven three", "one"], ["seven tree", ""])
     assert scores["wer"] == pytest.approx(2 / 3)  # 'tree' substituted, 'one' deleted

@@ -35,11 +35,35 @@ __all__ = ["beam_search", "error_rates", "greedy_decode"]
 BLANK = 0
 
 
+def _checked(log_probs: Tensor, lengths: Tensor | None) -> Tensor:
+    """log_probs (b, t, v) floats and lengths (b,) integers in [0, t] (None: every t) -> lengths on the CPU."""
+    if not isinstance(log_probs, Tensor) or log_probs.dim() != 3 or not log_probs.is_floating_point():
+        got = (
+            f"{log_probs.dtype} of shape {tuple(log_probs.shape)}"
+            if isinstance(log_probs, Tensor)
+            else log_probs
+        )
+        raise ValueError(f"expected log_probs (b, t, v) as floats, got {got}")
+    b, t, _ = log_probs.shape
+    if lengths is None:
+        return torch.full((b,), t)
+    ok = isinstance(lengths, Tensor) and lengths.shape == (b,) and not lengths.is_floating_point()
+    if (
+        not ok
+        or lengths.dtype == torch.bool
+        or (b and not 0 <= int(lengths.min()) <= int(lengths.max()) <= t)
+    ):
+        got = f"{lengths.dtype} {lengths.tolist()}" if isinstance(lengths, Tensor) else type(lengths).__name__
+        raise ValueError(
+            f"lengths must be (b,) = ({b},) integers in [0, t = {t}] (frames per item), got {got}"
+        )
+    return lengths.cpu()
+
+
 def greedy_decode(log_probs: Tensor, lengths: Tensor | None = None) -> list[list[int]]:
     """log_probs (b, t, v) -> the collapsed best path of each item, token ids without blanks."""
+    lengths = _checked(log_probs, lengths)
     best = log_probs.argmax(-1).cpu()  # (b, t)
-    t = best.size(1)
-    lengths = torch.full((best.size(0),), t) if lengths is None else lengths.cpu()
     out = []
     for row, n in zip(best.tolist(), lengths.tolist(), strict=True):
         out.append([k for k, _ in itertools.groupby(row[:n]) if k != BLANK])
@@ -62,9 +86,11 @@ def beam_search(log_probs: Tensor, lengths: Tensor | None = None, beam_size: int
     The decoder needs a word-boundary ("silence") token; an extra output of probability ≈ 0 serves, so that
     the vocabulary's own tokens (a space among them) are all ordinary tokens.
     """
+    lengths = _checked(log_probs, lengths)  # the decoder reads n frames of memory as told: n <= t
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}")
     fl = _flashlight()
     b, t, v = log_probs.shape
-    lengths = torch.full((b,), t) if lengths is None else lengths.cpu()
     options = fl.LexiconFreeDecoderOptions(
         beam_size=beam_size,
         beam_size_token=v,
