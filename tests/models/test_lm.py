@@ -128,3 +128,22 @@ def test_bad_inputs_get_clear_errors_at_the_boundary():
     features = create("test-lm-gru", d_input=3, d_output=1)
     with pytest.raises(ValueError, match=r"dtype torch\.float32"):
         features(torch.randn(2, 4, 3, dtype=torch.float64))
+
+
+def test_generation_gives_every_module_its_own_mode_back():
+    """A part frozen in eval mode (no dropout) stays so after generating; the rest goes back to training."""
+    for name, kwargs in [("test-gpt", {"vocab_size": 20}), ("test-lm-gru", {"vocab_size": 20})]:
+        model = create(name, **kwargs)
+        model.train()
+        model.blocks[0].eval()
+        model.generate(torch.tensor([[1, 2]]), 3)
+        assert model.training and not model.blocks[0].training and model.blocks[1].training, name
+    for name in ("test-transformer", "test-seq2seq"):
+        model = create(name)
+        model.train()
+        model.encoder.eval()
+        src = torch.randint(4, 20, (2, 5))
+        model.generate(src, max_new_tokens=3, beam_size=2)
+        model.generate(src, max_new_tokens=3)
+        assert not any(m.training for m in model.encoder.modules()), name
+        assert all(m.training for n, m in model.named_modules() if not n.startswith("encoder")), name

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seqlab.models.generation import evaluating
 from seqlab.validation import check_nonnegative, check_positive_ints
 
 __all__ = [
@@ -379,9 +380,7 @@ def search_model(
         logits, state, extra = model.step(tokens, state)
         return never(logits.float().log_softmax(-1), c.pad_id, c.bos_id), state, extra
 
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         return search(
             step,
             start(),
@@ -396,5 +395,3 @@ def search_model(
             length_penalty=length_penalty,
             device=device,
         )
-    finally:
-        model.train(was_training)

@@ -12,9 +12,10 @@ context and the re-reading costs O(1) amortized forward passes per token.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def check_token_ids(ids: Tensor, vocab_size: int) -> None:
@@ -99,6 +100,23 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+@contextmanager
+def evaluating(model):
+    """``model.eval()`` inside the block; afterwards every module's own train/eval flag as it was before (a part
+    frozen in eval mode stays there). A model-like object that is not an ``nn.Module`` gets ``train(was)``."""
+    flags = [(m, m.training) for m in model.modules()] if isinstance(model, nn.Module) else None
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        if flags is None:
+            model.train(was_training)
+        else:
+            for m, flag in flags:
+                m.training = flag
+
+
 def check_request(
     prompt_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None
 ) -> None:
@@ -131,9 +149,7 @@ def generate(
     squeeze = prompt_ids.dim() == 1
     ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
     limit = getattr(model, "context_limit", None)  # None: the state can grow (or stays O(1)) without bound
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         window = ids if limit is None else ids[:, -limit:]
         logits, state = model(window, return_state=True)  # (b, t, vocab): read the prompt in one pass
         logits, held = logits[:, -1], window.size(1)  # held: positions in the state
@@ -161,7 +177,5 @@ def generate(
             else:
                 logits, state = model.step(nxt, state)  # (b, vocab)
                 held += 1
-    finally:
-        model.train(was_training)
     res = torch.cat(out, dim=1)
     return res[0] if squeeze else res

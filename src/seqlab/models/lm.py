@@ -47,7 +47,7 @@ from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
 from seqlab.layers.positional import LearnedPositionalEmbedding
 from seqlab.layers.vocab_head import VocabHead
-from seqlab.models.generation import check_request, check_token_ids, generate
+from seqlab.models.generation import check_request, check_token_ids, evaluating, generate
 from seqlab.models.init import normal_init_
 from seqlab.validation import (
     check_choices,
@@ -361,7 +361,8 @@ class LM(nn.Module):
 
             t = prompt_ids.size(-1) if prompt_ids.dim() else 1
             model = StaticCacheDecoder(self, capacity=t + max(max_new_tokens, 1))
-        return generate(model, prompt_ids, max_new_tokens, temperature, **sampling)
+        with evaluating(self):  # every module's own flag back afterwards (the decoder only knows the model's)
+            return generate(model, prompt_ids, max_new_tokens, temperature, **sampling)
 
 
 def _legacy_keys_hook(module: LM, state_dict: dict, prefix: str, *args) -> None:

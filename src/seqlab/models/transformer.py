@@ -37,7 +37,7 @@ from seqlab.layers.positional import SinusoidalPositionalEncoding
 from seqlab.layers.transformer_blocks import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer
 from seqlab.layers.vocab_head import VocabHead
 from seqlab.models.beam import Decoded, StepFn, never, search
-from seqlab.models.generation import check_token_ids
+from seqlab.models.generation import check_token_ids, evaluating
 from seqlab.validation import (
     check_choices,
     check_divisible,
@@ -279,9 +279,7 @@ class Transformer(nn.Module):
         """Greedy search (``beam_size`` 1) or beam search, in eval mode, through :mod:`seqlab.models.beam`."""
         c = self.config
         src_mask = self.source_mask(src, src_mask)
-        was_training = self.training
-        self.eval()
-        try:
+        with evaluating(self):
             memory = self.encode(src, src_mask)  # (b, s, d)
             return search(
                 self._step_fn(need_weights),
@@ -296,8 +294,6 @@ class Transformer(nn.Module):
                 length_penalty=length_penalty,
                 device=src.device,
             )
-        finally:
-            self.train(was_training)
 
     def _step_fn(self, need_weights: bool) -> StepFn:
         """The decoder as :data:`seqlab.models.beam.StepFn`. The state is (the layers' caches, None before the
