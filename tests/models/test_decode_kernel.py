@@ -180,6 +180,15 @@ def test_kernel_refuses_bad_tokens_and_positions_with_a_clear_error():
         dec.native.greedy(torch.tensor([1]), pos, 8)
     with pytest.raises(RuntimeError, match=r"expected ids of shape \(1,\) int64"):
         dec.native.step(torch.tensor([1.0]), pos)
+    # the decoder's own step says it by name on both paths (-1 would wrap to the last row on the torch one)
+    for use_kernel in (True, False):
+        d = StaticCacheDecoder(model, 10, use_kernel=use_kernel)
+        _, p = d(torch.zeros(1, 3, dtype=torch.long))
+        for bad in (-1, 50):
+            with pytest.raises(ValueError, match=rf"token ids must be in \[0, 50\).*from {bad} to {bad}"):
+                d.step(torch.tensor([bad]), p)
+        got, _ = d.step(torch.tensor([7], dtype=torch.int32), p)  # int32 ids as torch's embedding takes them
+        assert got.shape == (1, 50)
     from seqlab.models.gpt_decode import _decode_kernel, _native_decoder
 
     # key caches that do not match the capacity of 10 positions

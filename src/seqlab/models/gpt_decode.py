@@ -42,6 +42,7 @@ from seqlab.layers.attention import MultiheadAttention, SelfAttention
 from seqlab.layers.fastpath import hook_reason
 from seqlab.layers.mlp import _ACTS, MLP, SwiGLU
 from seqlab.layers.norms import LayerNorm, RMSNorm
+from seqlab.models.generation import check_token_ids
 
 __all__ = ["StaticCacheDecoder", "why_not_static_decode"]
 
@@ -320,13 +321,13 @@ class StaticCacheDecoder:
             raise ValueError(f"the decoder is at position {pos}; it cannot step from position {state}")
         if pos >= self.capacity:
             raise ValueError(f"the decoder's buffers are full ({self.capacity} positions)")
-        if ids.shape != (self.batch,):
-            raise ValueError(
-                f"expected ids of shape ({self.batch},), the prompt's batch; got {tuple(ids.shape)}"
-            )
+        if not isinstance(ids, Tensor) or ids.shape != (self.batch,):
+            got = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+            raise ValueError(f"expected ids of shape ({self.batch},), the prompt's batch; got {got}")
+        check_token_ids(ids, self.model.embed.weight.size(0))  # both paths: -1 would wrap on the torch one
         if self.native is not None:
             self.pos = pos + 1
-            return self.native.step(ids, pos), pos + 1  # (b, v)
+            return self.native.step(ids.long(), pos), pos + 1  # (b, v)
         m, b = self.model, self.batch
         h, g, kd, t = self.h, self.g, self.kd, pos + 1
         unused = m.embed.weight.new_empty(())  # baddbmm's input, ignored at beta=0
