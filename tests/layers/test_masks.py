@@ -60,3 +60,26 @@ def test_from_torch_mask_flips_polarity():
     with pytest.raises(ValueError, match="no boolean equivalent"):
         from_torch_mask(torch.tensor([[0.0, -1.0]]))
     assert from_torch_mask() is None
+
+
+@pytest.mark.parametrize("t", [7, 40])  # torch's SDPA below the kernel's 32 queries, seqlab's kernel above
+def test_a_one_dimensional_key_mask_means_the_same_on_every_path(t):
+    """A (t_k,) key mask masks those keys for every query; torch's SDPA wants a 2-D mask, so the fast path
+    used to fail with an IndexError below the kernel's lengths while the reference path worked."""
+    from seqlab.layers.attention import MultiheadAttention
+    from seqlab.layers.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_ref
+
+    torch.manual_seed(0)
+    keys = torch.ones(t, dtype=torch.bool)
+    keys[5:] = False
+    q = torch.randn(2, 2, t, 16)
+    for mask in (keys, torch.zeros(t, dtype=torch.bool)):  # the second masks every key: zeros
+        want = scaled_dot_product_attention_ref(q, q, q, mask)
+        torch.testing.assert_close(scaled_dot_product_attention(q, q, q, mask), want)
+        torch.testing.assert_close(
+            scaled_dot_product_attention(q, q, q, mask),
+            scaled_dot_product_attention_ref(q, q, q, mask[None, None, None]),
+        )
+    mha = MultiheadAttention(16, 2)
+    x = torch.randn(3, t, 16)
+    torch.testing.assert_close(mha(x, mask=keys)[0], mha.forward_ref(x, mask=keys)[0])

@@ -57,6 +57,8 @@ def _prepare_mask(
 ) -> tuple[Tensor | None, bool]:
     """Fold ``is_causal`` into ``mask`` unless SDPA can take it as is (t_q == t_k, no mask); shapes checked."""
     t_q, t_k = q.size(-2), k.size(-2)
+    if mask is not None and mask.dim() < 2:  # a (t_k,) key mask: one row for every query (SDPA wants 2-D)
+        mask = mask.view(1, -1)
     if is_causal and (mask is not None or t_q != t_k):
         return combine_masks(mask, causal_mask(t_q, t_k, device=q.device)), False
     return mask, is_causal
