@@ -34,13 +34,16 @@ def test_first_rows_and_gradients_equal_the_full_forward(norm_first, causal, n):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
 
 
-def test_masks_keep_their_meaning():
-    layer, x = _layer(), _x()
+@pytest.mark.parametrize("causal", [False, True])
+def test_masks_keep_their_meaning(causal):
+    layer, x = _layer(causal=causal), _x()
     keys = torch.tensor([[True] * 7, [True] * 4 + [False] * 3, [True] * 2 + [False] * 5])[:, None, None, :]
     torch.testing.assert_close(layer.forward_first(x, 2, keys), layer(x, keys)[:, :2], rtol=1e-12, atol=1e-12)
     full = torch.rand(3, 1, 7, 7, generator=torch.Generator().manual_seed(2)) > 0.3
     full[..., 0] = True  # every query sees at least one key
     torch.testing.assert_close(layer.forward_first(x, 4, full), layer(x, full)[:, :4], rtol=1e-12, atol=1e-12)
+    square = full[0, 0]  # a (t, t) mask: its rows are cut to n before the causal structure joins them
+    torch.testing.assert_close(layer.forward_first(x, 3, square), layer(x, square)[:, :3], rtol=1e-12, atol=1e-12)
 
 
 def test_rope_takes_the_full_layer_and_slices():

@@ -104,11 +104,11 @@ class TransformerEncoderLayer(nn.Module):
             )
         if attn.rope is not None or attn.window is not None:  # positions the query-subset form does not apply
             return self.forward(x, mask)[:, :n]
+        if mask is not None and mask.dim() >= 2 and mask.size(-2) == t and n != t:
+            mask = mask[..., :n, :]  # the query rows kept (before the (n, t) causal rows join them)
         if attn.causal:  # query i sees keys 0 ... i
             structure = torch.ones(n, t, dtype=torch.bool, device=x.device).tril()
             mask = structure if mask is None else combine_masks(mask, structure)
-        if mask is not None and mask.dim() >= 2 and mask.size(-2) == t and n != t:
-            mask = mask[..., :n, :]  # the query rows kept
         h = self.norm1(x) if self.norm_first else x
         y = MultiheadAttention.forward(attn, h[:, :n], h, h, mask=mask)[0]  # (b, n, d): n queries, all keys
         return self._after_attention(x[:, :n], self.drop1(y))
