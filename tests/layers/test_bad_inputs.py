@@ -91,3 +91,43 @@ def test_autocast_lifts_the_dtype_check_only(name):
         assert y.shape == (2, 5, 16) and bool(torch.isfinite(y.float()).all())
         with pytest.raises(ValueError, match="16"):
             mixer(torch.randn(2, 5, 8, dtype=torch.bfloat16))
+
+
+def test_norms_and_positions_refuse_what_they_would_misread():
+    """Integer inputs came back truncated, a wrong width gave the kernel's message about the weight, and a
+    negative offset read rows from the end of the position table."""
+    from seqlab.layers.norms import LayerNorm, RMSNorm
+    from seqlab.layers.positional import (
+        LearnedPositionalEmbedding,
+        RotaryEmbedding,
+        SinusoidalPositionalEncoding,
+    )
+
+    for norm in (LayerNorm(4), RMSNorm(4)):
+        name = type(norm).__name__
+        with pytest.raises(
+            ValueError, match=rf"{name} normalizes x \(\.\.\., 4\) over its last axis, got \(2, 3\)"
+        ):
+            norm(torch.randn(2, 3))
+        with pytest.raises(ValueError, match=rf"{name} normalizes x .* got \(\)"):
+            norm(torch.tensor(1.0))
+        with pytest.raises(ValueError, match="floating tensor"):
+            norm(torch.tensor([[1, 2, 3, 10]]))
+        with pytest.raises(ValueError, match=r"float32 parameters but x is torch\.float64"):
+            norm(torch.randn(2, 4, dtype=torch.float64))
+    for pe in (SinusoidalPositionalEncoding(8, max_seq_len=16), LearnedPositionalEmbedding(16, 8)):
+        name = type(pe).__name__
+        for bad in (-5, -1, 1.5, True):
+            with pytest.raises(ValueError, match=rf"{name}: offset must be an int >= 0"):
+                pe(torch.zeros(1, 3, 8), offset=bad)
+        with pytest.raises(ValueError, match=rf"{name} adds positions to x \(\.\.\., t, 8\)"):
+            pe(torch.zeros(1, 3, 6))
+        with pytest.raises(ValueError, match=r"of floats, got torch\.int64"):
+            pe(torch.zeros(1, 3, 8, dtype=torch.long))
+    rope = RotaryEmbedding(8)
+    with pytest.raises(ValueError, match="RotaryEmbedding expects floats"):
+        rope(torch.ones(1, 1, 3, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="offset must be a position >= 0"):
+        rope(torch.ones(1, 1, 3, 8), offset=-2)
+    q = torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    assert torch.equal(rope(q), q)  # position 0 is the identity, in float64 too (it was rotated in float32)

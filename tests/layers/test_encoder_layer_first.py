@@ -43,7 +43,9 @@ def test_masks_keep_their_meaning(causal):
     full[..., 0] = True  # every query sees at least one key
     torch.testing.assert_close(layer.forward_first(x, 4, full), layer(x, full)[:, :4], rtol=1e-12, atol=1e-12)
     square = full[0, 0]  # a (t, t) mask: its rows are cut to n before the causal structure joins them
-    torch.testing.assert_close(layer.forward_first(x, 3, square), layer(x, square)[:, :3], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        layer.forward_first(x, 3, square), layer(x, square)[:, :3], rtol=1e-12, atol=1e-12
+    )
 
 
 def test_rope_takes_the_full_layer_and_slices():

@@ -17,7 +17,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.kernels.layer_norm import layer_norm
+from seqlab.layers.checks import check_dtype
 from seqlab.validation import check_positive_floats, check_positive_ints
+
+
+def _check_x(owner: str, x: Tensor, weight: Tensor) -> None:
+    """x (..., d) floating, of the weight's dtype (outside autocast) and device: before the kernel's messages."""
+    d = weight.numel()
+    if not isinstance(x, Tensor) or x.dim() == 0 or x.size(-1) != d:
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{owner} normalizes x (..., {d}) over its last axis, got {got}")
+    check_dtype(owner, x, weight)
 
 
 def _check_norm(owner: str, d_model: int, eps: float) -> None:
@@ -37,6 +47,7 @@ class LayerNorm(nn.LayerNorm):
         super().__init__(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_x("LayerNorm", x, self.weight)
         return layer_norm(x, self.weight, self.bias, self.eps)
 
 
@@ -53,6 +64,7 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_x("RMSNorm", x, self.weight)
         return F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).type_as(x) * self.weight
 
     def extra_repr(self) -> str:

@@ -70,6 +70,18 @@ def sinusoidal_2d_table(grid_h: int, grid_w: int, d_model: int, base: float = 10
     return torch.cat([col, row], dim=1).float()  # (gh*gw, d)
 
 
+def _check_positions(owner: str, x: Tensor, d: int, offset) -> int:
+    """x (..., t, d) floating and offset an int >= 0 -> t (a negative offset would read rows from the end)."""
+    if not isinstance(x, Tensor) or x.dim() < 2 or x.size(-1) != d or not x.is_floating_point():
+        got = f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{owner} adds positions to x (..., t, {d}) of floats, got {got}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(
+            f"{owner}: offset must be an int >= 0 (the position of x's first row), got {offset!r}"
+        )
+    return x.size(-2)
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """x (b, t, d) -> x + PE[offset : offset + t], then dropout (the paper applies dropout to the sum)."""
 
@@ -79,7 +91,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        t = x.size(-2)
+        t = _check_positions("SinusoidalPositionalEncoding", x, self.pe.size(1), offset)
         if offset + t > self.pe.size(0):
             raise ValueError(f"positions up to {offset + t} exceed max_seq_len={self.pe.size(0)}; raise it")
         return self.drop(x + self.pe[offset : offset + t].to(x.dtype))  # (b, t, d) + (t, d)
@@ -97,7 +109,7 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        t = x.size(-2)
+        t = _check_positions("LearnedPositionalEmbedding", x, self.weight.size(1), offset)
         if offset + t > self.weight.size(0):
             raise ValueError(f"positions up to {offset + t} exceed max_seq_len={self.weight.size(0)}")
         return x + self.weight[offset : offset + t]  # (b, t, d) + (t, d)
@@ -114,7 +126,8 @@ class RotaryEmbedding(nn.Module):
     Pairs are (i, i + rotary_dim/2) with ``interleaved=False`` (HF Llama's ``rotate_half``) and (2i, 2i+1) with
     ``interleaved=True``. ``rotary_dim`` < head_dim rotates only the first ``rotary_dim`` channels (GPT-NeoX's
     partial rotary); the rest pass through. Angles are computed in float32 from the positions on each call
-    (cheap next to the projections), so there is no length limit and no table to grow.
+    (cheap next to the projections), so there is no length limit and no table to grow; the rotation runs in
+    float32, or in float64 for float64 inputs.
 
     Call: ``rope(x, offset=0)`` rotates positions offset, offset + 1, ...; ``offset`` may be an int or a 0-d
     tensor (a KV cache's position); ``positions`` (t,) or (b, t) gives arbitrary positions (left padding).
@@ -146,8 +159,13 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: Tensor, offset: int | Tensor = 0, positions: Tensor | None = None) -> Tensor:
         """x (b, h, t, k) -> x rotated, same shape and dtype."""
-        if x.size(-1) != self.head_dim:
-            raise ValueError(f"expected head dim {self.head_dim} in the last axis, got {tuple(x.shape)}")
+        if not isinstance(x, Tensor) or x.size(-1) != self.head_dim or not x.is_floating_point():
+            got = f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(
+                f"RotaryEmbedding expects floats with head dim {self.head_dim} in the last axis, got {got}"
+            )
+        if isinstance(offset, bool) or (isinstance(offset, int) and offset < 0):
+            raise ValueError(f"RotaryEmbedding: offset must be a position >= 0, got {offset!r}")
         t = x.size(-2)
         if positions is None:
             positions = torch.arange(t, device=x.device) + offset  # (t,)
@@ -159,7 +177,7 @@ class RotaryEmbedding(nn.Module):
     def rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """x (b, h, t, k) rotated by given angles: cos, sin broadcastable to (b, h, t, rotary_dim/2)."""
         r = self.rotary_dim
-        xr, rest = x[..., :r].float(), x[..., r:]
+        xr, rest = x[..., :r].to(torch.promote_types(x.dtype, torch.float32)), x[..., r:]  # float64 stays
         if self.interleaved:
             a, b = xr[..., 0::2], xr[..., 1::2]  # (b, h, t, r/2) each: the pairs (2i, 2i+1)
         else:
