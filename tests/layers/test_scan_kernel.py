@@ -169,6 +169,35 @@ def test_views_with_spaced_rows_are_read_in_place():
     )
 
 
+def test_size_one_dimensions_with_any_strides_and_integer_inputs():
+    """torch calls a tensor contiguous whatever the strides of its size-1 dimensions; the kernels read strides,
+    so such views (a batch of 1 cut from a time-major tensor, t = 1) are copied first. Integer inputs are
+    refused: the outputs take u's dtype and would come back truncated."""
+    from seqlab.kernels.causal_conv import causal_conv_silu, causal_conv_silu_ref
+
+    g = torch.Generator().manual_seed(0)
+    A = -torch.rand(4, 3, generator=g)
+    for b, t in ((1, 5), (2, 1)):
+        u, delta = torch.randn(b, t, 4, generator=g), torch.rand(b, t, 4, generator=g)
+        B = torch.randn(t, b, 3, generator=g).transpose(0, 1)  # time-major: contiguous only by torch's rule
+        C, z = torch.randn(b, t, 3, generator=g), torch.randn(t, b, 4, generator=g).transpose(0, 1)
+        assert B.is_contiguous() and z.is_contiguous()
+        want = selective_scan_ref(u, delta, A, B, C, z=z)
+        torch.testing.assert_close(selective_scan(u, delta, A, B, C, z=z, impl="kernel"), want)
+        x = torch.randn(t, b, 4, generator=g).transpose(0, 1)
+        state, w, bias = (
+            torch.randn(b, 2, 4, generator=g),
+            torch.randn(3, 4, generator=g),
+            torch.randn(4, generator=g),
+        )
+        torch.testing.assert_close(
+            causal_conv_silu(x, state, w, bias), causal_conv_silu_ref(x, state, w, bias)
+        )
+    u = torch.randn(1, 5, 4, generator=g)
+    with pytest.raises(ValueError, match=r"u must be a floating tensor .* got torch\.int64"):
+        selective_scan(u.long(), u.abs(), A, torch.randn(1, 5, 3), torch.randn(1, 5, 3))
+
+
 def test_large_decays_stay_finite():
     x = {k: v.float() for k, v in _inputs(1, 200, 4, 16).items()}
     x["delta"], x["A"] = x["delta"] * 50, x["A"] * 10  # Δ·A down to about -10^3 per step

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.kernels.extension import CppExtension, cpu_float_reason, spaced_rows
+from seqlab.kernels.extension import CppExtension, cpu_float_reason, with_spaced_rows
 
 __all__ = ["EXTENSION", "causal_conv_silu", "causal_conv_silu_ref", "why_not_kernel"]
 
@@ -62,6 +62,8 @@ def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor | No
     """silu(causal depthwise conv) of x (b, t, c) after state (b, k-1, c), weight (k, c), bias (c,) -> (b, t, c)."""
     if why_not_kernel(x) is not None:
         return causal_conv_silu_ref(x, state, weight, bias)
-    if x.dim() == 3 and not spaced_rows(x):
-        x = x.contiguous()  # the kernel reads rows with a stride (a view of in_proj's output), not any layout
+    if x.dim() == 3:
+        x = with_spaced_rows(
+            x
+        )  # the kernel reads rows with a stride (a view of in_proj's output), not any layout
     return _CausalConvSilu.apply(x, state.contiguous(), weight.contiguous(), bias)

@@ -33,7 +33,14 @@ import torch
 
 from seqlab.kernels.build import ISA_FLAGS, disabled_reason, library_path
 
-__all__ = ["CppExtension", "cpu_float_reason", "cpu_float_reason_of", "matmul_dtype", "spaced_rows"]
+__all__ = [
+    "CppExtension",
+    "cpu_float_reason",
+    "cpu_float_reason_of",
+    "matmul_dtype",
+    "spaced_rows",
+    "with_spaced_rows",
+]
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -72,6 +79,13 @@ def spaced_rows(x: torch.Tensor) -> bool:
         and x.stride(1) >= x.size(2)
         and x.stride(0) == x.size(1) * x.stride(1)
     )
+
+
+def with_spaced_rows(x: torch.Tensor) -> torch.Tensor:
+    """x (b, t, m) itself when :func:`spaced_rows`, else a copy that is: ``x.contiguous()`` is not enough, since
+    torch calls a tensor contiguous whatever the strides of its size-1 dimensions (a batch of 1 cut from a
+    time-major tensor), and the kernels read those strides."""
+    return x if spaced_rows(x) else x.clone(memory_format=torch.contiguous_format)
 
 
 def _first_error(e: Exception) -> str:

@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from seqlab.kernels.build import kernel_unavailable
-from seqlab.kernels.extension import spaced_rows
+from seqlab.kernels.extension import with_spaced_rows
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -40,7 +40,15 @@ def check_scan_shapes(
     u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_state: Tensor | None = None
 ) -> None:
     """A ValueError naming the expected and the given shape unless u, delta (b, t, d), A (d, n), B, C (b, t, n)
-    and initial_state (b, d, n) agree: the contract of every selective scan (reference, chunked, kernels)."""
+    and initial_state (b, d, n) agree, all floating: the contract of every selective scan (reference, chunked,
+    kernels)."""
+    named = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "initial_state": initial_state}
+    for name, x in named.items():
+        if x is not None and not (isinstance(x, Tensor) and x.is_floating_point()):
+            got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(
+                f"{name} must be a floating tensor (the scan's outputs take u's dtype), got {got}"
+            )
     if u.dim() != 3:
         raise ValueError(f"u must be (b, t, d), got shape {tuple(u.shape)}")
     b, t, d = u.shape
@@ -182,6 +190,6 @@ def widened(inputs: tuple[Tensor | None, ...], views: tuple[int, ...] = ()) -> l
     wide = torch.promote_types(inputs[0].dtype, torch.float32)
     ready = [None if x is None else x.to(wide) for x in inputs]
     for i, x in enumerate(ready):
-        if x is not None and not (i in views and spaced_rows(x)):
-            ready[i] = x.contiguous()
+        if x is not None:
+            ready[i] = with_spaced_rows(x) if i in views and x.dim() == 3 else x.contiguous()
     return ready
