@@ -236,3 +236,39 @@ def test_every_parameter_learns(kind):
     y.square().sum().backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["s4d", "mamba"])
+def test_half_precision_layers_run_forward_and_step_alike(name, dtype):
+    """A bf16 or fp16 S4D or Mamba (not autocast: the parameters themselves) runs its recurrence in float32, as
+    its scan does: forward, forward_ref and step agree to the precision's rounding (S4D failed on complex half
+    numbers, a bf16 Mamba on its conv kernel's dtype check, an fp16 Mamba's step on a float32 state)."""
+    from seqlab.layers import create_mixer
+    from seqlab.models.lm import LM, LMConfig
+
+    torch.manual_seed(0)
+    layer = create_mixer(name, 8, dtype=dtype)
+    x = torch.randn(2, 5, 8, dtype=dtype)
+    y, _ = layer(x)
+    ref, _ = layer.forward_ref(x)
+    state, steps = None, []
+    for i in range(5):
+        out, state = layer.step(x[:, i], state if state is not None else layer.init_state(2))
+        steps.append(out)
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+    assert y.dtype == dtype
+    torch.testing.assert_close(ref, y, rtol=tol, atol=tol)
+    torch.testing.assert_close(torch.stack(steps, 1), y, rtol=tol, atol=tol)
+    lm = LM(LMConfig(mixer=name, vocab_size=20, d_model=16, n_layers=1), dtype=dtype).eval()
+    assert lm.generate(torch.tensor([[1, 2]]), 3).shape == (1, 5)
+
+
+def test_s4d_step_from_no_state_starts_at_zeros():
+    from seqlab.layers import S4D
+
+    layer = S4D(8, d_state=4)
+    x = torch.randn(2, 8)
+    a, sa = layer.step(x, None)
+    b, sb = layer.step(x, layer.init_state(2))
+    assert torch.equal(a, b) and torch.equal(sa, sb)

@@ -169,7 +169,7 @@ class Mamba(FastPathMixin, nn.Module):
             x = x.masked_fill(~mask[..., None], 0.0)  # padded inputs (even NaN) go no further
         conv_state, ssm_state = self.init_state(b, device=x.device, dtype=x.dtype) if state is None else state
         xs, z = self._in_proj(x)  # (b, t, d) -> 2 x (b, t, d_inner)
-        if fast and xs.dtype == torch.bfloat16 and xs.device.type == "cpu":
+        if fast and xs.dtype == torch.bfloat16 and xs.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             # CPU autocast: in_proj and out_proj (the large matmuls) run in bf16, the rest in float32 through
             # seqlab's kernels, which take float32 (torch's bf16 conv1d and the casts around the scan cost more
             # than the small x_proj and dt_proj save in bf16)
@@ -244,12 +244,14 @@ class Mamba(FastPathMixin, nn.Module):
         xs = F.silu(xs)
         delta, B, C = self._ssm_inputs(xs)
         delta = F.softplus(delta + self.dt_proj.bias)  # (b, d_inner)
-        A = -torch.exp(_wide(self.A_log))
+        A = -torch.exp(_wide(self.A_log))  # the recurrence in float32 at least, as the scan runs it
+        wide = A.dtype
+        delta, xs_w, B, C = (v.to(wide) for v in (delta, xs, B, C))
         dA = torch.exp(delta[..., None] * A)  # Ā = exp(Δ A): (b, d_inner, n)
-        h = dA * h + (delta * xs)[..., None] * B[:, None, :]  # h = Ā h + Δ x B
-        y = torch.einsum("bin,bn->bi", h, C) + self.D * xs  # ⟨h, C⟩ + D x
+        h_w = dA * h.to(wide) + (delta * xs_w)[..., None] * B[:, None, :]  # h = Ā h + Δ x B
+        y = (torch.einsum("bin,bn->bi", h_w, C) + self.D.to(wide) * xs_w).to(xs.dtype)  # ⟨h, C⟩ + D x
         y = y * F.silu(z)
-        return self.out_proj(y), (conv_state, h)
+        return self.out_proj(y), (conv_state, h_w.to(h.dtype))
 
     def extra_repr(self) -> str:
         s = f"{self.d_model}, d_inner={self.d_inner}, d_state={self.d_state}, d_conv={self.d_conv}, "

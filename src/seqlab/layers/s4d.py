@@ -40,9 +40,18 @@ from seqlab.validation import check_choices, check_dropout, check_positive_float
 __all__ = ["S4D"]
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def _complex(dtype: torch.dtype) -> torch.dtype:
-    """The complex dtype whose parts are ``dtype`` (float32 -> complex64), or ``dtype`` if already complex."""
-    return dtype if dtype.is_complex else dtype.to_complex()
+    """The complex dtype whose parts are ``dtype`` (float32 -> complex64; float16 and bfloat16, which torch has
+    no complex arithmetic for, -> complex64 too), or ``dtype`` if already complex."""
+    return dtype if dtype.is_complex else _wide(dtype).to_complex()
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The real dtype the SSM computes in: float32 for half-precision parameters or inputs, else the same."""
+    return torch.float32 if dtype in _HALF else dtype
 
 
 def _check_args(m: S4D) -> None:
@@ -139,12 +148,13 @@ class S4D(FastPathMixin, nn.Module):
         self.out_proj.reset_parameters()
 
     def _discrete(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """log Ā, Ā, B̄ and C, each (d, n/2) complex."""
-        A = torch.complex(-torch.exp(self.A_log_re), self.A_im)  # (d, m)
-        dt = torch.exp(self.log_dt)[:, None]  # (d, 1)
+        """log Ā, Ā, B̄ and C, each (d, n/2) complex (complex64 for half-precision parameters)."""
+        wide = _wide(self.D.dtype)
+        A = torch.complex(-torch.exp(self.A_log_re.to(wide)), self.A_im.to(wide))  # (d, m)
+        dt = torch.exp(self.log_dt.to(wide))[:, None]  # (d, 1)
         dA, dB = discretize(A, torch.ones_like(A), dt, self.discretization)
         log_dA = dt * A if self.discretization == "zoh" else torch.log(dA)
-        return log_dA, dA, dB, torch.view_as_complex(self.C)
+        return log_dA, dA, dB, torch.view_as_complex(self.C.to(wide))
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> Tensor:
         """Zeros (b, d, n/2), complex: ``dtype`` (real or complex) and ``device`` default to the parameters'."""
@@ -224,25 +234,29 @@ class S4D(FastPathMixin, nn.Module):
         if not self._take_fast_path(x) or (isinstance(x, Tensor) and x.size(0) == 0):
             return self.forward_ref(x, state, mask)  # (an empty batch too: the FFT refuses one)
         x, mask = self._inputs(x, state, mask)
-        y, state = self.ssm_conv(x, state, mask)
-        return self._output(y), state
+        y, state = self.ssm_conv(x.to(_wide(x.dtype)), state, mask)
+        return self._output(y.to(x.dtype)), state
 
     def forward_ref(
         self, x: Tensor, state: Tensor | None = None, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """``forward`` through the recurrence (:meth:`ssm_recurrent_ref`), whatever ``fast_path`` says."""
         x, mask = self._inputs(x, state, mask)
-        y, state = self.ssm_recurrent_ref(x, state, mask)
-        return self._output(y), state
+        y, state = self.ssm_recurrent_ref(x.to(_wide(x.dtype)), state, mask)
+        return self._output(y.to(x.dtype)), state
 
-    def step(self, x_t: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        """x_t (b, d) -> y_t (b, d): x_k = Ā x_{k-1} + B̄ u_k, y_k = 2 Re(C x_k) + D u_k, then the output."""
+    def step(self, x_t: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """x_t (b, d) -> y_t (b, d): x_k = Ā x_{k-1} + B̄ u_k, y_k = 2 Re(C x_k) + D u_k, then the output.
+        ``state`` None starts from :meth:`init_state`."""
         check_input("S4D.step", x_t, self.d_model, self.D, step=True, what="x_t")
+        if state is None:
+            state = self.init_state(x_t.size(0), device=x_t.device, dtype=x_t.dtype)
         self._check_state(state, x_t)
         _, dA, dB, C = self._discrete()
-        state = dA * state + dB * x_t[..., None]  # (d, m) * (b, d, m) + (d, m) * (b, d, 1)
-        y = 2 * torch.einsum("dm,bdm->bd", C, state).real + self.D * x_t
-        return self._output(y), state
+        u = x_t.to(_wide(x_t.dtype))
+        state = dA * state + dB * u[..., None]  # (d, m) * (b, d, m) + (d, m) * (b, d, 1)
+        y = 2 * torch.einsum("dm,bdm->bd", C, state).real + self.D * u
+        return self._output(y.to(x_t.dtype)), state
 
     def extra_repr(self) -> str:
         s = f"{self.d_model}, d_state={self.d_state}"
