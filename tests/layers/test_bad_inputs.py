@@ -131,3 +131,47 @@ def test_norms_and_positions_refuse_what_they_would_misread():
         rope(torch.ones(1, 1, 3, 8), offset=-2)
     q = torch.randn(1, 1, 1, 8, dtype=torch.float64)
     assert torch.equal(rope(q), q)  # position 0 is the identity, in float64 too (it was rotated in float32)
+
+
+def test_cells_mlps_and_the_conv_grid_say_what_they_expected():
+    from seqlab.layers.conv import ConvGridEncoder
+    from seqlab.layers.mlp import MLP, SwiGLU
+    from seqlab.layers.recurrent import GRU
+    from seqlab.layers.recurrent_cells import GRUCell, LSTMCell, RNNCell
+
+    for mlp in (MLP(4, 8), SwiGLU(4, 8)):
+        name = type(mlp).__name__
+        with pytest.raises(ValueError, match=rf"{name} expects x of shape \(\.\.\., 4\), got \(2, 3\)"):
+            mlp(torch.randn(2, 3))
+        with pytest.raises(
+            ValueError, match=rf"{name} has torch\.float32 parameters but x is torch\.float64"
+        ):
+            mlp(torch.randn(2, 4, dtype=torch.float64))
+    for cell in (GRUCell(3, 4), LSTMCell(3, 4), RNNCell(3, 4)):
+        name = type(cell).__name__
+        with pytest.raises(
+            ValueError, match=rf"{name} has torch\.float32 parameters but x is torch\.float64"
+        ):
+            cell(torch.randn(2, 3, dtype=torch.float64))
+        h = torch.zeros(2, 4, dtype=torch.float64)
+        with pytest.raises(
+            ValueError, match=rf"{name} has torch\.float32 parameters but h is torch\.float64"
+        ):
+            cell(torch.randn(2, 3), (h, h) if name == "LSTMCell" else h)
+        for bad in (0, -1, 2.5, True, None):
+            with pytest.raises(ValueError, match=rf"{name}: input_size must be a positive integer"):
+                type(cell)(bad, 4)
+    for bad in (3.5, None, True, 0):
+        with pytest.raises(ValueError, match="GRU: input_size must be a positive integer"):
+            GRU(bad, 4)
+    with pytest.raises(ValueError, match=r"GRU: dropout must be a probability in \[0, 1\], got True"):
+        GRU(3, 4, num_layers=2, dropout=True)
+    grid = ConvGridEncoder(3, [4, 8])
+    with pytest.raises(
+        ValueError, match=r"expects images \(b, 3, H, W\) with H and W positive multiples of 4"
+    ):
+        grid(torch.rand(1, 3, 18, 18))  # was cropped to a 4 x 4 grid without a word
+    with pytest.raises(ValueError, match=r"got \(2, 1, 16, 16\)"):
+        grid(torch.rand(2, 1, 16, 16))
+    with pytest.raises(ValueError, match=r"torch\.float32 parameters but images is torch\.float64"):
+        grid(torch.rand(2, 3, 16, 16, dtype=torch.float64))

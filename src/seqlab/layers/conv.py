@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from seqlab.layers.checks import check_dtype
+
 __all__ = ["ConvGridEncoder"]
 
 
@@ -46,9 +48,29 @@ class ConvGridEncoder(nn.Module):
         self.net = nn.Sequential(*stages)
         self.in_channels, self.n_stages, self.d_out = in_channels, len(channels), channels[-1]
 
+    def check_images(self, images: Tensor) -> None:
+        """(b, in_channels, H, W) floats of the weights' dtype, H and W multiples of 2^stages (each stage halves
+        them; a remainder would be cropped without a word)."""
+        c, k = self.in_channels, 1 << self.n_stages
+        ok = isinstance(images, Tensor) and images.dim() == 4 and images.size(1) == c
+        if (
+            not ok
+            or images.size(-1) % k
+            or images.size(-2) % k
+            or images.size(-1) == 0
+            or images.size(-2) == 0
+        ):
+            got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+            raise ValueError(
+                f"ConvGridEncoder expects images (b, {c}, H, W) with H and W positive multiples of {k} "
+                f"({self.n_stages} halving stages), got {got}"
+            )
+        check_dtype("ConvGridEncoder", images, self.net[0].weight, what="images")
+
     def grid(self, size: int) -> int:
         return size >> self.n_stages
 
     def forward(self, images: Tensor) -> Tensor:
+        self.check_images(images)
         x = self.net(images)  # (b, c, S, S) -> (b, D, g, g)
         return x.flatten(2).transpose(1, 2)  # (b, g², D)

@@ -169,7 +169,12 @@ class Mamba(FastPathMixin, nn.Module):
             x = x.masked_fill(~mask[..., None], 0.0)  # padded inputs (even NaN) go no further
         conv_state, ssm_state = self.init_state(b, device=x.device, dtype=x.dtype) if state is None else state
         xs, z = self._in_proj(x)  # (b, t, d) -> 2 x (b, t, d_inner)
-        if fast and xs.dtype == torch.bfloat16 and xs.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        if (
+            fast
+            and xs.dtype == torch.bfloat16
+            and xs.device.type == "cpu"
+            and torch.is_autocast_enabled("cpu")
+        ):
             # CPU autocast: in_proj and out_proj (the large matmuls) run in bf16, the rest in float32 through
             # seqlab's kernels, which take float32 (torch's bf16 conv1d and the casts around the scan cost more
             # than the small x_proj and dt_proj save in bf16)

@@ -25,6 +25,7 @@ from seqlab.layers.checks import check_dtype, check_input, check_state
 from seqlab.layers.cudnn_weights import flatten_cudnn_weights
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
+from seqlab.validation import check_positive_ints
 
 State = Tensor | tuple[Tensor, Tensor]
 
@@ -56,14 +57,11 @@ class RNNBase(FastPathMixin, nn.Module):
         dtype=None,
     ):
         super().__init__()
-        if input_size <= 0 or hidden_size <= 0 or num_layers <= 0:
-            raise ValueError(
-                f"input_size, hidden_size and num_layers must be positive, got "
-                f"{input_size}, {hidden_size}, {num_layers}"
-            )
-        if not 0.0 <= dropout <= 1.0:
-            raise ValueError(f"dropout must be a probability in [0, 1], got {dropout}")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        name = type(self).__name__
+        check_positive_ints(self, ("input_size", "hidden_size", "num_layers"), prefix=f"{name}: ")
+        if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"{name}: dropout must be a probability in [0, 1], got {dropout!r}")
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional = bidirectional
         self.num_directions = 2 if bidirectional else 1

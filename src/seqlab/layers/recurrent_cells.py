@@ -15,6 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.checks import check_dtype
+from seqlab.validation import check_positive_ints
+
 __all__ = ["GRUCell", "LSTMCell", "RNNCell"]
 
 # ----------------------------------------------------------------------------------------------------------
@@ -55,6 +58,7 @@ class _CellBase(nn.Module):
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
+        check_positive_ints(self, ("input_size", "hidden_size"), prefix=f"{type(self).__name__}: ")
         g = self.n_gates * hidden_size
         self.weight_ih = nn.Parameter(torch.empty(g, input_size, **kw))
         self.weight_hh = nn.Parameter(torch.empty(g, hidden_size, **kw))
@@ -78,11 +82,12 @@ class _CellBase(nn.Module):
         Returns (x, state parts as a tuple, unbatched flag); a missing state becomes zeros.
         """
         name = type(self).__name__
-        if x.dim() not in (1, 2) or x.size(-1) != self.input_size:
+        if not isinstance(x, Tensor) or x.dim() not in (1, 2) or x.size(-1) != self.input_size:
             raise ValueError(
                 f"{name} expects x of shape (b, {self.input_size}) or ({self.input_size},), "
-                f"got {tuple(x.shape)}"
+                f"got {tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}"
             )
+        check_dtype(name, x, self.weight_ih)
         unbatched = x.dim() == 1
         x = x.unsqueeze(0) if unbatched else x
         shape = (x.size(0), self.hidden_size)
@@ -94,6 +99,8 @@ class _CellBase(nn.Module):
             got = [tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__ for s in parts]
             what = f"a pair (h, c), each of shape {want}" if n_state > 1 else f"h of shape {want}"
             raise ValueError(f"{name} expects {what}, got {got if n_state > 1 else got[0]}")
+        for i, part in enumerate(parts):
+            check_dtype(name, part, self.weight_ih, what="c" if i else "h")
         return x, tuple(s.unsqueeze(0) if unbatched else s for s in parts), unbatched
 
     def _input_projection(self, x: Tensor, fold_b_hh: bool) -> Tensor:
