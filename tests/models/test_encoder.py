@@ -78,3 +78,28 @@ def test_config_round_trip_and_errors():
         model(torch.zeros(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match="attention_mask"):
         model(torch.zeros(1, 5, dtype=torch.long), attention_mask=torch.ones(1, 4))
+
+
+def test_token_ids_segments_and_sizes_are_checked_by_name():
+    model = _tiny()
+    v = model.config.vocab_size
+    ids = torch.ones(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=rf"token ids must be in \[0, {v}\)"):
+        model(torch.full((2, 3), v))
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 2\)"):
+        model(ids, token_type_ids=torch.full((2, 3), 2))
+    with pytest.raises(ValueError, match=r"token_type_ids must match input_ids \(2, 3\), got \(2, 2\)"):
+        model(ids, token_type_ids=torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token ids as an int64 \(or int32\) tensor, got torch\.bool"):
+        model(ids.bool())
+    with pytest.raises(ValueError, match=r"attention_mask must be \(b, t\) = \(2, 3\)"):
+        model.pool(model(ids), torch.ones(2, 4), how="mean")
+    base = dataclasses.asdict(model.config)
+    for field, bad in (("type_vocab_size", -1), ("pad_token_id", v), ("pad_token_id", -1)):
+        with pytest.raises(ValueError, match=field):
+            EncoderConfig(**{**base, field: bad})
+    with pytest.raises(ValueError, match="n_classes must be a positive integer"):
+        EncoderForSequenceClassification(model.config, n_classes=-1)
+    segmentless = EncoderConfig(**{**base, "type_vocab_size": 0})
+    with pytest.raises(ValueError, match="no segment embeddings"):
+        build("encoder", dataclasses.asdict(segmentless))(ids, token_type_ids=torch.zeros_like(ids))

@@ -32,11 +32,13 @@ from torch import Tensor, nn
 from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.norms import LayerNorm
 from seqlab.layers.transformer_blocks import TransformerEncoderLayer
+from seqlab.models.generation import check_token_ids
 from seqlab.models.init import normal_init_
 from seqlab.validation import (
     check_choices,
     check_divisible,
     check_dropout,
+    check_nonnegative,
     check_positive_floats,
     check_positive_ints,
 )
@@ -79,6 +81,10 @@ class EncoderConfig:
         check_positive_floats(self, ("norm_eps",))
         check_divisible(self.d_model, self.n_heads)
         check_dropout(self)
+        check_nonnegative(self, ("type_vocab_size",))
+        p = self.pad_token_id
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < self.vocab_size:
+            raise ValueError(f"pad_token_id must be an id in [0, vocab_size={self.vocab_size}), got {p!r}")
 
     @property
     def ff_width(self) -> int:
@@ -128,13 +134,26 @@ class Encoder(nn.Module):
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
     ) -> Tensor:
-        if input_ids.dim() != 2 or input_ids.is_floating_point():
-            raise ValueError(
-                f"expected integer token ids (b, t), got {input_ids.dtype} {tuple(input_ids.shape)}"
-            )
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"expected integer token ids (b, t), got {got}")
+        check_token_ids(input_ids, self.config.vocab_size)
+        if token_type_ids is not None:
+            if not isinstance(token_type_ids, Tensor) or token_type_ids.shape != input_ids.shape:
+                got = (
+                    tuple(token_type_ids.shape)
+                    if isinstance(token_type_ids, Tensor)
+                    else type(token_type_ids)
+                )
+                raise ValueError(f"token_type_ids must match input_ids {tuple(input_ids.shape)}, got {got}")
+            if self.type_embed is None:
+                raise ValueError(
+                    "token_type_ids given, but this encoder has no segment embeddings (type_vocab_size=0)"
+                )
+            check_token_ids(token_type_ids, self.config.type_vocab_size)
         mask = None
         if attention_mask is not None:
-            if attention_mask.shape != input_ids.shape:
+            if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
                 raise ValueError(
                     f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}"
                 )
@@ -154,6 +173,13 @@ class Encoder(nn.Module):
         if how == "mean":
             if attention_mask is None:
                 return hidden.mean(1)
+            if not isinstance(attention_mask, Tensor) or attention_mask.shape != hidden.shape[:2]:
+                got = (
+                    tuple(attention_mask.shape)
+                    if isinstance(attention_mask, Tensor)
+                    else type(attention_mask)
+                )
+                raise ValueError(f"attention_mask must be (b, t) = {tuple(hidden.shape[:2])}, got {got}")
             m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (b, t, 1)
             return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)  # (b, d)
         raise ValueError(f"pooling must be 'cls' or 'mean', got {how!r}")
@@ -225,6 +251,8 @@ class EncoderForSequenceClassification(nn.Module):
         super().__init__()
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
+            raise ValueError(f"n_classes must be a positive integer, got {n_classes!r}")
         self.config, self.pooling = config, pooling
         self.encoder = Encoder(config, device=device, dtype=dtype)
         self.head = ClassificationHead(config.d_model, n_classes, config.dropout, device=device, dtype=dtype)
