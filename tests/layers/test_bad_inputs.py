@@ -175,3 +175,27 @@ def test_cells_mlps_and_the_conv_grid_say_what_they_expected():
         grid(torch.rand(2, 1, 16, 16))
     with pytest.raises(ValueError, match=r"torch\.float32 parameters but images is torch\.float64"):
         grid(torch.rand(2, 3, 16, 16, dtype=torch.float64))
+
+
+def test_constructors_and_lm_steps_refuse_bad_sizes_by_name():
+    from seqlab.layers.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+    from seqlab.layers.transformer_blocks import Transformer
+
+    with pytest.raises(
+        ValueError, match="SinusoidalPositionalEncoding: max_seq_len must be a positive integer"
+    ):
+        SinusoidalPositionalEncoding(8, max_seq_len=-1)
+    with pytest.raises(
+        ValueError, match="LearnedPositionalEmbedding: max_seq_len must be a positive integer"
+    ):
+        LearnedPositionalEmbedding(-1, 8)
+    with pytest.raises(ValueError, match="Transformer: n_encoder_layers must be a positive integer, got -1"):
+        Transformer(16, 2, -1, -1, d_ff=32)  # was accepted: a stack of no layers
+    lm = create("test-gpt", vocab_size=11)
+    with pytest.raises(
+        ValueError, match=r"LM\.step expects one position per row, \(b,\) token ids; got \(\)"
+    ):
+        lm.step(torch.tensor(3))
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 0"):
+            lm.init_state(bad)

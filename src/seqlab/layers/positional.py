@@ -25,6 +25,8 @@ Relative, applied to queries and keys inside attention:
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from torch import Tensor, nn
 
@@ -87,6 +89,9 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_seq_len: int = 4096, base: float = 10000.0, dropout: float = 0.0):
         super().__init__()
+        args = SimpleNamespace(d_model=d_model, max_seq_len=max_seq_len, base=base)
+        check_positive_ints(args, ("d_model", "max_seq_len"), prefix="SinusoidalPositionalEncoding: ")
+        check_positive_floats(args, ("base",), prefix="SinusoidalPositionalEncoding: ")
         self.register_buffer("pe", sinusoidal_table(max_seq_len, d_model, base), persistent=False)
         self.drop = nn.Dropout(dropout)
 
@@ -102,6 +107,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, max_seq_len: int, d_model: int, device=None, dtype=None):
         super().__init__()
+        args = SimpleNamespace(d_model=d_model, max_seq_len=max_seq_len)
+        check_positive_ints(args, ("max_seq_len", "d_model"), prefix="LearnedPositionalEmbedding: ")
         self.weight = nn.Parameter(torch.empty(max_seq_len, d_model, device=device, dtype=dtype))
         self.reset_parameters()
 

@@ -24,6 +24,7 @@ on the attention weights and on each residual branch, as in the paper (section 5
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Literal
 
 import torch
@@ -34,6 +35,7 @@ from seqlab.layers.checks import check_input
 from seqlab.layers.masks import combine_masks
 from seqlab.layers.mlp import MLP
 from seqlab.layers.norms import LayerNorm
+from seqlab.validation import check_positive_ints
 
 __all__ = ["Transformer", "TransformerDecoderLayer", "TransformerEncoderLayer"]
 
@@ -229,6 +231,8 @@ class Transformer(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        layers = SimpleNamespace(n_encoder_layers=n_encoder_layers, n_decoder_layers=n_decoder_layers)
+        check_positive_ints(layers, ("n_encoder_layers", "n_decoder_layers"), prefix="Transformer: ")
         kw = {
             "d_ff": d_ff,
             "dropout": dropout,

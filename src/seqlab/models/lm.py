@@ -292,10 +292,17 @@ class LM(nn.Module):
         return h if self.norm is None else self.norm(h)
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> list:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise ValueError(f"batch_size must be an integer >= 0, got {batch_size!r}")
         return [b.mixer.init_state(batch_size, device=device, dtype=dtype) for b in self.blocks]
 
     def step(self, x_t: Tensor, state: list | None = None) -> tuple[Tensor, list]:
         """x_t (b,) token ids [or (b, d_input)] -> logits (b, v), new states: O(1) for RNN/SSM, O(t) attention."""
+        want = 1 if self.config.d_input is None else 2
+        if not isinstance(x_t, Tensor) or x_t.dim() != want:
+            got = tuple(x_t.shape) if isinstance(x_t, Tensor) else type(x_t).__name__
+            shape = "(b,) token ids" if want == 1 else f"(b, d_input={self.config.d_input}) features"
+            raise ValueError(f"LM.step expects one position per row, {shape}; got {got}")
         p = self.head.weight
         states = self.init_state(x_t.size(0), device=p.device, dtype=p.dtype) if state is None else state
         self._check_state(states)
