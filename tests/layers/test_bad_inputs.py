@@ -199,3 +199,9 @@ def test_constructors_and_lm_steps_refuse_bad_sizes_by_name():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="batch_size must be an integer >= 0"):
             lm.init_state(bad)
+
+
+def test_cross_attention_key_and_value_of_different_lengths():
+    attn = MultiheadAttention(32, 4)
+    with pytest.raises(ValueError, match="key and value must hold the same positions, got 3 and 4"):
+        attn(torch.randn(2, 5, 32), key=torch.randn(2, 3, 32), value=torch.randn(2, 4, 32))

@@ -156,3 +156,27 @@ def test_generate_batched_equals_one_sentence_at_a_time(fields, beam):
         assert torch.equal(ids[row, :n], alone[0]) and bool((ids[row, n:] == 0).all())
         if weights:
             torch.testing.assert_close(attn[row, : n - 1, :length], w[0], rtol=0, atol=1e-12)
+
+
+def test_steps_and_empty_targets_are_refused_by_name():
+    """Seq2Seq and the captioners: a step's tokens must be (b,) ids for the state's batch, a target t >= 1."""
+    torch.manual_seed(0)
+    s2s = create("test-seq2seq").eval()
+    src = torch.randint(4, 20, (2, 5))
+    state = s2s.start(src)
+    for bad in (torch.tensor([4, 4, 4]), torch.tensor([[4], [4]])):
+        with pytest.raises(ValueError, match=r"Seq2Seq\.step expects one token id per row, \(2,\)"):
+            s2s.step(bad, state)
+    with pytest.raises(ValueError, match=r"and t >= 1, got \(2, 0\)"):
+        s2s(src, src[:, :0])
+    for name in ("test-show-attend-tell", "test-vit-captioner"):
+        cap = create(name).eval()
+        cs = cap.start(torch.rand(2, 3, 16, 16))
+        with pytest.raises(ValueError, match=r"Captioner\.step expects one token id per row, \(2,\)"):
+            cap.step(torch.tensor([1, 1, 1]), cs)
+        with pytest.raises(ValueError, match=r"token ids must be in \[0, 24\)"):
+            cap.step(torch.tensor([1, 99]), cs)
+        with pytest.raises(ValueError, match=r"token ids as an int64 \(or int32\) tensor"):
+            cap.step(torch.tensor([1.0, 2.0]), cs)
+        with pytest.raises(ValueError, match=r"t >= 1, got \(2, 0\)"):
+            cap.decode(cs, torch.zeros(2, 0, dtype=torch.long))

@@ -108,6 +108,10 @@ def check_attention_call(layer, query, key, value, mask, state) -> None:
             check_input(name, m, layer.d_model, layer.in_proj_weight, what=what)
             if m.size(0) != query.size(0):
                 raise ValueError(f"{name}: {what} has batch {m.size(0)} but query has {query.size(0)}")
+    if key is not None and value is not None and key.size(1) != value.size(1):
+        raise ValueError(
+            f"{name}: key and value must hold the same positions, got {key.size(1)} and {value.size(1)}"
+        )
     if mask is not None and (not isinstance(mask, Tensor) or mask.dim() > 4):
         got = f"shape {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
         raise ValueError(f"{name} mask must be a boolean tensor broadcastable to (b, h, t_q, t_k), got {got}")

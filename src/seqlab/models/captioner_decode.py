@@ -23,7 +23,7 @@ from seqlab.layers.recurrent import LSTM
 from seqlab.layers.recurrent_cells import _lstm_update
 from seqlab.layers.rnn_attention import AdditiveAttention
 from seqlab.layers.transformer_blocks import TransformerDecoderLayer
-from seqlab.models.generation import check_token_ids
+from seqlab.models.generation import check_step_tokens, check_token_ids
 
 __all__ = ["CaptionDecodeMixin", "CaptionState"]
 
@@ -122,6 +122,7 @@ class CaptionDecodeMixin:
     def step(self, tokens: Tensor, state: CaptionState) -> tuple[Tensor, CaptionState, Tensor | None]:
         """The previous words' last token (b,) -> logits (b, v) for the next word, the new state, α (b, L)."""
         c = self.config
+        check_step_tokens("Captioner", tokens, state.memory.size(0), c.vocab_size)
         if c.decoder == "transformer":
             h, caches, w = self._decoder_stack(tokens[:, None], state.memory, state.caches, need_weights=True)
             return self._head(h[:, -1]), CaptionState(state.memory, caches=caches), w[:, :, -1].mean(1)
@@ -145,8 +146,10 @@ class CaptionDecodeMixin:
         (b, t, v) for the next words; with ``return_attention`` also α (b, t, L), rows summing to one."""
         c, b = self.config, state.memory.size(0)
         check_token_ids(tgt_in, c.vocab_size)
-        if tgt_in.dim() != 2 or tgt_in.size(0) != b:
-            raise ValueError(f"tgt_in must be (b, t) with b = {b} inputs, got {tuple(tgt_in.shape)}")
+        if tgt_in.dim() != 2 or tgt_in.size(0) != b or tgt_in.size(1) == 0:
+            raise ValueError(
+                f"tgt_in must be (b, t) with b = {b} inputs and t >= 1, got {tuple(tgt_in.shape)}"
+            )
         if return_attention and c.attention == "none":
             raise ValueError(
                 "this captioner has no attention (attention='none'): there are no weights to return"

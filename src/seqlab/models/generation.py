@@ -37,6 +37,16 @@ def _is_real(v) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+def check_step_tokens(owner: str, tokens: Tensor, batch: int, vocab_size: int) -> None:
+    """A decoder step's input: one token id per row, (batch,), in the vocabulary (the state's batch)."""
+    if not isinstance(tokens, Tensor) or tokens.shape != (batch,):
+        got = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(
+            f"{owner}.step expects one token id per row, ({batch},) as the state holds, got {got}"
+        )
+    check_token_ids(tokens, vocab_size)
+
+
 def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     if not (_is_real(temperature) and 0 <= temperature < math.inf):  # NaN fails too
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")

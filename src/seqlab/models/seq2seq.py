@@ -52,7 +52,7 @@ from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.recurrent import GRU, LSTM, RNN
 from seqlab.layers.rnn_attention import AdditiveAttention, AttentionalHidden
-from seqlab.models.generation import check_token_ids
+from seqlab.models.generation import check_step_tokens, check_token_ids
 from seqlab.models.lm import Block, LMConfig
 from seqlab.models.seq2seq_decode import DecodeMixin, Seq2SeqState
 from seqlab.validation import check_choices, check_dropout, check_positive_ints, check_special_ids
@@ -266,7 +266,7 @@ class Seq2Seq(DecodeMixin, nn.Module):
     def step(self, tokens: Tensor, state: Seq2SeqState) -> tuple[Tensor, Seq2SeqState, Tensor | None]:
         """One target position: tokens (b,) -> logits (b, v), the new state, attention weights (b, s) or None."""
         c = self.config
-        check_token_ids(tokens, c.target_vocab)
+        check_step_tokens("Seq2Seq", tokens, state.memory.size(0), c.target_vocab)
         emb = self.drop(self.tgt_embed(tokens))  # (b, e)
         weights = None
         feed = state.feed
@@ -290,9 +290,16 @@ class Seq2Seq(DecodeMixin, nn.Module):
         """Teacher forcing: src (b, s), tgt_in (b, t) -> logits (b, t, v) [, attention (b, t, s)]."""
         c = self.config
         state = self.start(src, src_mask)  # checks the source first
-        if not isinstance(tgt_in, Tensor) or tgt_in.dim() != 2 or tgt_in.size(0) != src.size(0):
+        if (
+            not isinstance(tgt_in, Tensor)
+            or tgt_in.dim() != 2
+            or tgt_in.size(0) != src.size(0)
+            or not tgt_in.size(1)
+        ):
             got = tuple(tgt_in.shape) if isinstance(tgt_in, Tensor) else type(tgt_in).__name__
-            raise ValueError(f"tgt_in must be token ids (b, t) with the source's b={src.size(0)}, got {got}")
+            raise ValueError(
+                f"tgt_in must be token ids (b, t) with the source's b={src.size(0)} and t >= 1, got {got}"
+            )
         check_token_ids(tgt_in, c.target_vocab)
         emb = self.drop(self.tgt_embed(tgt_in))  # (b, t, e)
         if c.attention == "bahdanau" or (c.attention == "luong" and c.input_feeding):
