@@ -79,3 +79,23 @@ def test_token_ids_out_of_range_are_refused_by_name():
         model(torch.tensor([[3, 99]]), torch.tensor([[1, 4]]))
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 64\)"):
         model(torch.tensor([[3, 9]]), torch.tensor([[1, -4]]))
+
+
+def test_generation_past_the_position_table_is_refused_before_decoding():
+    """The longest generation that fits runs; one more token is refused up front (it used to fail only after
+    max_seq_len steps, and only when no hypothesis had ended first)."""
+    from seqlab.models import create
+
+    model = create("test-transformer").eval()  # max_seq_len 64
+    src = torch.randint(4, 20, (2, 5))
+    assert model.generate(src, max_new_tokens=64).shape[1] <= 65
+    for beam in (1, 3):
+        with pytest.raises(ValueError, match="max_new_tokens=65 would need 65 target positions"):
+            model.generate(src, max_new_tokens=65, beam_size=beam)
+    captioner = create("test-vit-captioner").eval()  # max_len 32
+    images = torch.rand(2, 3, 16, 16)
+    assert captioner.generate(images, max_new_tokens=32).shape[1] <= 33
+    with pytest.raises(
+        ValueError, match="max_new_tokens=33 exceeds the transformer decoder's position table"
+    ):
+        captioner.generate(images, max_new_tokens=33)

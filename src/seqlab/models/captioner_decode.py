@@ -229,6 +229,13 @@ class CaptionDecodeMixin:
             raise ValueError(
                 "this captioner has no attention (attention='none'): there are no weights to return"
             )
+        c = self.config
+        too_long = isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool)
+        if c.decoder == "transformer" and too_long and max_new_tokens > c.max_len:
+            raise ValueError(  # found before decoding, not after max_len steps of it
+                f"max_new_tokens={max_new_tokens} exceeds the transformer decoder's position table, max_len="
+                f"{c.max_len}"
+            )
         out = search_model(
             self,
             lambda: self.start(images),

@@ -63,7 +63,7 @@ class TransformerConfig:
     activation: Literal["relu", "gelu"] = "relu"
     norm_eps: float = 1e-5
     max_seq_len: int = 1024
-    """Length of the sinusoid table (any length works; this is only the precomputed range)."""
+    """Length of the sinusoid table: the longest source, and the most target positions a decoding reaches."""
     share_embeddings: bool = True
     """One table for source, target and the output projection (needs one shared vocabulary)."""
     pad_id: int = 0
@@ -278,6 +278,11 @@ class Transformer(nn.Module):
     ) -> Decoded:
         """Greedy search (``beam_size`` 1) or beam search, in eval mode, through :mod:`seqlab.models.beam`."""
         c = self.config
+        if isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > c.max_seq_len:
+            raise ValueError(  # found before decoding, not after max_seq_len steps of it
+                f"max_new_tokens={max_len} would need {max_len} target positions; this model's position table "
+                f"has max_seq_len={c.max_seq_len}"
+            )
         src_mask = self.source_mask(src, src_mask)
         with evaluating(self):
             memory = self.encode(src, src_mask)  # (b, s, d)
