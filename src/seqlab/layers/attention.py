@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from seqlab.kernels import attention as attention_kernel
 from seqlab.kernels.extension import matmul_dtype
-from seqlab.layers.checks import check_attention_call, check_input
+from seqlab.layers.checks import check_attention_call, check_causal_step, check_input
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.kv_cache import KVBuffer, KVCache, append_kv
 from seqlab.layers.masks import causal_mask, check_padding_mask, combine_masks, sliding_window_mask
@@ -289,6 +289,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
 
     def step(self, x_t: Tensor, state: KVCache | None = None) -> tuple[Tensor, KVCache]:
         """One position of self-attention: x_t (b, d) -> y_t (b, d), with the cache grown by one."""
+        check_causal_step(self)
         check_input(
             f"{type(self).__name__}.step", x_t, self.d_model, self.in_proj_weight, step=True, what="x_t"
         )

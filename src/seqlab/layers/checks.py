@@ -20,7 +20,14 @@ from torch import Tensor
 
 from seqlab.layers.kv_cache import KVCache
 
-__all__ = ["check_attention_call", "check_dtype", "check_input", "check_state", "dtype_checked"]
+__all__ = [
+    "check_attention_call",
+    "check_causal_step",
+    "check_dtype",
+    "check_input",
+    "check_state",
+    "dtype_checked",
+]
 
 
 def _got(v) -> str:
@@ -122,3 +129,13 @@ def check_attention_call(layer, query, key, value, mask, state) -> None:
         check_state(name, (state.k, state.v), {"k": shape, "v": shape}, query, query.dtype)
         if state.v.size(2) != state.k.size(2) or not isinstance(state.pos, Tensor):
             raise ValueError(f"{name} state: k and v must hold the same positions and pos must be a tensor")
+
+
+def check_causal_step(layer) -> None:
+    """``step`` decodes position by position; a bidirectional layer's outputs read later positions, so its steps
+    could not equal its forward (the mixers' first law): a clear error instead of other numbers."""
+    if not layer.causal:
+        raise ValueError(
+            f"{type(layer).__name__}.step decodes one position at a time, which only a causal layer can do; this "
+            "one has causal=False (each output reads every position): run forward over the whole sequence"
+        )

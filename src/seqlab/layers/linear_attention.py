@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.layers.checks import check_input, check_state
+from seqlab.layers.checks import check_causal_step, check_input, check_state
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
@@ -232,6 +232,7 @@ class LinearAttention(FastPathMixin, nn.Module):
 
     def step(self, x_t: Tensor, state: tuple[Tensor, Tensor] | None = None):
         """x_t (b, d) -> y_t (b, d): one O(1) update of (S, z)."""
+        check_causal_step(self)
         check_input("LinearAttention.step", x_t, self.d_model, self.in_proj_weight, step=True, what="x_t")
         self._check_state(state, x_t)
         q, k, v = self._features(x_t.unsqueeze(1), None)  # (b, h, 1, k)
