@@ -180,3 +180,19 @@ def test_steps_and_empty_targets_are_refused_by_name():
             cap.step(torch.tensor([1.0, 2.0]), cs)
         with pytest.raises(ValueError, match=r"t >= 1, got \(2, 0\)"):
             cap.decode(cs, torch.zeros(2, 0, dtype=torch.long))
+
+
+def test_generate_checks_its_inputs_before_reading_them():
+    from seqlab.layers.transformer_blocks import TransformerDecoderLayer
+
+    with pytest.raises(ValueError, match="src must be token ids of shape"):
+        create("test-seq2seq").generate([[3, 4]])
+    with pytest.raises(ValueError, match=r"expected images \(b, 3, 16, 16\)"):
+        create("test-show-attend-tell").generate([[1]])
+    src = torch.randint(4, 20, (2, 5))
+    for model in (create("test-transformer"), create("test-seq2seq")):
+        with pytest.raises(ValueError, match=r"max_len must be a number >= 0 .* got None"):
+            model.generate(src, max_new_tokens=None)
+    dec = TransformerDecoderLayer(16, 2)
+    with pytest.raises(ValueError, match=r"state must be a pair .* got KVCache"):
+        dec(torch.randn(2, 3, 16), torch.randn(2, 4, 16), state=dec.self_attn.init_state(2))

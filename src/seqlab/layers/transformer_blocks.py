@@ -174,6 +174,11 @@ class TransformerDecoderLayer(nn.Module):
         state: DecoderState | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, DecoderState] | tuple[Tensor, DecoderState, Tensor]:
+        if state is not None and not (isinstance(state, tuple | list) and len(state) == 2):
+            raise ValueError(
+                "TransformerDecoderLayer state must be a pair (self-attention cache, cross-attention cache), "
+                f"either None to start, as the layer returns it; got {type(state).__name__}"
+            )
         self_cache, cross_cache = (None, None) if state is None else state
         weights = None
 

@@ -100,6 +100,9 @@ def beam_rows(batch_size: int, beam_size: int, device=None) -> Tensor:
 
 
 def _check_sizes(**sizes) -> None:
+    for name in ("max_len", "length_penalty"):
+        if name in sizes and sizes[name] is None:  # check_nonnegative lets None through
+            raise ValueError(f"{name} must be a number >= 0 (max_new_tokens for generate), got None")
     ns = SimpleNamespace(**sizes)
     check_positive_ints(ns, tuple(n for n in ("batch_size", "beam_size") if n in sizes))
     check_nonnegative(ns, tuple(n for n in ("max_len",) if n in sizes))
@@ -344,7 +347,7 @@ def search(
     """Greedy search when ``beam_size`` is 1, else :func:`beam_search` from ``state`` (one row per sentence)
     expanded to k rows per sentence by ``expand(state, rows)`` (default ``reorder``). ``options``: the ids,
     ``max_len``, ``length_penalty`` and ``device`` of the two searches (greedy has no length penalty)."""
-    _check_sizes(beam_size=beam_size)
+    _check_sizes(beam_size=beam_size, max_len=options.get("max_len", 0))
     if beam_size == 1:
         options.pop("length_penalty", None)
         return greedy_search(step, state, batch_size=batch_size, **options)

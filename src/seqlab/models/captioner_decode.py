@@ -230,6 +230,7 @@ class CaptionDecodeMixin:
                 "this captioner has no attention (attention='none'): there are no weights to return"
             )
         c = self.config
+        images = self.check_images(images)  # before its batch size is read
         too_long = isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool)
         if c.decoder == "transformer" and too_long and max_new_tokens > c.max_len:
             raise ValueError(  # found before decoding, not after max_len steps of it

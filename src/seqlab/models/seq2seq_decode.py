@@ -134,6 +134,7 @@ class DecodeMixin:
 
         if return_attention and self.config.attention == "none":
             raise ValueError("this model has no attention (attention='none'): there are no weights to return")
+        self.check_source(src, src_mask)  # before its batch size is read
         out = search_model(
             self,
             lambda: self.start(src, src_mask),
