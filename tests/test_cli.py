@@ -58,8 +58,8 @@ def test_existing_run_is_never_overwritten(text_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert _train(text_file, out) == 0
     before = (out / "latest").read_text()
-    with pytest.raises(SystemExit, match="--resume"):
-        _train(text_file, out)
+    assert _train(text_file, out) == 2  # one error line, status 2 (a SystemExit of status 1 before)
+    assert "already holds a run; pass --resume" in capsys.readouterr().err
     assert (out / "latest").read_text() == before
     # resuming a finished run is a no-op that reports the same step
     assert _train(text_file, out, "--resume") == 0
@@ -101,8 +101,8 @@ def test_generate_errors(tmp_path, capsys):
 
 def test_generate_rejects_unknown_characters(text_file, tmp_path, capsys):
     _train(text_file, tmp_path / "run")
-    with pytest.raises(SystemExit, match="cannot be encoded"):
-        main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "Ωmega"])
+    assert main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "Ωmega"]) == 2
+    assert "the prompt cannot be encoded" in capsys.readouterr().err
 
 
 def test_list_and_help(capsys):
@@ -191,3 +191,18 @@ def test_version_and_bare_command_print_help(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: seqlab") and "translate" in out and "compare" in out
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line_and_status_130(
+    text_file, tmp_path, monkeypatch, capsys
+):
+    _train(text_file, tmp_path / "run")
+    capsys.readouterr()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("seqlab.training.checkpoint.load_model", interrupted)
+    assert main(["generate", "--checkpoint", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "stopped by Ctrl-C" and "Traceback" not in err

@@ -116,7 +116,7 @@ def _leftovers(out):
         for d in (out, out / "checkpoints")
         if d.is_dir()
         for p in d.iterdir()
-        if p.name.startswith(".")
+        if p.name.startswith(".") and p.name != ".lock"  # the run's lock file stays (it only holds a pid)
     ]
 
 

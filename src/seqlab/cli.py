@@ -66,9 +66,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         prompt = tok.encode(args.prompt)
     except ValueError as e:
-        raise SystemExit(f"error: the prompt cannot be encoded: {e}") from None
+        raise ValueError(f"the prompt cannot be encoded: {e}") from None
     if prompt.numel() == 0:
-        raise SystemExit("error: the prompt is empty; give at least one character, e.g. --prompt 'ROMEO:'")
+        raise ValueError("the prompt is empty; give at least one character, e.g. --prompt 'ROMEO:'")
     gen = torch.Generator(device=device).manual_seed(args.seed)
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     print(tok.decode(model.generate(prompt.to(device), args.max_new_tokens, **sampling, generator=gen)))
@@ -334,6 +334,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     """Run the command; a user's mistake becomes one ``error:`` line and status 2, a bug its traceback."""
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # outside the training loop (which saves and returns 130 itself)
+        if args.debug:
+            raise
+        print("stopped by Ctrl-C", file=sys.stderr)
+        return 130
     except user_errors() as e:
         if args.debug:
             raise

@@ -33,14 +33,15 @@ Shakespeare (about 17 minutes on 2 cores).
 def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
     """The merged run dict and its directory; refuses to overwrite a run or to resume a missing one."""
     from seqlab.run import resolve_run
+    from seqlab.training.checkpoint import holds_run
 
     run, out = resolve_run(args.run_file, args.overrides, args.out)
-    has_ckpt = (out / "latest").is_file()
+    has_ckpt = holds_run(out)  # not 'latest' alone: checkpoints without it are a run too
     if args.resume and not has_ckpt:
-        raise SystemExit(f"error: --resume given but {out} holds no checkpoint to resume from")
+        raise ValueError(f"--resume given but {out} holds no checkpoint to resume from")
     if has_ckpt and not args.resume:
-        raise SystemExit(
-            f"error: {out} already holds a run; pass --resume to continue it, or choose another "
+        raise ValueError(
+            f"{out} already holds a run; pass --resume to continue it, or choose another "
             f"--out (nothing is overwritten)"
         )
     return run, out

@@ -187,7 +187,7 @@ def test_generate_checks_its_inputs_before_reading_them():
 
     with pytest.raises(ValueError, match="src must be token ids of shape"):
         create("test-seq2seq").generate([[3, 4]])
-    with pytest.raises(ValueError, match=r"expected images \(b, 3, 16, 16\)"):
+    with pytest.raises(ValueError, match=r"expected images \(b, c, S, S\) as a tensor .* got list"):
         create("test-show-attend-tell").generate([[1]])
     src = torch.randint(4, 20, (2, 5))
     for model in (create("test-transformer"), create("test-seq2seq")):

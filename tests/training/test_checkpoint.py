@@ -194,3 +194,35 @@ def test_manifest_is_strict_json_written_atomically(tmp_path):
         "step-00000002",
     ]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_run_without_latest_is_still_a_run(train, tmp_path):
+    """With 'latest' gone (deleted, left out of a copy) the manifest still lists the checkpoints: a fresh run
+    there would re-save step 5 and prune the rest, so it is refused, and a resume takes the newest verified."""
+    out = tmp_path / "r"
+    train(out, 15, save_every=5, keep_checkpoints=3)
+    (out / "latest").unlink()
+    before = sorted(p.name for p in (out / "checkpoints").iterdir())
+    with pytest.raises(ValueError, match="already holds a run's checkpoints"):
+        train(out, 10)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
+    assert main(["train", "--model.name=test-lstm-lm", "--task.name=adding", "--out", str(out)]) == 2
+    resumed = train(out, 20, resume=True)
+    assert resumed.step == 20 and ckpt.latest_target(out).name == "step-00000020"
+
+
+def test_two_trainings_cannot_share_a_run_directory(train, tmp_path):
+    """The second would set the first's metrics aside, interleave checkpoints in one manifest and prune them."""
+    out = tmp_path / "r"
+    out.mkdir()
+    held = manifest.lock_run(out)  # another process (or Trainer) in the middle of its fit
+    try:
+        with pytest.raises(
+            manifest.RunInUseError, match=rf"in use by another seqlab training \(process {os.getpid()}\)"
+        ):
+            train(out, 5)
+        assert not (out / "metrics.jsonl").exists() and not list((out / "checkpoints").iterdir())
+    finally:
+        manifest.unlock_run(held)
+    assert train(out, 5).step == 5  # free again: the lock goes with its holder
+    assert train(out, 10, resume=True).step == 10  # and a finished fit released its own

@@ -230,7 +230,10 @@ class CaptionDecodeMixin:
                 "this captioner has no attention (attention='none'): there are no weights to return"
             )
         c = self.config
-        images = self.check_images(images)  # before its batch size is read
+        if not isinstance(images, Tensor):  # before its batch size is read (start checks the rest)
+            raise ValueError(
+                f"expected images (b, c, S, S) as a tensor (a video model: frames), got {type(images).__name__}"
+            )
         too_long = isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool)
         if c.decoder == "transformer" and too_long and max_new_tokens > c.max_len:
             raise ValueError(  # found before decoding, not after max_len steps of it

@@ -278,12 +278,12 @@ class Transformer(nn.Module):
     ) -> Decoded:
         """Greedy search (``beam_size`` 1) or beam search, in eval mode, through :mod:`seqlab.models.beam`."""
         c = self.config
+        src_mask = self.source_mask(src, src_mask)  # the source first: the user's data
         if isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > c.max_seq_len:
             raise ValueError(  # found before decoding, not after max_seq_len steps of it
                 f"max_new_tokens={max_len} would need {max_len} target positions; this model's position table "
                 f"has max_seq_len={c.max_seq_len}"
             )
-        src_mask = self.source_mask(src, src_mask)
         with evaluating(self):
             memory = self.encode(src, src_mask)  # (b, s, d)
             return search(

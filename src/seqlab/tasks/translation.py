@@ -283,6 +283,8 @@ def translate(
         rows = order[j : j + batch_size]
         src = _pad([[*ids[i], EOS] for i in rows]).to(dev)
         n_new = max_new_tokens or 2 * src.size(1) + 10
+        if max_new_tokens is None:  # the default stops at a Transformer's position table (asked for: refused)
+            n_new = min(n_new, getattr(model.config, "max_seq_len", n_new))
         hyp = model.generate(
             src,
             src_mask=src != PAD,

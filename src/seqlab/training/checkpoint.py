@@ -228,6 +228,14 @@ def check_complete(ckpt_dir: Path) -> None:
     verify(ckpt_dir)
 
 
+def holds_run(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a run's checkpoints: a ``latest`` file or a checkpoint manifest (``latest``
+    alone is not enough: a user may delete it, a copy leave it out, a kill come before it is first written;
+    a fresh run there would then re-save, and prune, the checkpoints the manifest lists)."""
+    run_dir = Path(run_dir)
+    return (run_dir / "latest").is_file() or (run_dir / "checkpoints" / MANIFEST).is_file()
+
+
 def resumable_checkpoint(path: str | Path) -> Path:
     """The checkpoint a resume starts from: complete (model, config, trainer state) and verified.
 
@@ -236,16 +244,19 @@ def resumable_checkpoint(path: str | Path) -> Path:
     passes (a warning names both). A CorruptCheckpointError when none does.
     """
     path = Path(path)
-    if not (path / "latest").is_file() or all((path / f).is_file() for f in MODEL_FILES):
+    if all((path / f).is_file() for f in MODEL_FILES) or not holds_run(path):
         target = resolve_checkpoint(path)
         check_complete(target)
         return target
-    target = latest_target(path)
-    try:
-        check_complete(target)
-        return target
-    except CorruptCheckpointError as e:
-        problem = e
+    if (path / "latest").is_file():
+        target = latest_target(path)
+        try:
+            check_complete(target)
+            return target
+        except CorruptCheckpointError as e:
+            problem = e
+    else:  # checkpoints without 'latest' (deleted, or a copy without it): the newest that verifies
+        target, problem = path / "latest", f"{path / 'latest'} is missing"
     for candidate in _newest_first(path / "checkpoints", exclude=target.name):
         try:
             check_complete(candidate)

@@ -252,3 +252,36 @@ def set_aside(file: Path) -> Path | None:
     file.rename(aside)
     log.warning("%s is from an earlier run; this fresh start moved it to %s", file, aside.name)
     return aside
+
+
+class RunInUseError(ValueError):
+    """Another process is training into the same run directory."""
+
+
+def lock_run(run_dir: Path) -> int:
+    """An exclusive lock on ``run_dir/.lock`` for this process (released by :func:`unlock_run` or when the
+    process ends, however it ends): two trainings writing one run directory would set each other's metrics
+    aside, interleave their checkpoints in one manifest and prune each other's. Returns the lock's descriptor;
+    a RunInUseError naming the holder's process id when another process holds it."""
+    import fcntl
+
+    path = Path(run_dir) / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise RunInUseError(
+            f"{run_dir} is in use by another seqlab training (process {holder}); wait for it to finish, or "
+            "choose another --out"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def unlock_run(fd: int | None) -> None:
+    """Release a lock taken by :func:`lock_run` (the file stays; it holds nothing but the last holder's pid)."""
+    if fd is not None:
+        os.close(fd)

@@ -22,6 +22,10 @@ The run directory (``out_dir``):
   ``metrics.jsonl`` back to its step: lines torn by a kill and records written after the checkpoint go.
 - A fresh start never appends to the ``metrics.jsonl`` of an earlier run: it moves that file aside to
   ``metrics.jsonl.stale-N`` (the first free N) with a warning. Nothing is deleted.
+- A fresh start into a directory that holds a run's checkpoints (a ``latest`` file or a manifest) is refused:
+  its saves would join that run's manifest and prune its checkpoints.
+- While ``fit`` runs, the run directory is locked (``.lock``, ``manifest.lock_run``): a second training into it
+  is refused with the holder's process id instead of the two moving and pruning each other's files.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Trainer:
     ):
         self.model, self.task, self.config = model, task, config
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self._lock: int | None = None  # the run directory's lock while fit runs (rank 0)
         self.run_config = run_config or {}
         self.world = distributed.setup(config.strategy, config.resolved_device())
         self.device = distributed.local_device(config.resolved_device(), self.world)
@@ -254,6 +259,13 @@ class Trainer:
         ``resume``: True continues from this run's newest complete, verified checkpoint, a path from that
         checkpoint (or run directory); False starts afresh.
         """
+        try:
+            return self._fit(resume, until)
+        finally:
+            run_files.unlock_run(self._lock)
+            self._lock = None
+
+    def _fit(self, resume: bool | str | Path, until: int | None) -> dict[str, Any]:
         c = self.config
         self._start(resume)
         bar = self._progress_bar()
@@ -309,6 +321,12 @@ class Trainer:
             torch.set_num_threads(self.config.threads)
         if self.out_dir is not None and self.world.main:
             (self.out_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            self._lock = run_files.lock_run(self.out_dir)  # before anything here is moved or removed
+            if not resume and ckpt.holds_run(self.out_dir):  # its manifest would list, and prune, both runs
+                raise ValueError(
+                    f"{self.out_dir} already holds a run's checkpoints; resume it (fit(resume=True), or --resume) "
+                    "or train into another directory (nothing is overwritten)"
+                )
             run_files.remove_leftovers(self.out_dir)
             if not resume:  # never append to an earlier run's metrics
                 run_files.set_aside(self.out_dir / "metrics.jsonl")
