@@ -30,6 +30,7 @@ from seqlab.commands_speech import add_transcribe, add_viz_speech, compare_speec
 from seqlab.commands_train import add_train
 from seqlab.commands_video import add_viz_video, compare_video_command
 from seqlab.commands_vision import add_caption, add_viz_attention, add_viz_caption
+from seqlab.outfiles import add_out_file
 from seqlab.run import (
     config_fields,
     int_at_least,
@@ -250,7 +251,7 @@ def _add_viz(sub) -> None:
     vg = vsub.add_parser(
         "gradients", help="plot |dL/dh_t| against t for RNN, LSTM and GRU (vanishing gradients)"
     )
-    vg.add_argument("--out", default="runs/viz/gradient-flow.png", help="PNG file to write")
+    add_out_file(vg, "runs/viz/gradient-flow.png", "PNG file to write")
     vg.add_argument(
         "--length", type=int_at_least(2), default=100, help="sequence length T of the adding problem"
     )
@@ -268,7 +269,7 @@ def _add_viz(sub) -> None:
     vp = vsub.add_parser(
         "positions", help="the sinusoidal table and its similarities, RoPE's relative scores, 2-D patch codes"
     )
-    vp.add_argument("--out", default="runs/viz/positions.png", help="PNG file to write")
+    add_out_file(vp, "runs/viz/positions.png", "PNG file to write")
     vp.add_argument("--positions", type=positive_int, default=128, help="positions to draw")
     vp.add_argument("--d-model", type=positive_int, default=64, help="channels (a multiple of 4)")
     vp.add_argument(
@@ -333,6 +334,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the command; a user's mistake becomes one ``error:`` line and status 2, a bug its traceback."""
     try:
+        if hasattr(args, "out_file_default"):  # a command that writes one file: never an existing one
+            from seqlab.outfiles import fresh_file
+
+            args.out = fresh_file(args.out, args.out_file_default)
         return args.func(args)
     except KeyboardInterrupt:  # outside the training loop (which saves and returns 130 itself)
         if args.debug:

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from seqlab.outfiles import add_out_file
 from seqlab.run import non_negative_int, positive_int
 
 __all__ = [
@@ -156,7 +157,7 @@ def add_viz_alignment(vsub) -> None:
     )
     _add_decoding(va)
     va.add_argument("--text", required=True, help="the sentence to translate")
-    va.add_argument("--out", default="runs/viz/alignment.png", help="PNG file to write")
+    add_out_file(va, "runs/viz/alignment.png", "PNG file to write")
     va.set_defaults(func=_cmd_viz_alignment)
 
 

@@ -22,6 +22,7 @@ import inspect
 
 import numpy as np
 
+from seqlab.outfiles import add_out_file
 from seqlab.run import positive_int
 
 __all__ = ["add_forecast", "compare_timeseries_command", "forecast_command"]
@@ -188,5 +189,5 @@ def add_forecast(sub) -> None:
         "--test", action="store_true", help="forecast the test span and score it against the truth"
     )
     f.add_argument("--interpolate", action="store_true", help="fill a CSV's interior gaps linearly")
-    f.add_argument("--out", help="PNG file: the forecast drawn after the history (and against the truth)")
+    add_out_file(f, None, "PNG file: the forecast drawn after the history (and against the truth)")
     f.set_defaults(func=forecast_command)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from seqlab.outfiles import add_out_file
 from seqlab.run import non_negative_int, positive_int
 
 __all__ = ["add_transcribe", "add_viz_speech", "compare_speech_command"]
@@ -190,7 +191,7 @@ def add_viz_speech(vsub) -> None:
         "--test-item", type=non_negative_int, default=None, help="an utterance of the checkpoint's data"
     )
     v.add_argument("--split", default="test", help="with --test-item: train, val or test (default: test)")
-    v.add_argument("--out", default="runs/viz/speech.png", help="PNG file to write")
+    add_out_file(v, "runs/viz/speech.png", "PNG file to write")
     v.set_defaults(func=_cmd_viz_speech)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from seqlab.outfiles import add_out_file
 from seqlab.run import non_negative_int
 
 __all__ = ["add_viz_video", "compare_video_command"]
@@ -83,7 +84,7 @@ def add_viz_video(vsub) -> None:
     )
     v.add_argument("--split", default="test", help="train, val or test (default: test)")
     v.add_argument("--clip", type=non_negative_int, default=0, help="the clip's index in the split")
-    v.add_argument("--out", default="runs/viz/video.png", help="PNG file to write")
+    add_out_file(v, "runs/viz/video.png", "PNG file to write")
     v.set_defaults(func=_cmd_viz_video)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from seqlab.outfiles import add_out_file
 from seqlab.run import indices, non_negative_int, positive_int
 
 __all__ = ["add_caption", "add_viz_attention", "add_viz_caption", "vit_attention_command"]
@@ -178,7 +179,7 @@ def add_viz_caption(vsub) -> None:
         "caption", help="where a captioner looks at each word (Show, Attend and Tell, Figure 3)"
     )
     _add_image_source(v)
-    v.add_argument("--out", default="runs/viz/caption-attention.png", help="PNG file to write")
+    add_out_file(v, "runs/viz/caption-attention.png", "PNG file to write")
     v.set_defaults(func=_cmd_viz_caption)
 
 

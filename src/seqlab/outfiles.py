@@ -1,0 +1,49 @@
+"""The single files the CLI's figure commands write (``viz ...``, ``forecast --out``): never one that exists.
+
+A command declares its file with :func:`add_out_file`; before the command does any work, the dispatcher turns
+``args.out`` into the path to write with :func:`fresh_file`:
+
+* a path the user gave that exists is refused (a user's notes.pdf was replaced by a figure before), and so are
+  an empty path, a folder, and a path under a file;
+* the command's default path (under ``runs/viz/``) that exists from an earlier call gets the next free number,
+  ``positions-2.png``, and the command prints the name it wrote;
+* a name without a suffix gets ``.png`` (what matplotlib wrote there anyway), so the printed name is the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_out_file", "fresh_file"]
+
+
+def add_out_file(parser: argparse.ArgumentParser, default: str | None, help: str) -> None:
+    """``--out`` for a command that writes one file: checked by :func:`fresh_file` before the command runs."""
+    parser.add_argument("--out", default=default, help=f"{help} (never overwritten)")
+    parser.set_defaults(out_file_default=default)
+
+
+def fresh_file(out: str | None, default: str | None) -> str | None:
+    """The path to write for ``--out`` (None stays None: no file asked); a ValueError naming the problem."""
+    if out is None:
+        return None
+    if not out.strip():
+        raise ValueError("--out is empty: give a file name, e.g. runs/viz/figure.png")
+    path = Path(out)
+    if path.suffix == "":
+        path = path.with_suffix(".png")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"--out {out}: {parent} is a file, not a folder")
+    if Path(out).is_dir():
+        name = Path(default).name if default else "figure.png"
+        raise ValueError(f"--out {out} is a folder; give a file name in it, e.g. {Path(out) / name}")
+    if not path.exists():
+        return str(path)
+    if out != default:
+        raise ValueError(f"{path} exists; seqlab does not overwrite files: remove it or choose another --out")
+    n = 2
+    while (numbered := path.with_name(f"{path.stem}-{n}{path.suffix}")).exists():
+        n += 1
+    return str(numbered)
