@@ -197,3 +197,13 @@ def test_installed_tuxpaint_stamps():
     assert sum(any(ch.isalpha() for ch in c) for c in captions.values()) == len(captions)
     images = load_images([p for p, _ in stamps[:3]], size=32)
     assert images.shape == (3, 3, 32, 32) and images.dtype == torch.uint8
+
+
+def test_an_image_past_pillows_pixel_limit_is_a_value_error(tmp_path, monkeypatch):
+    """Pillow refuses images past MAX_IMAGE_PIXELS (a decompression bomb); seqlab names the file instead of a
+    traceback (the limit is lowered here so that a small image stands for a 20000 x 20000 one)."""
+    path = tmp_path / "huge.png"
+    Image.new("RGB", (40, 40)).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    with pytest.raises(ValueError, match=r"huge\.png is too large to read safely .* downscale it first"):
+        image_files._open_rgb(path)

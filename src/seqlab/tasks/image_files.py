@@ -63,6 +63,8 @@ def _open_rgb(path: Path):
             image = ImageOps.exif_transpose(opened)
     except UnidentifiedImageError as e:
         raise ValueError(f"{path} is not an image Pillow can read ({e})") from e
+    except Image.DecompressionBombError as e:  # past Pillow's pixel limit (about 179 megapixels)
+        raise ValueError(f"{path} is too large to read safely ({e}); downscale it first") from e
     except OSError as e:  # truncated or corrupt data
         raise ValueError(f"{path} could not be read as an image: {e}") from e
     if image.width == 0 or image.height == 0:
