@@ -206,3 +206,25 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_and_status_130(
     assert main(["generate", "--checkpoint", str(tmp_path / "run")]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "stopped by Ctrl-C" and "Traceback" not in err
+
+
+def test_settings_of_the_wrong_kind_are_one_error_line(tmp_path, capsys):
+    """Each was a traceback: a mixer_config that is not a mapping, snrs that are not a list, and --nproc runs
+    whose every process failed the same check after torchrun started them."""
+    base = ["train", "--model.name=test-gpt", "--task.name=adding", "--train.steps=1"]
+    for value in ("7", "[1,2]", "abc"):
+        assert main([*base, f"--model.mixer_config={value}", "--out", str(tmp_path / "a")]) == 2
+        assert "mixer_config must be a mapping of the mixer's fields" in capsys.readouterr().err
+    from seqlab.tasks.speech import _check_snrs
+
+    for bad in (5, ["abc"], "x"):
+        with pytest.raises(ValueError, match="snrs must be a list of signal-to-noise ratios in dB"):
+            _check_snrs(bad)
+    assert _check_snrs([None, 20, "10"]) == [None, 20.0, 10.0]
+    afile = tmp_path / "afile"
+    afile.write_text("mine", encoding="utf-8")
+    assert main([*base, "--nproc", "2", "--out", str(afile)]) == 2  # refused before torchrun starts
+    assert "is a file" in capsys.readouterr().err
+    assert main([*base, "--task.batch_size=3", "--nproc", "2", "--out", str(tmp_path / "b")]) == 2
+    assert "cannot be split over --nproc 2 processes" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

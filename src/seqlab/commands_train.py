@@ -98,6 +98,15 @@ def _children(pid: int) -> list[int]:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc is not None and "WORLD_SIZE" not in os.environ:
+        run, _ = _load_train_run(
+            args
+        )  # the run file, overrides and --out checked here, once, before torchrun
+        batch = run.get("task", {}).get("batch_size")
+        if isinstance(batch, int) and batch % args.nproc:
+            raise ValueError(
+                f"task.batch_size={batch} cannot be split over --nproc {args.nproc} processes without overlap; "
+                f"choose a batch size divisible by {args.nproc}"
+            )
         return _launch(args)
     if args.device is not None:
         args.overrides = [*args.overrides, f"--train.device={args.device}"]

@@ -130,6 +130,8 @@ def make_mixer_config(name: str, fields: Any = None):
     cls = mixer_spec(name).config
     if isinstance(fields, cls):
         return fields
+    if fields is not None and not isinstance(fields, dict):
+        raise ValueError(f"the config of mixer {name!r} must be a mapping of its fields, got {fields!r}")
     fields = dict(fields or {})
     known = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(fields) - set(known))

@@ -43,7 +43,13 @@ def split_mixer_fields(fields: dict[str, Any], strict: bool) -> dict[str, Any]:
     mixer = fields.get("mixer", "lstm")
     own = {f.name for f in dataclasses.fields(mixer_spec(mixer).config)}
     own -= {f.name for f in dataclasses.fields(LMConfig)}  # 'bias' is the model's; the mixer's goes nested
-    nested = dict(fields.pop("mixer_config", None) or {})
+    given = fields.pop("mixer_config", None)
+    if given is not None and not isinstance(given, dict):
+        raise ValueError(
+            f"mixer_config must be a mapping of the mixer's fields, e.g. --model.mixer_config='{{n_heads: 4}}' "
+            f"(or --model.n_heads=4), got {given!r}"
+        )
+    nested = dict(given or {})
     for name in list(fields):
         if name in own:
             nested[name] = fields.pop(name)

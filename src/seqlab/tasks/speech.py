@@ -63,6 +63,21 @@ CHARACTERS = tuple(" abcdefghijklmnopqrstuvwxyz'")
 BLANK = "<blank>"
 
 
+def _check_snrs(snrs) -> list[float | None] | None:
+    """``snrs``: None (the corpus's own), or a list of signal-to-noise ratios in dB (null: clean speech)."""
+    if snrs is None:
+        return None
+    try:
+        if isinstance(snrs, str | bytes) or not hasattr(snrs, "__iter__"):
+            raise TypeError
+        return [None if s is None else float(s) for s in snrs]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"snrs must be a list of signal-to-noise ratios in dB (null for clean speech), e.g. "
+            f"--task.snrs='[null, 20, 10]'; got {snrs!r}"
+        ) from None
+
+
 class SpeechTask(Task):
     """What the two speech tasks share: the corpus, batches of padded features, evaluation over each
     utterance once. Subclasses set ``kind`` and implement ``_targets``, ``loss`` and ``_scores``."""
@@ -73,7 +88,7 @@ class SpeechTask(Task):
     def _setup(self, source, path, n_train, n_eval, snrs, n_mels, batch_size, seed, cache_dir, jobs) -> None:
         self.source, self.path = check_choice("source", source, Source), path
         self.n_train, self.n_eval = check_int("n_train", n_train, 1), check_int("n_eval", n_eval, 1)
-        self.snrs = None if snrs is None else [None if s is None else float(s) for s in snrs]
+        self.snrs = _check_snrs(snrs)
         self.n_mels, self.batch_size = check_int("n_mels", n_mels, 1), check_int("batch_size", batch_size, 1)
         self.seed, self.cache_dir, self.jobs = (
             check_int("seed", seed, 0),
