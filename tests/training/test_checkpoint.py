@@ -226,3 +226,26 @@ def test_two_trainings_cannot_share_a_run_directory(train, tmp_path):
         manifest.unlock_run(held)
     assert train(out, 5).step == 5  # free again: the lock goes with its holder
     assert train(out, 10, resume=True).step == 10  # and a finished fit released its own
+
+
+def test_weights_that_do_not_fit_their_config_are_named_not_a_traceback(train, tmp_path):
+    """A checkpoint folder whose config.json was edited (or copied from another run) beside its weights."""
+    out = tmp_path / "r"
+    train(out, 5)
+    step = ckpt.latest_target(out)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in step.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    config = json.loads((copy / "config.json").read_text(encoding="utf-8"))
+    config["model"]["d_model"] = 48
+    (copy / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(
+        ValueError, match=r"do not fit the model its config\.json describes: .* of another shape"
+    ):
+        ckpt.load_model(copy)
+    config["model"]["n_layers"] = 3
+    config["model"]["d_model"] = 32
+    (copy / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"describes: \d+ \(.*\) missing, 0 unexpected"):
+        ckpt.load_model(copy)

@@ -335,13 +335,33 @@ def load_model(ckpt: str | Path, device=None) -> torch.nn.Module:
 
 
 def load_weights(model: torch.nn.Module, file: Path) -> None:
+    """``file``'s tensors into ``model``; a ValueError naming the first few names that do not fit (the weights
+    and the config.json beside them describe different models), never torch's size-mismatch traceback."""
     state = _load_tensors(file, str(next(model.parameters()).device))
+    own = model.state_dict()
+    shapes = [
+        f"{k} {tuple(v.shape)} (the model's {tuple(own[k].shape)})"
+        for k, v in state.items()
+        if k in own and v.shape != own[k].shape
+    ]
+    if shapes:
+        raise ValueError(
+            f"the weights in {file} do not fit the model its config.json describes: {len(shapes)} tensor(s) of "
+            f"another shape, e.g. {'; '.join(shapes[:3])}"
+        )
     missing, unexpected = model.load_state_dict(state, strict=False)
     really_missing = [k for k in missing if not _is_tied(model, k, state)]  # tied weights are stored once
     if really_missing or unexpected:
         raise ValueError(
-            f"checkpoint does not fit the model: missing {really_missing}, unexpected {unexpected}"
+            f"the weights in {file} do not fit the model its config.json describes: "
+            f"{_few(really_missing)} missing, {_few(unexpected)} unexpected"
         )
+
+
+def _few(names: list[str], n: int = 5) -> str:
+    """'3 (a, b, c)' or '12 (a, b, c, d, e, ...)': a count and the first names, not a page of them."""
+    more = ", ..." if len(names) > n else ""
+    return f"{len(names)}" + (f" ({', '.join(names[:n])}{more})" if names else "")
 
 
 def _is_tied(model: torch.nn.Module, key: str, stored: dict[str, Tensor]) -> bool:
