@@ -228,3 +228,12 @@ def test_settings_of_the_wrong_kind_are_one_error_line(tmp_path, capsys):
     assert main([*base, "--task.batch_size=3", "--nproc", "2", "--out", str(tmp_path / "b")]) == 2
     assert "cannot be split over --nproc 2 processes" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_run_file_that_sets_nothing_does_not_start_the_defaults(tmp_path, capsys):
+    for text in ("", "# my run\n", "out: somewhere\n"):
+        run_file = tmp_path / "c.yaml"
+        run_file.write_text(text, encoding="utf-8")
+        assert main(["train", str(run_file), "--out", str(tmp_path / "r")]) == 2
+        assert "sets nothing to train" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

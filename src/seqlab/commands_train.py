@@ -47,6 +47,13 @@ def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
     return run, out
 
 
+def _sets_anything(run_file: str) -> bool:
+    """Whether the run file sets a model, task or train field (an empty file, comments or only 'out' do not)."""
+    from seqlab.run import load_run_file
+
+    return any(load_run_file(run_file).get(section) for section in ("model", "task", "train"))
+
+
 def _launch(args: argparse.Namespace) -> int:
     """``--nproc N``: the same command in N processes through torchrun's launcher (torch.distributed.run).
 
@@ -135,6 +142,15 @@ def _train(args: argparse.Namespace, main: bool) -> int:
         )
         return 2
     run, out = _load_train_run(args)
+    if (
+        args.run_file
+        and not (args.overrides or args.defaults or args.resume)
+        and not _sets_anything(args.run_file)
+    ):
+        raise ValueError(
+            f"{args.run_file} sets nothing to train (no model, task or train section); fill it in, or pass "
+            "--defaults to train the defaults (lstm-lm-small on Shakespeare, about 17 minutes on 2 cores)"
+        )
     model, task, train = build_run(run)
     where = resumable_checkpoint(out) if args.resume else None  # the newest complete, verified one
     if where is not None:  # the run's own settings win, so that the continuation is exact; steps may grow
