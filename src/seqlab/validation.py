@@ -6,6 +6,7 @@ wherever it is made: the field, what was expected, what came.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -87,3 +88,16 @@ def check_special_ids(obj: Any, vocab_size: int, what: str = "the vocabulary") -
     ids = (obj.pad_id, obj.bos_id, obj.eos_id)
     if len(set(ids)) != 3 or min(ids) < 0 or max(ids) >= vocab_size:
         raise ValueError(f"pad_id, bos_id and eos_id must be distinct ids of {what}, got {ids}")
+
+
+def check_bool_fields(cls: type, fields: dict[str, Any], owner: str) -> None:
+    """The fields of dataclass ``cls`` annotated ``bool`` get True or False (from YAML: true/false), not a
+    string or a number that Python would read as true (``--model.bias=maybe`` was stored as given)."""
+    for f in dataclasses.fields(cls):
+        optional = f.type in ("bool | None", "Optional[bool]")
+        if (f.type not in ("bool", bool) and not optional) or f.name not in fields:
+            continue
+        v = fields[f.name]
+        if not isinstance(v, bool) and not (optional and v is None):
+            either = "true, false or null" if optional else "true or false"
+            raise ValueError(f"{owner}.{f.name} must be {either}, got {v!r}")

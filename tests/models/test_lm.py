@@ -1,5 +1,7 @@
 """The mixer backbone: the DESIGN laws at model level, for every registered mixer."""
 
+import re
+
 import pytest
 import torch
 
@@ -147,3 +149,15 @@ def test_generation_gives_every_module_its_own_mode_back():
         model.generate(src, max_new_tokens=3)
         assert not any(m.training for m in model.encoder.modules()), name
         assert all(m.training for n, m in model.named_modules() if not n.startswith("encoder")), name
+
+
+def test_true_false_fields_take_only_true_or_false():
+    """A YAML 'maybe' or a 2 was stored in config.json as given (and read as true)."""
+    for fields, message in [
+        ({"tie_weights": "maybe"}, "model.tie_weights must be true, false or null, got 'maybe'"),
+        ({"bias": 2}, "model.bias must be true or false, got 2"),
+        ({"rope": "yes"}, "the attention mixer.rope must be true or false, got 'yes'"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            create("test-gpt", **fields)
+    assert create("test-gpt", tie_weights=None, bias=False) is not None

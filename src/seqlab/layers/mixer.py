@@ -31,6 +31,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
+from seqlab.validation import check_bool_fields
+
 __all__ = [
     "FAMILIES",
     "MixerSpec",
@@ -140,6 +142,7 @@ def make_mixer_config(name: str, fields: Any = None):
             f"unknown field(s) {unknown} for mixer {name!r}; its fields: {known or 'none'}"
             " (`seqlab list --mixers` shows each mixer's fields)"
         )
+    check_bool_fields(cls, fields, f"the {name} mixer")
     return cls(**fields)
 
 

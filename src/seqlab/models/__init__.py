@@ -21,6 +21,7 @@ from torch import nn
 from seqlab.layers.mixer import mixer_spec
 from seqlab.models import captioner, encoder, gpt, lm, mamba, rnn_lm, seq2seq, speech, transformer, video, vit
 from seqlab.models.legacy import split_mixer_fields, upgrade_config
+from seqlab.validation import check_bool_fields
 
 FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
     "lm": (lm.LMConfig, lm.LM),
@@ -72,6 +73,7 @@ def make_config(family: str, fields: dict[str, Any]):
             own = [f.name for f in dataclasses.fields(mixer_spec(mixer).config)]
             hint = f", nor of the {mixer!r} mixer (its fields: {own or 'none'})"
         raise ValueError(f"unknown field(s) {unknown}: not {cls.__name__} fields {sorted(known)}{hint}")
+    check_bool_fields(cls, fields, "model")
     return cls(**fields)
 
 

@@ -47,6 +47,7 @@ from seqlab.training.manifest import (
     CorruptCheckpointError,
     digest_dir,
     fsync_dir,
+    holds_run,
     read_manifest,
     umask,
     verify,
@@ -228,14 +229,6 @@ def check_complete(ckpt_dir: Path) -> None:
     verify(ckpt_dir)
 
 
-def holds_run(run_dir: str | Path) -> bool:
-    """Whether ``run_dir`` holds a run's checkpoints: a ``latest`` file or a checkpoint manifest (``latest``
-    alone is not enough: a user may delete it, a copy leave it out, a kill come before it is first written;
-    a fresh run there would then re-save, and prune, the checkpoints the manifest lists)."""
-    run_dir = Path(run_dir)
-    return (run_dir / "latest").is_file() or (run_dir / "checkpoints" / MANIFEST).is_file()
-
-
 def resumable_checkpoint(path: str | Path) -> Path:
     """The checkpoint a resume starts from: complete (model, config, trainer state) and verified.
 
@@ -338,30 +331,20 @@ def load_weights(model: torch.nn.Module, file: Path) -> None:
     """``file``'s tensors into ``model``; a ValueError naming the first few names that do not fit (the weights
     and the config.json beside them describe different models), never torch's size-mismatch traceback."""
     state = _load_tensors(file, str(next(model.parameters()).device))
-    own = model.state_dict()
-    shapes = [
-        f"{k} {tuple(v.shape)} (the model's {tuple(own[k].shape)})"
-        for k, v in state.items()
-        if k in own and v.shape != own[k].shape
-    ]
+    own, misfit = model.state_dict(), f"the weights in {file} do not fit the model its config.json describes"
+    wrong = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
+    shapes = [f"{k} {tuple(state[k].shape)}, the model's {tuple(own[k].shape)}" for k in wrong]
     if shapes:
-        raise ValueError(
-            f"the weights in {file} do not fit the model its config.json describes: {len(shapes)} tensor(s) of "
-            f"another shape, e.g. {'; '.join(shapes[:3])}"
-        )
+        raise ValueError(f"{misfit}: {len(shapes)} tensor(s) of another shape, e.g. {'; '.join(shapes[:3])}")
     missing, unexpected = model.load_state_dict(state, strict=False)
     really_missing = [k for k in missing if not _is_tied(model, k, state)]  # tied weights are stored once
     if really_missing or unexpected:
-        raise ValueError(
-            f"the weights in {file} do not fit the model its config.json describes: "
-            f"{_few(really_missing)} missing, {_few(unexpected)} unexpected"
-        )
+        raise ValueError(f"{misfit}: {_counted(really_missing)} missing, {_counted(unexpected)} unexpected")
 
 
-def _few(names: list[str], n: int = 5) -> str:
-    """'3 (a, b, c)' or '12 (a, b, c, d, e, ...)': a count and the first names, not a page of them."""
-    more = ", ..." if len(names) > n else ""
-    return f"{len(names)}" + (f" ({', '.join(names[:n])}{more})" if names else "")
+def _counted(names: list[str]) -> str:
+    """A count and the first five names, not a page of them."""
+    return f"{len(names)}" + (f" ({', '.join(names[:5])}{', ...' * (len(names) > 5)})" if names else "")
 
 
 def _is_tied(model: torch.nn.Module, key: str, stored: dict[str, Tensor]) -> bool:

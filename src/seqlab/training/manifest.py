@@ -285,3 +285,11 @@ def unlock_run(fd: int | None) -> None:
     """Release a lock taken by :func:`lock_run` (the file stays; it holds nothing but the last holder's pid)."""
     if fd is not None:
         os.close(fd)
+
+
+def holds_run(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a run's checkpoints: a ``latest`` file or a checkpoint manifest (``latest``
+    alone is not enough: a user may delete it, a copy leave it out, a kill come before it is first written;
+    a fresh run there would then re-save, and prune, the checkpoints the manifest lists)."""
+    run_dir = Path(run_dir)
+    return (run_dir / "latest").is_file() or (run_dir / "checkpoints" / MANIFEST).is_file()
