@@ -237,3 +237,17 @@ def test_a_run_file_that_sets_nothing_does_not_start_the_defaults(tmp_path, caps
         assert main(["train", str(run_file), "--out", str(tmp_path / "r")]) == 2
         assert "sets nothing to train" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_windows_longer_than_the_position_table_are_refused_before_training(text_file, tmp_path, capsys):
+    args = [
+        "train",
+        "--model.name=test-gpt",
+        "--task.name=text",
+        f"--task.source={text_file}",
+        "--task.sampling=random",
+    ]
+    assert main([*args, "--task.seq_len=100", "--train.steps=1", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "task.seq_len=100 is longer than the model's table of 64 learned positions" in err
+    assert not (tmp_path / "r").exists()

@@ -197,7 +197,21 @@ def build_run(run: dict[str, Any]):
     torch.manual_seed(train.seed)  # the initial weights depend on the seed only
     model = create(name, **overrides)
     _check_carried_state(model, task)
+    _check_positions(model, task)
     return model, task, train
+
+
+def _check_positions(model, task) -> None:
+    """A model with a table of learned positions reads windows of at most max_seq_len tokens: said before step 1
+    with the two settings to change (it failed in the first step, naming neither)."""
+    cfg, seq_len = getattr(model, "config", None), getattr(task, "seq_len", None)
+    if getattr(cfg, "position", "none") == "none" or not isinstance(seq_len, int):
+        return
+    if seq_len > cfg.max_seq_len:
+        raise ValueError(
+            f"task.seq_len={seq_len} is longer than the model's table of {cfg.max_seq_len} learned positions; "
+            f"lower task.seq_len or raise model.max_seq_len"
+        )
 
 
 def _check_carried_state(model, task) -> None:

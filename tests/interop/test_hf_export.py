@@ -2,6 +2,7 @@
 transformers (float64), ``from_hf(to_hf(m))`` gives m's tensors back, ``save_hf`` folders load through the
 Auto classes with their tokenizers, and ``seqlab export`` works end to end on a checkpoint trained for 2 steps."""
 
+import dataclasses
 import json
 import logging
 
@@ -289,3 +290,27 @@ def test_export_command_errors(tmp_path, capsys):
         main(["export", "--checkpoint", str(tmp_path), "--format", "onnx", "--out", str(tmp_path / "o")])
     assert "invalid choice: 'onnx'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_export_refuses_before_loading(tmp_path, capsys, monkeypatch):
+    """A path under a file, '.', or a family transformers has no class for: said before the model is loaded."""
+    from seqlab.cli import main
+    from seqlab.training import checkpoint
+
+    model = create("test-lstm-lm", vocab_size=7)
+    checkpoint.save_checkpoint(
+        tmp_path / "run", 1, model, {"family": "lm", "model": dataclasses.asdict(model.config)}
+    )
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(checkpoint, "load_model", never)
+    afile = tmp_path / "afile"
+    afile.write_text("mine", encoding="utf-8")
+    for out, message in [
+        (str(afile / "x"), "afile is a file, not a folder"),
+        (".", "names no directory of its own"),
+    ]:
+        assert main(["export", "--checkpoint", str(tmp_path / "run"), "--format", "hf", "--out", out]) == 2
+        assert message in capsys.readouterr().err

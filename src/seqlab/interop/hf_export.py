@@ -113,8 +113,15 @@ def to_hf(model: nn.Module) -> nn.Module:
 def check_out_dir(out_dir: str | Path) -> Path:
     """``out_dir`` as a Path when it is absent or an empty directory; a FileExistsError otherwise."""
     out = Path(out_dir)
+    if not out.name or out.resolve() == Path.cwd().resolve():
+        raise ValueError(
+            f"--out {str(out_dir)!r} names no directory of its own; give a new one, e.g. exports/model"
+        )
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise FileExistsError(f"{out} exists and is not a directory; choose another output path")
+    for parent in out.parents:  # found now, not after the minutes of loading a large model
+        if parent.exists() and not parent.is_dir():
+            raise FileExistsError(f"--out {out}: {parent} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()):
         raise FileExistsError(
             f"{out} already holds files; seqlab never writes over them: choose a new or empty directory "
