@@ -58,7 +58,7 @@ def test_viz_caption_draws_one_panel_per_word(captioner, capsys, tmp_path):
 def test_eval_scores_the_held_out_scenes(captioner, capsys):
     argv = ["eval", "--checkpoint", str(captioner), "--split", "heldout", "--beam", "2", "--batches", "1"]
     assert main(argv) == 0
-    scores = json.loads(capsys.readouterr().out)
+    scores = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     for key in ("heldout_exact", "heldout_bleu4", "heldout_cider_d", "heldout_nll"):
         assert 0 <= scores[key] < float("inf"), key
 

@@ -94,6 +94,7 @@ def _cmd_viz_alignment(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from seqlab.run import build_task
     from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
+    from seqlab.training.manifest import finite_or_none
 
     where = resolve_checkpoint(args.checkpoint)
     run = load_config(where)["run"]
@@ -107,7 +108,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         metrics.update({f"{split}_{k}": v for k, v in scored.items() if isinstance(v, float)})
         others = {k: v for k, v in scored.items() if not isinstance(v, float)}
         metrics.update({("sacrebleu" if k == "signature" else k): v for k, v in others.items()})
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
+    rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
+    print(
+        json.dumps(finite_or_none(rounded))
+    )  # strict JSON: a metric with nothing to measure is null, not NaN
     return 0
 
 
