@@ -196,3 +196,19 @@ def test_compare_refuses_options_of_the_other_kind_of_suite(argv, message, capsy
     monkeypatch.setattr(translation, "compare_translation", never_runs)
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_translate_inputs_are_checked_by_name(run, tmp_path, capsys):
+    out, _ = run
+    base = ["translate", "--checkpoint", str(out)]
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("el niño\n".encode("latin-1"))
+    for extra, message in [
+        (["--text", "a", "--file", str(latin)], "give --text or --file, not both"),
+        (["--file", str(latin)], "is not UTF-8 text (byte 5)"),
+        (["--file", str(tmp_path / "none.txt")], "no such file"),
+        (["--file", str(tmp_path)], "not a file"),
+    ]:
+        capsys.readouterr()
+        assert main([*base, *extra]) == 2
+        assert message in capsys.readouterr().err

@@ -53,8 +53,16 @@ def _translator(checkpoint: str):
 
 
 def _texts(args: argparse.Namespace) -> list[str]:
+    if args.file is not None and args.text is not None:
+        raise ValueError("give --text or --file, not both")
     if args.file is not None:
-        lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+        path = Path(args.file)
+        if not path.is_file():
+            raise ValueError(f"--file {path}: {'no such file' if not path.exists() else 'not a file'}")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--file {path} is not UTF-8 text (byte {e.start}); convert it first") from None
         texts = [line for line in lines if line.strip()]
         if not texts:
             raise ValueError(f"{args.file} holds no text to translate")
