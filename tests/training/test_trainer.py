@@ -201,3 +201,11 @@ def test_the_trainer_takes_torchs_fused_adamw_where_it_can():
     model = torch.nn.Linear(4, 3)
     assert make_optimizer(model, 1e-3, 0.1, (0.9, 0.99)).defaults["fused"] is True
     assert make_optimizer(model.to(torch.float16), 1e-3, 0.1, (0.9, 0.99)).defaults["fused"] is True
+
+
+def test_min_lr_above_lr_is_refused():
+    from seqlab.training import TrainConfig
+
+    with pytest.raises(ValueError, match=r"train\.min_lr=0\.01 is above train\.lr=0\.001"):
+        TrainConfig(lr=1e-3, min_lr=1e-2)
+    assert TrainConfig(lr=1e-3, min_lr=1e-3).min_lr == 1e-3

@@ -91,6 +91,10 @@ class TrainConfig:
         self._check_strategy()
         check_nonnegative(self, ("warmup_steps", "save_every", "eval_every", "keep_checkpoints"), "train.")
         check_nonnegative(self, ("min_lr", "weight_decay"), "train.", numbers=True)
+        if self.min_lr is not None and self.min_lr > self.lr:  # the cosine would climb instead of decaying
+            raise ValueError(
+                f"train.min_lr={self.min_lr} is above train.lr={self.lr}; the schedule decays to it"
+            )
 
     def _check_loggers(self) -> None:
         known = ("jsonl", "tensorboard")
