@@ -251,3 +251,11 @@ def test_windows_longer_than_the_position_table_are_refused_before_training(text
     err = capsys.readouterr().err
     assert "task.seq_len=100 is longer than the model's table of 64 learned positions" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_eval_of_a_text_lm_on_heldout_is_refused(text_file, tmp_path, capsys):
+    """It reported the val loss labelled heldout_loss."""
+    _train(text_file, tmp_path / "run")
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--split", "heldout"]) == 2
+    assert "a text task evaluates on 'val'" in capsys.readouterr().err

@@ -153,7 +153,11 @@ class CharLMTask(Task):
     @torch.no_grad()
     def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
         """Mean cross-entropy over ``max_batches`` held-out windows (the text has one held-out part: 'test'
-        reads the same windows as 'val')."""
+        reads the same windows as 'val'; 'heldout', the captioning scenes' split, is refused here)."""
+        if split not in ("val", "test"):
+            raise ValueError(
+                f"a text task evaluates on 'val' (its held-out part; 'test' reads the same), not {split!r}"
+            )
         device = next(model.parameters()).device
         total = 0.0
         for i in range(max_batches):
