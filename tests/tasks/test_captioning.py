@@ -139,3 +139,12 @@ def test_tuxpaint_stamps_are_a_captioning_source():
     assert 500 < total < 1000
     assert task.images("val").shape[1:] == (3, 32, 32)
     assert task.vocab_size > 200
+
+
+def test_a_captions_file_without_the_folder_source_is_refused(tmp_path):
+    """The generated scenes trained instead, the file ignored."""
+    for source in ("scenes", "tuxpaint"):
+        with pytest.raises(
+            ValueError, match=rf"captions=PATH belongs to source='folder' \(this run has source='{source}'\)"
+        ):
+            CaptioningTask(source=source, captions=str(tmp_path / "my.csv"))

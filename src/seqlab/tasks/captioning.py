@@ -161,8 +161,12 @@ class CaptioningTask(Task):
         self.seed = check_int("seed", seed, 0)
         self.n_train, self.n_eval = check_int("n_train", n_train, 1), check_int("n_eval", n_eval, 1)
         self.max_objects = max_objects
-        if source != "scenes" and captions is not None and source != "folder":
-            raise ValueError("captions=PATH belongs to source='folder'")
+        if (
+            captions is not None and source != "folder"
+        ):  # generated scenes would train instead, without a word
+            raise ValueError(
+                f"captions=PATH belongs to source='folder' (this run has source={source!r}); add it"
+            )
         self._images: dict[str, Tensor] = {}  # uint8 (N, 3, S, S) per split
         self._refs: dict[str, list[list[str]]] = {}  # every reference caption of each image
         self.scenes: dict[str, list] = {}
