@@ -100,3 +100,12 @@ def test_fashion_mnist_keeps_its_own_test_set():
     task = create_task("image_classification", source="fashion_mnist")
     assert len(task._splits["test"][1]) == 10000 and task.n_train == 55000
     assert task.classes[0] == "T-shirt/top" and task.flip
+
+
+def test_settings_a_source_would_ignore_are_refused(tmp_path):
+    """image_size=0 or 30 and data_dir=nodir were accepted and ignored with the built-in digits."""
+    with pytest.raises(ValueError, match=r"source='digits' has 8x8 images \(got image_size=30\)"):
+        create_task("image_classification", source="digits", image_size=30)
+    with pytest.raises(ValueError, match="data_dir belongs to source='folder'"):
+        create_task("image_classification", source="digits", data_dir=str(tmp_path / "nodir"))
+    assert create_task("image_classification", source="digits", image_size=8).image_size == 8

@@ -111,7 +111,7 @@ class ImageClassificationTask(Task):
         augment: bool = True,
         shift: int = 2,
         flip: bool | None = None,
-        image_size: int = 32,
+        image_size: int | None = None,
         data_dir: str | None = None,
     ):
         check_choice("source", source, Source)
@@ -123,6 +123,11 @@ class ImageClassificationTask(Task):
         )  # digits are not mirror-symmetric
         if source == "folder" and data_dir is None:
             raise ValueError("source='folder' needs data_dir=PATH, a folder with one sub-folder per class")
+        if source == "digits" and data_dir is not None:  # it would be ignored: the digits are generated
+            raise ValueError(
+                "data_dir belongs to source='folder' (or 'fashion_mnist'); the digits are built in"
+            )
+        given_size, image_size = image_size, 32 if image_size is None else image_size
         self.data_dir = data_dir or (FASHION_MNIST_DIR if source == "fashion_mnist" else None)
         self.classes = [str(k) for k in range(10)]
         if source == "fashion_mnist":
@@ -143,6 +148,11 @@ class ImageClassificationTask(Task):
             test = (images[order[:cut]], labels[order[:cut]])
             train = (images[order[cut:]], labels[order[cut:]])
         self.image_size = train[0].shape[-1] if source != "folder" else image_size
+        if given_size not in (None, self.image_size):  # it would be ignored: these images have their own size
+            raise ValueError(
+                f"image_size sizes source='folder' images; source={source!r} has {self.image_size}x"
+                f"{self.image_size} images (got image_size={given_size})"
+            )
         # None: Fashion-MNIST's customary 5,000, else a tenth of the training images
         n_val = (5000 if source == "fashion_mnist" else len(train[1]) // 10) if n_val is None else n_val
         self.n_val = check_int("n_val", n_val, 1)
