@@ -143,3 +143,12 @@ def test_bad_settings_and_a_model_of_the_wrong_shape():
     wrong = create("test-video", n_classes=5, frame_size=16)
     with pytest.raises(ValueError, match=r"logits \(b, K\) of shape \(32, 8\)"):
         task.loss(wrong, task.get_batch("train", 0))
+
+
+def test_sizes_are_reported_as_given():
+    """n_frames=0 was reported as "got 1" and frame_size=0 as "got 8" (the fallbacks, not the values given)."""
+    from seqlab.tasks import create_task
+
+    for field, value, message in [("n_frames", 0, ">= 1, got 0"), ("frame_size", 0, ">= 8, got 0")]:
+        with pytest.raises(ValueError, match=f"{field} must be an integer {message}"):
+            create_task("video", **{field: value})

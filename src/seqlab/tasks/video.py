@@ -92,9 +92,10 @@ class VideoTask(Task):
         )
         self.source, self.path = check_choice("source", source, Source), path
         generated = source == "generated"  # a folder keeps its own sizes unless they are set
-        self.n_frames = check_int("n_frames", 16 if n_frames is None and generated else n_frames or 1, 1)
+        # the value given is checked, not its fallback (n_frames=0 was reported as "got 1")
+        self.n_frames = check_int("n_frames", (16 if generated else 1) if n_frames is None else n_frames, 1)
         self.frame_size = check_int(
-            "frame_size", 32 if frame_size is None and generated else frame_size or 8, 8
+            "frame_size", (32 if generated else 8) if frame_size is None else frame_size, 8
         )
         self._sizes = (n_frames, frame_size)
         self.channels, self.n_objects, self.sprites = channels, n_objects, sprites
