@@ -95,3 +95,9 @@ def test_commands_refuse_the_wrong_kind_of_checkpoint(captioner, vit, capsys):
     assert "exactly one image" in capsys.readouterr().err
     assert main(["viz", "attention", "--checkpoint", str(captioner), "--image", "x.png"]) == 2
     assert "--text" in capsys.readouterr().err
+
+
+def test_a_scene_past_the_limit_is_refused_before_drawing(captioner, capsys):
+    """heldout:99999999 asked for 1.12 TiB: the scenes before it are drawn first."""
+    assert main(["caption", "--checkpoint", str(captioner), "--scene", "heldout:99999999"]) == 2
+    assert "N must be below 100,000" in capsys.readouterr().err

@@ -60,6 +60,9 @@ def _image(args: argparse.Namespace, task: dict, size: int, channels: int) -> Te
     return _test_image(args.test_image, task)
 
 
+MAX_SCENE = 100_000
+
+
 def _scene(spec: str, task: dict) -> Tensor:
     from seqlab.tasks.scenes import SPLITS, make_scenes
 
@@ -70,6 +73,8 @@ def _scene(spec: str, task: dict) -> Tensor:
     split, _, index = spec.partition(":")
     if split not in SPLITS or not index.isdigit():
         raise ValueError(f"--scene must be SPLIT:N with SPLIT one of {SPLITS}, e.g. heldout:3; got {spec!r}")
+    if int(index) >= MAX_SCENE:  # the N-th scene is drawn after the N before it (memory and time grow with N)
+        raise ValueError(f"--scene {spec}: N must be below {MAX_SCENE:,} (scenes are drawn in order up to N)")
     images, _ = make_scenes(int(index) + 1, split, task["seed"], task["image_size"], task["max_objects"])
     return images[-1]
 

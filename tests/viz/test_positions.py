@@ -1,5 +1,6 @@
 import struct
 
+import pytest
 import torch
 
 from seqlab.cli import main
@@ -48,3 +49,12 @@ def test_viz_outputs_default_under_runs():
     parser = make_parser()
     for cmd in (["viz", "positions"], ["viz", "gradients"], ["viz", "attention", "--checkpoint", "x"]):
         assert parser.parse_args(cmd).out.startswith("runs/viz/"), cmd
+
+
+def test_sizes_past_a_readable_figure_are_refused(tmp_path):
+    """--positions 100000 --d-model 4096 asked for 40 GB, --grid 10000 was killed for memory."""
+    from seqlab.viz.positions import plot_positions
+
+    for kw in ({"n_positions": 100_000}, {"d_model": 8192}, {"grid": 10_000}):
+        with pytest.raises(ValueError, match="draw at most 8192 positions, d_model 4096 and a grid of 64"):
+            plot_positions(tmp_path / "p.png", **kw)

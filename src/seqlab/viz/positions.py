@@ -61,6 +61,11 @@ def plot_positions(
             f"need n_positions >= 2, grid >= 2 and d_model a positive multiple of 4 (2-D codes split it in "
             f"four); got n_positions={n_positions}, d_model={d_model}, grid={grid}"
         )
+    if n_positions > 8192 or d_model > 4096 or grid > 64:  # a figure, not a table: beyond these it is noise
+        raise ValueError(  # (and the grid's similarity map is grid^4 floats: 10000 ran out of memory)
+            f"draw at most 8192 positions, d_model 4096 and a grid of 64; got n_positions={n_positions}, "
+            f"d_model={d_model}, grid={grid}"
+        )
     plt = pyplot()
 
     table = sinusoidal_table(n_positions, d_model, base)  # (t, d)
