@@ -206,7 +206,7 @@ def test_translate_inputs_are_checked_by_name(run, tmp_path, capsys):
     for extra, message in [
         (["--text", "a", "--file", str(latin)], "give --text or --file, not both"),
         (["--file", str(latin)], "is not UTF-8 text (byte 5)"),
-        (["--file", str(tmp_path / "none.txt")], "no such file"),
+        (["--file", str(tmp_path / "none.txt")], "No such file"),
         (["--file", str(tmp_path)], "not a file"),
     ]:
         capsys.readouterr()

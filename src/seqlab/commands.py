@@ -58,7 +58,7 @@ def _texts(args: argparse.Namespace) -> list[str]:
     if args.file is not None:
         path = Path(args.file)
         if not path.is_file():
-            raise ValueError(f"--file {path}: {'no such file' if not path.exists() else 'not a file'}")
+            raise ValueError(f"--file {path}: {'No such file' if not path.exists() else 'not a file'}")
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError as e:

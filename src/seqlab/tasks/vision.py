@@ -129,24 +129,7 @@ class ImageClassificationTask(Task):
             )
         given_size, image_size = image_size, 32 if image_size is None else image_size
         self.data_dir = data_dir or (FASHION_MNIST_DIR if source == "fashion_mnist" else None)
-        self.classes = [str(k) for k in range(10)]
-        if source == "fashion_mnist":
-            self.classes = list(FASHION_MNIST_CLASSES)
-            data = _load_fashion_mnist(self.data_dir)
-            train, test = data["train"], data["test"]
-            train = (train[0].unsqueeze(1), train[1])  # (N, 1, 28, 28)
-            test = (test[0].unsqueeze(1), test[1])
-        else:
-            if source == "digits":
-                images, labels = _load_digits()
-            else:
-                images, labels, self.classes = _load_folder(
-                    self.data_dir, check_int("image_size", image_size, 4)
-                )
-            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(12345))
-            cut = len(labels) // 5  # a fixed 20% test split, the same for every seed
-            test = (images[order[:cut]], labels[order[:cut]])
-            train = (images[order[cut:]], labels[order[cut:]])
+        train, test = self._load(source, image_size)
         self.image_size = train[0].shape[-1] if source != "folder" else image_size
         if given_size not in (None, self.image_size):  # it would be ignored: these images have their own size
             raise ValueError(
@@ -168,6 +151,22 @@ class ImageClassificationTask(Task):
         pixels = self._splits["train"][0].double() / 255.0  # (N, c, S, S)
         self._mean = pixels.mean((0, 2, 3)).float().view(1, -1, 1, 1)  # (1, c, 1, 1)
         self._std = pixels.std((0, 2, 3)).clamp_min(1e-6).float().view(1, -1, 1, 1)
+
+    def _load(self, source: str, image_size: int) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        """(train, test) as (images uint8 (N, c, S, S), labels (N,)); sets ``classes``."""
+        self.classes = [str(k) for k in range(10)]
+        if source == "fashion_mnist":
+            self.classes = list(FASHION_MNIST_CLASSES)
+            data = _load_fashion_mnist(self.data_dir)
+            (x, y), (x_test, y_test) = data["train"], data["test"]
+            return (x.unsqueeze(1), y), (x_test.unsqueeze(1), y_test)  # (N, 1, 28, 28)
+        if source == "digits":
+            images, labels = _load_digits()
+        else:
+            images, labels, self.classes = _load_folder(self.data_dir, check_int("image_size", image_size, 4))
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(12345))
+        cut = len(labels) // 5  # a fixed 20% test split, the same for every seed
+        return (images[order[cut:]], labels[order[cut:]]), (images[order[:cut]], labels[order[:cut]])
 
     @property
     def n_classes(self) -> int:
