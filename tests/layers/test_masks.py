@@ -83,3 +83,12 @@ def test_a_one_dimensional_key_mask_means_the_same_on_every_path(t):
     mha = MultiheadAttention(16, 2)
     x = torch.randn(3, t, 16)
     torch.testing.assert_close(mha(x, mask=keys)[0], mha.forward_ref(x, mask=keys)[0])
+
+
+def test_an_integer_padding_mask_is_named_as_a_mask():
+    """It was read as lengths and refused as 'lengths must be 1-D'."""
+    with pytest.raises(
+        ValueError, match=r"a padding mask must be boolean \(b, t_k\).* got torch\.int64 \(2, 6\)"
+    ):
+        key_padding_mask(torch.ones(2, 6, dtype=torch.long))
+    assert key_padding_mask(torch.tensor([2, 3]), 4).shape == (2, 1, 1, 4)

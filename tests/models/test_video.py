@@ -148,3 +148,10 @@ def test_presets_round_trip_through_their_config():
     assert isinstance(again, VideoModel)
     assert again.config == model.config
     again.load_state_dict(model.state_dict())
+
+
+def test_an_empty_batch_or_clip_is_named():
+    model = VideoModel(VideoConfig(n_classes=5, frame_size=16, d_model=16))
+    for shape in ((0, 6, 1, 16, 16), (2, 0, 1, 16, 16)):
+        with pytest.raises(ValueError, match=r"expected at least one clip of at least one frame"):
+            model(torch.rand(*shape))

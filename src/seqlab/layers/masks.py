@@ -112,6 +112,10 @@ def check_padding_mask(mask: Tensor, b: int, t: int, device=None) -> Tensor | No
 def key_padding_mask(mask_or_lengths: Tensor | list[int], max_len: int | None = None) -> Tensor:
     """A (b, t_k) boolean "is a real token" mask (or lengths (b,)) as (b, 1, 1, t_k), ready to combine."""
     m = mask_or_lengths
+    if isinstance(m, Tensor) and m.dim() == 2 and m.dtype != torch.bool:  # read as lengths, it would say 1-D
+        raise ValueError(
+            f"a padding mask must be boolean (b, t_k), True at real tokens; got {m.dtype} {tuple(m.shape)}"
+        )
     if not isinstance(m, Tensor) or m.dtype != torch.bool:
         m = padding_mask(m, max_len)
     if m.dim() != 2:

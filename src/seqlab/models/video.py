@@ -285,8 +285,10 @@ class VideoModel(CaptionDecodeMixin, nn.Module):
         if not clips.is_floating_point():
             raise ValueError(f"clips must be floats (standardized pixels), got {clips.dtype}")
         t = clips.size(1)
-        if t < 1:
-            raise ValueError("a clip needs at least one frame, got clips of 0 frames")
+        if t < 1 or clips.size(0) < 1:
+            raise ValueError(
+                f"expected at least one clip of at least one frame, got clips {tuple(clips.shape)}"
+            )
         if c.temporal == "transformer" and t > c.n_frames:
             raise ValueError(f"a clip of {t} frames is longer than the model's n_frames={c.n_frames}")
         if c.head == "caption" and c.attention == "none" and t != c.n_frames:
