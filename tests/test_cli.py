@@ -259,3 +259,10 @@ def test_eval_of_a_text_lm_on_heldout_is_refused(text_file, tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--split", "heldout"]) == 2
     assert "a text task evaluates on 'val'" in capsys.readouterr().err
+
+
+def test_an_override_followed_by_an_option_has_no_value(tmp_path, capsys):
+    """`--train.steps --out x1` took --out as the steps and x1 as the run file ('run file not found: x1')."""
+    assert main(["train", "--model.name=test-gpt", "--train.steps", "--out", str(tmp_path / "x1")]) == 2
+    assert "override '--train.steps' has no value (write --train.steps=VALUE)" in capsys.readouterr().err
+    assert parse_overrides(["--train.seed", "-1"]) == {"train": {"seed": -1}}  # a negative number is a value

@@ -103,8 +103,8 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             raise ValueError(f"unrecognised argument {arg!r}; overrides look like --model.n_layers=2")
         key, eq, value = arg[2:].partition("=")
         if not eq:
-            if i + 1 >= len(args):
-                raise ValueError(f"override {arg!r} has no value")
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ValueError(f"override {arg!r} has no value (write {arg}=VALUE)")
             value, i = args[i + 1], i + 1
         section, _, field = key.partition(".")
         if section not in SECTIONS or not field or "." in field:
@@ -335,7 +335,9 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
         arg = argv[i]
         if arg.startswith("--") and "." in arg.split("=", 1)[0]:
             overrides.append(arg)
-            if "=" not in arg and i + 1 < len(argv):
+            # the next word is its value unless it is an option itself (`--train.steps --out x` has no value:
+            # parse_overrides says so, instead of --out becoming the steps and x the run file)
+            if "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 overrides.append(argv[i + 1])
                 i += 1
         else:
