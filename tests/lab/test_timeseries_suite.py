@@ -30,6 +30,12 @@ def test_unknown_names_are_refused():
         plan(datasets=["ftse"])
 
 
+def test_a_refused_suite_leaves_no_folder_behind(tmp_path):
+    with pytest.raises(ValueError, match="unknown timeseries suite dataset"):
+        compare_timeseries(tmp_path / "out", ["lstm"], ["bogus"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_tiny_suite_end_to_end_and_its_runs_reused(tmp_path):
     paths = compare_timeseries(tmp_path, ["lstm", "attention"], ["sunspots"], jobs=2, steps=4)
     results = json.loads(paths["results"].read_text(encoding="utf-8"))

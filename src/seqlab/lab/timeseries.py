@@ -145,8 +145,8 @@ def compare_timeseries(
     ``command`` the line the table names as its source (default: the ``seqlab compare`` call)."""
 
     out, t0 = Path(out), time.perf_counter()
+    runs = plan(mixers, datasets, steps, seed, task)  # a bad data set or mixer is refused before any folder
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    runs = plan(mixers, datasets, steps, seed, task)
     trained = _finished(out, runs)
     todo = {label: spec for label, spec in runs.items() if label not in trained}
     print(
