@@ -6,6 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from seqlab.cli import _dispatch, main
 from seqlab.commands_speech import add_transcribe, add_viz_speech, compare_speech_command
@@ -129,3 +130,18 @@ def test_train_on_a_tiny_generated_corpus(tmp_path, capsys):
     assert (tmp_path / "r" / "latest").is_file()
     assert main(["train", "--model.name=test-speech-ctc", "--model.n_mels=16", *data, *TRAIN]) == 2
     assert "model.n_mels=16 (the task needs 40)" in capsys.readouterr().err
+
+
+def test_a_long_recording_is_drawn_at_a_bounded_width(tmp_path):
+    """A 10-minute file made a PNG 198,003 pixels wide: past a minute the figure keeps its width."""
+    from PIL import Image
+
+    from seqlab.commands_speech import plot_speech
+
+    features = {"hop_length": 160, "sample_rate": 16000}  # 100 frames a second
+    feats, probs = torch.randn(60_000, 16), torch.softmax(torch.randn(30_000, 8), -1)
+    path = plot_speech(
+        feats, probs, [str(k) for k in range(8)], tmp_path / "s.png", features, 2, "ten minutes"
+    )
+    with Image.open(path) as image:
+        assert image.width <= 180 * 110 + 200  # 180 inches at the figures' 110 dpi, plus the margins

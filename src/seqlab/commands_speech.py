@@ -145,7 +145,12 @@ def plot_speech(feats, probs, labels, out, features: dict, subsample: int, title
     seconds = feats.size(0) * hop
     ctc = probs.dim() == 2
     fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(max(7.0, 3.0 * seconds), 6.5 if ctc else 5.5), height_ratios=[1.0, 1.3 if ctc else 1.0]
+        2,
+        1,
+        # 3 inches a second up to a minute (a 10-minute file made a PNG 198,003 pixels wide); longer audio is drawn
+        # at that width, its frames narrower
+        figsize=(min(max(7.0, 3.0 * seconds), 180.0), 6.5 if ctc else 5.5),
+        height_ratios=[1.0, 1.3 if ctc else 1.0],
     )
     top.imshow(
         feats.T.numpy(), origin="lower", aspect="auto", cmap="magma", extent=(0, seconds, 0, feats.size(1))
