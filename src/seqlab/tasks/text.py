@@ -101,6 +101,7 @@ class CharLMTask(Task):
         self.name = "shakespeare" if source == "shakespeare" else "text"
         self.source, self.seq_len, self.batch_size = source, seq_len, batch_size
         self.sampling, self.val_fraction, self.seed = sampling, val_fraction, seed
+        self.encoding = encoding
         self.stateful = sampling == "stream"
         self.tokenizer = CharTokenizer.from_text(text)
         data = self.tokenizer.encode(text)
