@@ -236,8 +236,8 @@ class Decoder {
   }
 
   // greedy decoding in one call: feed ids (b,) at `pos`, take each row's most likely token (the first of equal
-  // maxima, NaN counting as the largest, as torch.argmax does), feed it at the next position, n times
-  // -> the n tokens (b, n) int64
+  // maxima, as torch.argmax does; NaN or +inf logits are an error, as in sample_next), feed it at the next
+  // position, n times -> the n tokens (b, n) int64
   at::Tensor greedy(const at::Tensor& ids, int64_t pos, int64_t n) {
     TORCH_CHECK(n >= 0, "decoder: n must be >= 0, got ", n);
     at::Tensor current = check_ids(ids, pos, n).clone();
@@ -250,10 +250,9 @@ class Decoder {
       run(cur, pos + s, logits.data_ptr<float>());
       for (int64_t i = 0; i < b_; ++i) {
         const float* row = lg + i * vocab_;
-        finite_top(row);
+        const float top = finite_top(row);
         int64_t best = 0;
-        for (int64_t v = 1; v < vocab_ && !std::isnan(row[best]); ++v)
-          if (row[v] > row[best] || std::isnan(row[v])) best = v;
+        while (row[best] != top) ++best;  // the first of the maxima
         cur[i] = out[i * n + s] = best;
       }
       check_fed_back(cur);

@@ -366,7 +366,7 @@ class LM(nn.Module):
         if self.why_not_fast_path() is None:
             from seqlab.models.gpt_decode import StaticCacheDecoder
 
-            t = prompt_ids.size(-1) if prompt_ids.dim() else 1
+            t = prompt_ids.size(-1)  # check_request: (b, t) or (t,)
             model = StaticCacheDecoder(self, capacity=t + max(max_new_tokens, 1))
         with evaluating(self):  # every module's own flag back afterwards (the decoder only knows the model's)
             return generate(model, prompt_ids, max_new_tokens, temperature, **sampling)
