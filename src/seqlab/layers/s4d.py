@@ -40,9 +40,6 @@ from seqlab.validation import check_choices, check_dropout, check_positive_float
 __all__ = ["S4D"]
 
 
-_HALF = (torch.float16, torch.bfloat16)
-
-
 def _complex(dtype: torch.dtype) -> torch.dtype:
     """The complex dtype whose parts are ``dtype`` (float32 -> complex64; float16 and bfloat16, which torch has
     no complex arithmetic for, -> complex64 too), or ``dtype`` if already complex."""
@@ -51,7 +48,7 @@ def _complex(dtype: torch.dtype) -> torch.dtype:
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
     """The real dtype the SSM computes in: float32 for half-precision parameters or inputs, else the same."""
-    return torch.float32 if dtype in _HALF else dtype
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _check_args(m: S4D) -> None:
