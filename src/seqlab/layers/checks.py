@@ -25,6 +25,7 @@ __all__ = [
     "check_causal_step",
     "check_dtype",
     "check_input",
+    "check_last_axis",
     "check_state",
     "dtype_checked",
 ]
@@ -50,6 +51,15 @@ def check_input(owner: str, x, d: int, param: Tensor, *, step: bool = False, wha
         got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"{owner} expects {what} of shape {shape}, got {got}")
     check_dtype(owner, x, param, what)
+
+
+def check_last_axis(owner: str, x, param: Tensor, d: int, expects: str | None = None) -> None:
+    """x (..., d) of any rank >= 1 (a position-wise layer), floating, on the parameters' device and dtype;
+    ``expects`` words the shape in the message (default "expects x of shape (..., d)")."""
+    if not isinstance(x, Tensor) or x.dim() == 0 or x.size(-1) != d:
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{owner} {expects or f'expects x of shape (..., {d})'}, got {got}")
+    check_dtype(owner, x, param)
 
 
 def check_dtype(owner: str, x: Tensor, param: Tensor, what: str = "x") -> None:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.kernels.activations import gelu, gelu_bias, gelu_bias_ready, gelu_tanh
-from seqlab.layers.checks import check_dtype
+from seqlab.layers.checks import check_last_axis
 from seqlab.layers.fastpath import hook_reason
 from seqlab.validation import check_dropout, check_positive_ints
 
@@ -21,15 +21,6 @@ from seqlab.validation import check_dropout, check_positive_ints
 # (seqlab.kernels.activations)
 _ACTS = {"relu": F.relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": F.silu}
 _GELU = {"gelu": "none", "gelu_tanh": "tanh"}  # F.gelu's approximate= for the activations with a bias kernel
-
-
-def _check_x(owner: str, x: Tensor, w: Tensor) -> None:
-    """x (..., d_model) floating, of the first weight's dtype (outside autocast) and device."""
-    d = w.size(1)
-    if not isinstance(x, Tensor) or x.dim() == 0 or x.size(-1) != d:
-        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{owner} expects x of shape (..., {d}), got {got}")
-    check_dtype(owner, x, w)
 
 
 class MLP(nn.Module):
@@ -57,7 +48,7 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_x("MLP", x, self.fc1.weight)
+        check_last_axis("MLP", x, self.fc1.weight, self.d_model)
         return self.drop(self.fc2(self.hidden(x)))  # (.., d) -> (.., d_ff) -> (.., d)
 
     def hidden(self, x: Tensor) -> Tensor:
@@ -91,5 +82,5 @@ class SwiGLU(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_x("SwiGLU", x, self.gate.weight)
+        check_last_axis("SwiGLU", x, self.gate.weight, self.d_model)
         return self.drop(self.down(F.silu(self.gate(x)) * self.up(x)))

@@ -17,17 +17,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.kernels.layer_norm import layer_norm
-from seqlab.layers.checks import check_dtype
+from seqlab.layers.checks import check_last_axis
 from seqlab.validation import check_positive_floats, check_positive_ints
 
 
 def _check_x(owner: str, x: Tensor, weight: Tensor) -> None:
     """x (..., d) floating, of the weight's dtype (outside autocast) and device: before the kernel's messages."""
     d = weight.numel()
-    if not isinstance(x, Tensor) or x.dim() == 0 or x.size(-1) != d:
-        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{owner} normalizes x (..., {d}) over its last axis, got {got}")
-    check_dtype(owner, x, weight)
+    check_last_axis(owner, x, weight, d, expects=f"normalizes x (..., {d}) over its last axis")
 
 
 def _check_norm(owner: str, d_model: int, eps: float) -> None:
