@@ -117,9 +117,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         others = {k: v for k, v in scored.items() if not isinstance(v, float)}
         metrics.update({("sacrebleu" if k == "signature" else k): v for k, v in others.items()})
     rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
-    print(
-        json.dumps(finite_or_none(rounded))
-    )  # strict JSON: a metric with nothing to measure is null, not NaN
+    print(json.dumps(finite_or_none(rounded)))  # strict JSON: a metric with nothing to measure is null
     return 0
 
 

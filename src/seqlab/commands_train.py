@@ -105,9 +105,8 @@ def _children(pid: int) -> list[int]:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc is not None and "WORLD_SIZE" not in os.environ:
-        run, _ = _load_train_run(
-            args
-        )  # the run file, overrides and --out checked here, once, before torchrun
+        # the run file, overrides and --out checked here, once, before torchrun starts N processes
+        run, _ = _load_train_run(args)
         batch = run.get("task", {}).get("batch_size")
         if isinstance(batch, int) and batch % args.nproc:
             raise ValueError(

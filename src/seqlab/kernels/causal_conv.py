@@ -62,8 +62,6 @@ def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor | No
     """silu(causal depthwise conv) of x (b, t, c) after state (b, k-1, c), weight (k, c), bias (c,) -> (b, t, c)."""
     if why_not_kernel(x) is not None:
         return causal_conv_silu_ref(x, state, weight, bias)
-    if x.dim() == 3:
-        x = with_spaced_rows(
-            x
-        )  # the kernel reads rows with a stride (a view of in_proj's output), not any layout
+    if x.dim() == 3:  # the kernel reads rows with a stride (a view of in_proj's output), not any layout
+        x = with_spaced_rows(x)
     return _CausalConvSilu.apply(x, state.contiguous(), weight.contiguous(), bias)

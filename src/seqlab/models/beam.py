@@ -100,9 +100,9 @@ def beam_rows(batch_size: int, beam_size: int, device=None) -> Tensor:
 
 
 def _check_sizes(**sizes) -> None:
-    for name in ("max_len", "length_penalty"):
+    for name, hint in (("max_len", " (max_new_tokens for generate)"), ("length_penalty", "")):
         if name in sizes and sizes[name] is None:  # check_nonnegative lets None through
-            raise ValueError(f"{name} must be a number >= 0 (max_new_tokens for generate), got None")
+            raise ValueError(f"{name} must be a number >= 0{hint}, got None")
     ns = SimpleNamespace(**sizes)
     check_positive_ints(ns, tuple(n for n in ("batch_size", "beam_size") if n in sizes))
     check_nonnegative(ns, tuple(n for n in ("max_len",) if n in sizes))

@@ -143,7 +143,7 @@ class Encoder(nn.Module):
                 got = (
                     tuple(token_type_ids.shape)
                     if isinstance(token_type_ids, Tensor)
-                    else type(token_type_ids)
+                    else type(token_type_ids).__name__
                 )
                 raise ValueError(f"token_type_ids must match input_ids {tuple(input_ids.shape)}, got {got}")
             if self.type_embed is None:
@@ -177,7 +177,7 @@ class Encoder(nn.Module):
                 got = (
                     tuple(attention_mask.shape)
                     if isinstance(attention_mask, Tensor)
-                    else type(attention_mask)
+                    else type(attention_mask).__name__
                 )
                 raise ValueError(f"attention_mask must be (b, t) = {tuple(hidden.shape[:2])}, got {got}")
             m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (b, t, 1)
