@@ -161,9 +161,7 @@ class CaptioningTask(Task):
         self.seed = check_int("seed", seed, 0)
         self.n_train, self.n_eval = check_int("n_train", n_train, 1), check_int("n_eval", n_eval, 1)
         self.max_objects = max_objects
-        if (
-            captions is not None and source != "folder"
-        ):  # generated scenes would train instead, without a word
+        if captions is not None and source != "folder":  # the scenes would train instead, without a word
             raise ValueError(
                 f"captions=PATH belongs to source='folder' (this run has source={source!r}); add it"
             )

@@ -41,7 +41,7 @@ def _checked(log_probs: Tensor, lengths: Tensor | None) -> Tensor:
         got = (
             f"{log_probs.dtype} of shape {tuple(log_probs.shape)}"
             if isinstance(log_probs, Tensor)
-            else log_probs
+            else type(log_probs).__name__
         )
         raise ValueError(f"expected log_probs (b, t, v) as floats, got {got}")
     b, t, _ = log_probs.shape
