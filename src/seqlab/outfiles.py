@@ -15,7 +15,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["add_out_file", "fresh_file"]
+__all__ = ["add_out_file", "fresh_file", "nearest_existing"]
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists: where a new file or folder at ``path`` would be made (a file
+    there means ``path`` lies under a file and cannot be made)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def add_out_file(parser: argparse.ArgumentParser, default: str | None, help: str) -> None:
@@ -33,9 +41,8 @@ def fresh_file(out: str | None, default: str | None) -> str | None:
     path = Path(out)
     if path.suffix == "":
         path = path.with_suffix(".png")
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ValueError(f"--out {out}: {parent} is a file, not a folder")
+    if not (parent := nearest_existing(path.parent)).is_dir():
+        raise ValueError(f"--out {out}: {parent} is a file, not a folder")
     if Path(out).is_dir():
         name = Path(default).name if default else "figure.png"
         raise ValueError(f"--out {out} is a folder; give a file name in it, e.g. {Path(out) / name}")

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from seqlab.outfiles import nearest_existing
+
 SECTIONS = ("model", "task", "train")
 DEFAULT_RUN: dict[str, Any] = {
     "model": {"name": "lstm-lm-small"},
@@ -68,9 +70,7 @@ def check_out_dir(path: Path) -> Path:
     any model is built, so a run that cannot save fails at once."""
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {str(path)!r} is a file; a run writes a directory there")
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
+    parent = nearest_existing(path)
     if not parent.is_dir():
         raise ValueError(f"--out {str(path)!r} lies under {str(parent)!r}, which is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):

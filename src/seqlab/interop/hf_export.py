@@ -39,6 +39,7 @@ from torch import nn
 from seqlab.interop.hf_export_encoders import export_bert, export_vit
 from seqlab.interop.hf_export_lm import export_lm
 from seqlab.interop.hf_export_tokenizer import hf_tokenizer
+from seqlab.outfiles import nearest_existing
 from seqlab.training.manifest import umask
 
 __all__ = ["EXPORTABLE", "EXPORTERS", "HFExport", "check_out_dir", "save_hf", "to_hf"]
@@ -119,9 +120,8 @@ def check_out_dir(out_dir: str | Path) -> Path:
         )
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise FileExistsError(f"{out} exists and is not a directory; choose another output path")
-    for parent in out.parents:  # found now, not after the minutes of loading a large model
-        if parent.exists() and not parent.is_dir():
-            raise FileExistsError(f"--out {out}: {parent} is a file, not a folder")
+    if not (parent := nearest_existing(out.parent)).is_dir():  # found now, not after loading a large model
+        raise FileExistsError(f"--out {out}: {parent} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()):
         raise FileExistsError(
             f"{out} already holds files; seqlab never writes over them: choose a new or empty directory "
