@@ -287,7 +287,10 @@ at::Tensor gelu_forward(const at::Tensor& x) {
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "gelu_forward", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) { forward_range<F>(xp, yp, lo, hi); });
+    at::parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
+      forward_range<F>(xp, yp, lo, hi);
+    });
   });
   return y;
 }
@@ -303,7 +306,10 @@ at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& x) {
     const scalar_t* gp = grad.data_ptr<scalar_t>();
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* dp = dx.data_ptr<scalar_t>();
-    at::parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) { backward_range<F>(gp, xp, dp, lo, hi); });
+    at::parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
+      backward_range<F>(gp, xp, dp, lo, hi);
+    });
   });
   return dx;
 }
@@ -316,8 +322,11 @@ at::Tensor gelu_bias_forward(const at::Tensor& p, const at::Tensor& b) {
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "gelu_bias_forward", [&] {
     const scalar_t *pp = p.data_ptr<scalar_t>(), *bp = b.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
-                     [&](int64_t r0, int64_t r1) { bias_forward_range<F>(pp, bp, yp, cols, r0, r1); });
+    const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1));
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
+      bias_forward_range<F>(pp, bp, yp, cols, r0, r1);
+    });
   });
   return y;
 }
@@ -340,6 +349,7 @@ std::vector<at::Tensor> gelu_bias_backward(const at::Tensor& grad, const at::Ten
     scalar_t* dp = du.data_ptr<scalar_t>();
     double* sums = partial.data_ptr<double>();
     at::parallel_for(0, blocks, 1, [&](int64_t k0, int64_t k1) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
       for (int64_t k = k0; k < k1; ++k)
         bias_backward_range<F>(gp, pp, bp, dp, sums + k * cols, cols, rows * k / blocks, rows * (k + 1) / blocks);
     });

@@ -539,6 +539,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor&
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o);
     acc_t* lp = lse.data_ptr<acc_t>();
     at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
       for (int64_t t = lo; t < hi; ++t) {
         if (t + 1 < hi) {
           const int64_t bn = (t + 1) / h, hn = (t + 1) % h;
@@ -575,6 +576,7 @@ void attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::T
     const Rows<scalar_t> qr(q), kr(k), vr(v), orr(o), gr(grad), dqr(dq), dkr(dk), dvr(dv);
     const acc_t* lp = lse.data_ptr<acc_t>();
     at::parallel_for(0, b * h, 1, [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
       for (int64_t t = lo; t < hi; ++t) {
         if (t + 1 < hi) {
           const int64_t bn = (t + 1) / h, hn = (t + 1) % h;

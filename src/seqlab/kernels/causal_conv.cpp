@@ -162,6 +162,7 @@ at::Tensor causal_conv_silu_forward(const at::Tensor& x, const at::Tensor& state
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_silu_forward", [&] {
     const scalar_t* bp = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, n.b * per_row, 1, [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
       std::vector<scalar_t> pre(n.c);
       for (int64_t unit = lo; unit < hi; ++unit) {
         const int64_t bi = unit / per_row, t0 = (unit % per_row) * kSegment;
@@ -184,6 +185,7 @@ std::vector<at::Tensor> causal_conv_silu_backward(const at::Tensor& grad, const 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_silu_backward", [&] {
     const scalar_t* bp = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, n.b * per_row, 1, [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
       std::vector<scalar_t> pre(n.c), ring(n.k * n.c);
       scalar_t* dw = parts.data_ptr<scalar_t>() + at::get_thread_num() * (n.k + 1) * n.c;
       for (int64_t unit = lo; unit < hi; ++unit) {

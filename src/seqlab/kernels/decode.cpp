@@ -378,6 +378,7 @@ class Decoder {
         x[i * d_ + j] = table[id[i] * d_ + j] + (pos_table ? pos_table[pos * d_ + j] : 0.0f);
 #pragma omp parallel num_threads(threads_)
     {
+      seqlab_vec::FlushDenormals flush;  // this thread: subnormals flushed (vec_math.h)
       const int t = omp_get_thread_num(), n = omp_get_num_threads();
       float* y = y_.data_ptr<float>() + t * b_ * d_;
       for (const Layer& layer : layers_) layer_step(layer, pos, x, y, t, n);

@@ -23,6 +23,8 @@
 #include <optional>
 #include <vector>
 
+#include "vec_math.h"
+
 namespace {
 
 constexpr int64_t kGrain = 16384;  // values per task: below this a thread's start-up costs more than it saves
@@ -163,6 +165,7 @@ std::vector<at::Tensor> layer_norm_forward(const at::Tensor& x, const at::Tensor
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "layer_norm_forward", [&] {
     const scalar_t* bp = bias ? bias->data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, rows, grain_rows(n), [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
       forward_rows(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), bp, y.data_ptr<scalar_t>(),
                    mean.data_ptr<scalar_t>(), rstd.data_ptr<scalar_t>(), n, eps, lo, hi);
     });
@@ -184,6 +187,7 @@ std::vector<at::Tensor> layer_norm_backward(const at::Tensor& grad, const at::Te
   at::Tensor dx = at::empty_like(x), parts = at::zeros({threads, slot_size}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "layer_norm_backward", [&] {
     at::parallel_for(0, rows, grain_rows(n), [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
       const int64_t slot = at::get_thread_num();
       TORCH_CHECK(slot < threads, "layer_norm: thread ", slot, " of ", threads);
       scalar_t* dw = parts.data_ptr<scalar_t>() + slot * slot_size;

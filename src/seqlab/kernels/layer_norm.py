@@ -31,6 +31,7 @@ EXTENSION = CppExtension(
     "layer_norm",
     "LayerNorm kernel",
     "LayerNorm uses torch's kernel instead",
+    headers=("vec_math.h",),
     openmp=True,
 )
 

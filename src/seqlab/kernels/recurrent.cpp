@@ -34,6 +34,8 @@
 #include <optional>
 #include <vector>
 
+#include "vec_math.h"
+
 namespace {
 
 constexpr int64_t kTanh = 0, kRelu = 1, kGru = 2;
@@ -198,6 +200,7 @@ at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool
 std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor& h0_, const at::Tensor& w_ih,
                                           const at::Tensor& w_hh, const std::optional<at::Tensor>& b_ih,
                                           const std::optional<at::Tensor>& b_hh, int64_t mode, bool reverse) {
+  seqlab_vec::FlushDenormals flush;  // the gate loops run on this thread: subnormals flushed (vec_math.h)
   check(x_, h0_, w_ih, w_hh, mode);
   const at::Tensor x = contiguous_buffer(x_), h0 = h0_.contiguous();
   const int64_t T = x.size(0), B = x.size(1), H = h0.size(1), G = w_hh.size(0);
@@ -274,6 +277,7 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
                                            const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                            const at::Tensor& out, const at::Tensor& ws, int64_t mode, bool reverse,
                                            bool has_bias, bool need_dx) {
+  seqlab_vec::FlushDenormals flush;  // as in recurrent_forward
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
   const at::Tensor go = grad_out.has_value() ? contiguous_scratch(kGo, *grad_out) : at::zeros_like(out);
   at::Tensor dh = grad_hn.has_value() ? grad_hn->contiguous().clone() : at::zeros({B, H}, out.options());

@@ -37,7 +37,10 @@ __all__ = ["MODES", "build_info", "load_recurrent_kernel", "recurrent_layer", "r
 
 MODES = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2}  # the layer's mode -> the kernel's
 EXTENSION = CppExtension(
-    "recurrent", "fused recurrent kernel", "GRU and RNN use torch.nn's fused kernels instead"
+    "recurrent",
+    "fused recurrent kernel",
+    "GRU and RNN use torch.nn's fused kernels instead",
+    headers=("vec_math.h",),
 )
 
 

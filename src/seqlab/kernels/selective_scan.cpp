@@ -617,6 +617,7 @@ std::vector<Tensor> scan_fwd(const Tensor& u, const Tensor& delta, const Tensor&
     constexpr int W = kWidth<scalar_t>;
     const Scan<scalar_t> s = make_scan<scalar_t>(u, delta, A, B, C, D, z, bias, softplus, chunk);
     at::parallel_for(0, tasks(u, W), 1, [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
       for (int64_t task = lo; task < hi; ++task)
         forward_task<scalar_t, W>(s, ptr<scalar_t>(h0), task, y.data_ptr<scalar_t>(), h_last.data_ptr<scalar_t>(),
                                   bounds.data_ptr<scalar_t>());
@@ -646,6 +647,7 @@ std::vector<Tensor> scan_bwd(const Tensor& u, const Tensor& delta, const Tensor&
     const Grads<scalar_t> g{dy.data_ptr<scalar_t>(), ptr<scalar_t>(dh_last), bounds.data_ptr<scalar_t>(),
                             p(du), p(ddelta), p(dz), p(dh0), p(dB), p(dC), p(dA), p(dD), p(dbias)};
     at::parallel_for(0, tasks(u, W), 1, [&](int64_t lo, int64_t hi) {
+      seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
       const int64_t slot = at::get_thread_num();
       TORCH_CHECK(slot < threads, "thread ", slot, " of ", threads, ": called inside another parallel region?");
       Work<scalar_t, W> w(s, slot);

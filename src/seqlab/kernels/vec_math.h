@@ -9,8 +9,32 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 namespace seqlab_vec {
+
+// Subnormal floats (below 1.2e-38, or 2.2e-308 in double) cost x86 cores a microcode assist of tens to hundreds
+// of cycles for each vector instruction that reads or makes one. Trained models make them: GELU's σ(2z) and
+// softmax's exp of scores far below the row's maximum land there, and the products that consume them slow down
+// 10-20x (benchmarks/bench_denormals.py). Every kernel task runs under this guard, which sets the thread's
+// MXCSR to flush them to zero (FTZ: a result below the normal range is 0; DAZ: such an input reads as 0) and
+// restores the thread's own setting when the task ends, so no caller's floating-point state changes. A value
+// changes only where it was below 1.2e-38 in magnitude. Other CPUs: no effect.
+class FlushDenormals {
+#if defined(__SSE__)
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFtzDaz); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  static constexpr unsigned kFtzDaz = 0x8040;  // MXCSR bits 15 (flush to zero) and 6 (denormals are zero)
+  unsigned saved_;
+#endif
+};
 
 
 template <typename T>
