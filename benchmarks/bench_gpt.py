@@ -21,8 +21,9 @@ seqlab's copy is made by the production converter (``seqlab.interop.hf_gpt2.conv
   ``StaticCacheDecoder`` and, for a float32 model on the CPU, the fused kernel ``seqlab.kernels.decode``, whose
   greedy and sampled loops run the whole generation in one call; HF
   ``generate``); tokens/s from the median. Alternating with them: the ceiling set by the model's weight
-  products alone (``ceiling_fn``), and at batch 1 greedy seqlab stepping module by module (``fast_path=False``:
-  the reference path).
+  products alone (``ceiling_fn``); at batch 8 also those products plus a read of the KV caches at each step's
+  position (``kv_ceiling_fn``: at batch 8 the caches hold about as many bytes as the weights); and at batch 1
+  greedy seqlab stepping module by module (``fast_path=False``: the reference path).
 
     python benchmarks/bench_gpt.py              # writes benchmarks/results/gpt-<hardware>-torch<version>.md
     python benchmarks/bench_gpt.py --quick      # a smoke run that writes no file
@@ -123,6 +124,24 @@ def ceiling_fn(model, batch: int, steps: int):
     return run
 
 
+def kv_ceiling_fn(model, batch: int, prompt: int, steps: int):
+    """``ceiling_fn`` plus what the weights leave out: at each step, a read of the key and value caches of every
+    layer up to that step's position (``prompt`` + steps so far), as a sum over buffers of the caches' size and
+    layout (b, positions, 2 d) per layer. Any decoder reads those bytes once per step; at batch 8 and a few
+    hundred positions they are as many as the weights'."""
+    products = ceiling_fn(model, batch, 1)
+    d = model.blocks[0].mixer.in_proj_weight.size(1)
+    caches = [torch.randn(batch, prompt + steps, 2 * d) for _ in model.blocks]
+
+    def run() -> None:
+        for s in range(steps):
+            products()
+            for c in caches:
+                c[:, : prompt + s + 1].sum()
+
+    return run
+
+
 def gemm_floor_fn(model, rows: int):
     """A call that runs one training step's weight GEMMs alone: per linear layer (packed QKV, output projection,
     the MLP's two, the head) the forward X Wᵀ and the backward dY W and dYᵀ X, with the shapes and transposed
@@ -190,6 +209,8 @@ def generation_rows(ours, hf, args, batch, sampled, new_tokens, repeats):
     if reference:
         fns["modules"] = lambda: generate_ref(ours, prompt, new_tokens)
     fns["ceiling"] = ceiling_fn(ours, batch, new_tokens)
+    if batch > 1:
+        fns["kv ceiling"] = kv_ceiling_fn(ours, batch, prompt.size(1), new_tokens)
     medians, spread = medians_and_spread(fns, repeats)
     rate = {k: batch * new_tokens / v for k, v in medians.items()}
     ceiling = rate["ceiling"]
@@ -209,6 +230,12 @@ def generation_rows(ours, hf, args, batch, sampled, new_tokens, repeats):
         f"| ceiling at batch {batch}: the weight products alone, per step | {cell(ceiling, spread['ceiling'])} | | "
         f"{ceiling / rate['hf']:.2f} | 100% |"
     )
+    if batch > 1:
+        kv = rate["kv ceiling"]
+        rows.append(
+            f"| ceiling at batch {batch}: the weight products and a read of the KV caches, per step | "
+            f"{cell(kv, spread['kv ceiling'])} | | {kv / rate['hf']:.2f} | seqlab at {rate['seqlab'] / kv:.0%} of it |"
+        )
     ok = None
     if not sampled:
         fast = ours.generate(prompt, new_tokens, temperature=0)
@@ -400,7 +427,9 @@ def main() -> None:
         "decoders like a generation of as many tokens: each product streams its",
         "weights once per step, as any fp32 decoder of this model must. The last column of a seqlab row is its",
         "fraction of that ceiling; a fused step (one C++ call, one parallel region) can pass 100%, because the",
-        "ceiling pays torch's per-call dispatch and thread start-up 17 times per step.",
+        "ceiling pays torch's per-call dispatch and thread start-up 17 times per step. At batch 8 a second ceiling",
+        "adds, at each step, a read of every layer's key and value caches up to that step's position (a sum over",
+        "buffers of their size): the bytes any decoder streams besides the weights.",
     ]
     if bf16:
         lines += [
