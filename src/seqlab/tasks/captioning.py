@@ -11,8 +11,8 @@ Sources (nothing is downloaded):
     tuxpaint  the 785 captioned drawings of Debian's ``tuxpaint-stamps-default`` (read in place, GPL), on white
     folder    a captions file (CSV or JSON lines, ``seqlab.tasks.image_files``) naming the user's images
 
-For the two file sources the images are split 80/10/10 into train/val/test by image (seeded), every
-caption of an image stays with it and all of them are its references. Words: a word-level vocabulary
+For the two file sources the images are split 80/10/10 into train/val/test by image (the same split for every
+seed: ``base.SPLIT_SEED``), every caption of an image stays with it and all of them are its references. Words: a word-level vocabulary
 (Hugging Face ``tokenizers``' WordLevel model, lowercased, punctuation split off) trained on the training
 captions; ids 0-3 are ``<pad> <s> </s> <unk>``, so the captioners' default ``pad_id=0, bos_id=1, eos_id=2``
 hold. Pixels are scaled to [0, 1] and standardized per channel with the training images' statistics.
@@ -39,9 +39,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import Batch, Task, check_choice, check_index, check_int, epoch_rows, model_device
+from seqlab.tasks.base import (
+    SPLIT_SEED,
+    Batch,
+    Task,
+    check_choice,
+    check_index,
+    check_int,
+    epoch_rows,
+    model_device,
+)
 
-__all__ = ["CaptioningTask", "caption_loss", "generated_words", "teacher_forcing", "word_tokenizer"]
+__all__ = [
+    "CaptioningTask",
+    "caption_loss",
+    "caption_words",
+    "generated_words",
+    "teacher_forcing",
+    "word_tokenizer",
+]
 
 Source = Literal["scenes", "tuxpaint", "folder"]
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -58,6 +74,14 @@ def word_tokenizer(captions: list[str]):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator(captions, trainers.WordLevelTrainer(special_tokens=SPECIALS, show_progress=False))
     return tok
+
+
+def caption_words(tokenizer, caption: str) -> str:
+    """A caption as the word vocabulary sees it: lowercased, punctuation split off, words joined by single spaces,
+    each word kept even where the vocabulary lacks it. Decoded hypotheses come out this way, so references are
+    scored in this form too (``A ladybug.`` and the hypothesis ``a ladybug .`` are a perfect match)."""
+    normalized = tokenizer.normalizer.normalize_str(caption)
+    return " ".join(word for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(normalized))
 
 
 def generated_words(ids: list[int] | Tensor, token_of) -> list[str]:
@@ -195,7 +219,7 @@ class CaptioningTask(Task):
             raise ValueError(
                 f"captioning needs at least 10 images to split into train/val/test, got {len(paths)}"
             )
-        order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(self.seed)).tolist()
+        order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(SPLIT_SEED)).tolist()
         cut_val, cut_test = int(0.8 * len(paths)), int(0.9 * len(paths))
         parts = {"train": order[:cut_val], "val": order[cut_val:cut_test], "test": order[cut_test:]}
         for split, rows in parts.items():
@@ -305,7 +329,8 @@ class CaptioningTask(Task):
         for start in range(0, n, 256):
             images = self._images[split][start : min(n, start + 256)]
             hyps += self.caption(model, images, beam_size=beam_size)
-        scores = caption_scores(hyps, self._refs[split][:n])
+        refs = [[caption_words(self.word_tokenizer, r) for r in refs] for refs in self._refs[split][:n]]
+        scores = caption_scores(hyps, refs)
         if self.source == "scenes":
             from seqlab.tasks.scenes import attribute_scores
 
@@ -325,6 +350,8 @@ class CaptioningTask(Task):
             nll = acc = tokens = 0.0
             for index in range(-(-n // self.batch_size)):
                 batch = self.get_batch(split, index)
+                keep = min(self.batch_size, n - index * self.batch_size)  # the last batch wraps around:
+                batch = {k: v[:keep] for k, v in batch.items()}  # its repeats are left out, each image once
                 _, m, _ = self.loss(model, batch)
                 k = self.tokens_in(batch)
                 nll, acc, tokens = nll + m["nll"] * k, acc + m["acc"] * k, tokens + k

@@ -69,9 +69,16 @@ def _read_labels(path: Path) -> list[dict[str, str]]:
             rows.append({**cells, "where": f"{path}, line {reader.line_num}"})
     if not rows:
         raise ValueError(f"{path} names no clips")
+    first: dict[str, str] = {}
     for row in rows:
         if not row["clip"]:
             raise ValueError(f"{row['where']}: the clip name is empty")
+        if row["clip"] in first:  # a second row would make a second sample, which the split could part
+            raise ValueError(
+                f"{row['where']}: clip {row['clip']!r} is named again (first at {first[row['clip']]}); "
+                f"{LABELS_FILE} takes one row per clip"
+            )
+        first[row["clip"]] = row["where"].rsplit(", ", 1)[-1]
     return rows
 
 

@@ -334,11 +334,11 @@ def read_text_file(path: str | Path, encoding: str = "utf-8") -> str:
             f"{MAX_TEXT_BYTES // 2**20:,} MiB: split the file or tokenize it elsewhere"
         )
     try:
-        codecs.lookup(encoding)
+        codec = codecs.lookup(encoding)
     except (LookupError, TypeError):
         raise ValueError(f"unknown text encoding {encoding!r}; e.g. 'utf-8', 'latin-1', 'cp1252'") from None
     data = p.read_bytes()
-    if encoding.lower().replace("_", "-") in ("utf-8", "utf8"):
+    if codec.name == "utf-8":  # every spelling of it ('UTF8', 'u8', ...)
         encoding = "utf-8-sig"  # same as utf-8, but drops a byte-order mark
     try:
         text = data.decode(encoding)

@@ -149,7 +149,7 @@ def _numeric(frame, name: str, source: str) -> np.ndarray:
         raise ValueError(f"{source} has no column {name!r}; its columns: {list(frame.columns)}")
     raw = frame[name]
     if raw.dtype.kind in "fiu":
-        return raw.to_numpy(dtype=np.float64)
+        return _finite(raw.to_numpy(dtype=np.float64), name, source)
     text = raw.astype(str).str.strip()
     empty = text.isin(["", "NA", "NaN", "nan", "null"])
     values = pd.to_numeric(text.where(~empty), errors="coerce").to_numpy(dtype=np.float64)
@@ -159,6 +159,18 @@ def _numeric(frame, name: str, source: str) -> np.ndarray:
         raise ValueError(
             f"{source}: column {name!r} holds {text.iloc[i]!r} at data row {i + 1} (line {i + 2} of the file), "
             f"which is not a number ({len(bad)} such value(s)); fix the file or choose another column"
+        )
+    return _finite(values, name, source)
+
+
+def _finite(values: np.ndarray, name: str, source: str) -> np.ndarray:
+    """``values`` if none is infinite (NaN marks a gap); an infinity is an error naming its row and column."""
+    bad = np.flatnonzero(np.isinf(values))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(
+            f"{source}: column {name!r} holds {values[i]} at data row {i + 1} (line {i + 2} of the file), "
+            f"which is not a finite number ({len(bad)} such value(s)); fix the file or choose another column"
         )
     return values
 
@@ -369,10 +381,15 @@ class LinearAR:
 
 
 def macro_f1(pred: np.ndarray, truth: np.ndarray, n_classes: int) -> float:
-    """Mean over the classes of F1 (scikit-learn's, classes absent from both scoring 0)."""
+    """Mean F1 (scikit-learn's) over the classes that occur in the truth or the predictions: a class absent from
+    both has no F1 (counting it as 0 would keep a perfect classifier below 1 on a split that lacks a class);
+    one predicted but absent from the truth scores 0. ``n_classes`` bounds the labels."""
     from sklearn.metrics import f1_score
 
-    return float(f1_score(truth, pred, labels=list(range(n_classes)), average="macro", zero_division=0))
+    labels = sorted(set(np.asarray(truth).tolist()) | set(np.asarray(pred).tolist()))
+    if labels and not (labels[0] >= 0 and labels[-1] < n_classes):
+        raise ValueError(f"class labels must be in [0, {n_classes}), got {labels[0]} .. {labels[-1]}")
+    return float(f1_score(truth, pred, labels=labels, average="macro", zero_division=0))
 
 
 def season_lag_ok(context: int, season: int) -> None:

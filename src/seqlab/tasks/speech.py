@@ -10,7 +10,7 @@ Sources (nothing is downloaded):
                user's data folder; train, validation and test are spoken by disjoint voice variants, so the
                test scores are on voices never heard in training
     folder     a user's WAV files and ``transcripts.txt`` (``seqlab.tasks.speech_data``), split 80/10/10 by
-               speaker when the file names speakers, else by file (seeded)
+               speaker when the file names speakers, else by file (the same for every seed)
 
 Tasks:
 
@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqlab.tasks.base import (
+    SPLIT_SEED,
     Batch,
     Task,
     check_choice,
@@ -122,7 +123,8 @@ class SpeechTask(Task):
         if len(everything) < 10:
             raise ValueError(f"a speech folder needs at least 10 utterances to split, got {len(everything)}")
         return {
-            k: everything.subset(rows) for k, rows in split_by_speaker(everything.speakers, self.seed).items()
+            k: everything.subset(rows)
+            for k, rows in split_by_speaker(everything.speakers, SPLIT_SEED).items()
         }
 
     # ---- sizes ---------------------------------------------------------------------------------------------

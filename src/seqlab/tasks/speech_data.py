@@ -77,6 +77,8 @@ def read_wav(path: str | Path, sample_rate: int) -> np.ndarray:
     if rate != sample_rate:
         wave = resample(wave, rate, sample_rate)
         log.info("resampled %s from %d Hz to %d Hz (scipy.signal.resample_poly)", path, rate, sample_rate)
+    if not np.isfinite(wave).all():  # NaN or inf samples would make every feature of the file NaN
+        raise ValueError(f"{path} holds {int((~np.isfinite(wave)).sum())} non-finite (NaN or inf) samples")
     peak = float(np.abs(wave).max())
     if peak < SILENT_PEAK:
         raise ValueError(
@@ -268,8 +270,25 @@ def read_speech_folder(folder: str | Path, features: Features) -> Utterances:
 
 
 def split_by_speaker(speakers: list[str], seed: int) -> dict[str, list[int]]:
-    """Rows of train/val/test, 80/10/10: by speaker where every row names one (seeded), else by row."""
+    """Rows of train/val/test, 80/10/10: by speaker where every row names one (seeded), else by row.
+
+    Rows that name a speaker beside rows that do not are an error (a split by row would put one speaker's
+    utterances in training and test); named speakers too few for three splits are split by row, with a warning
+    that the splits share speakers."""
     g = torch.Generator().manual_seed(seed)
+    named = [bool(s) for s in speakers]
+    if any(named) and not all(named):
+        first = named.index(False)
+        raise ValueError(
+            f"{sum(named)} of the {len(speakers)} utterances name a speaker but utterance {first + 1} (in "
+            f"{TRANSCRIPTS} order) does not: name every utterance's speaker, or none (then the split is by file)"
+        )
+    if all(named) and 0 < len(set(speakers)) < 3:
+        log.warning(
+            "%d speakers are too few to split by speaker (train, val and test need one each): splitting by "
+            "file, so the splits share speakers",
+            len(set(speakers)),
+        )
     if all(speakers) and len(set(speakers)) >= 3:
         names = sorted(set(speakers))
         order = [names[i] for i in torch.randperm(len(names), generator=g).tolist()]

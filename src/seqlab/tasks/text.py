@@ -138,7 +138,8 @@ class CharLMTask(Task):
         return {"vocab_size": self.vocab_size}
 
     def _random_windows(self, data: Tensor, g: torch.Generator) -> tuple[Tensor, Tensor]:
-        starts = torch.randint(0, len(data) - self.seq_len - 1, (self.batch_size,), generator=g)
+        # a window is seq_len + 1 characters: it can start anywhere up to len(data) - seq_len - 1, inclusive
+        starts = torch.randint(0, len(data) - self.seq_len, (self.batch_size,), generator=g)
         idx = starts[:, None] + torch.arange(self.seq_len + 1)  # (b, t + 1)
         chunk = data[idx]
         return chunk[:, :-1], chunk[:, 1:]

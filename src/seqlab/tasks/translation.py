@@ -8,6 +8,7 @@ Data (``source``):
 * ``"freedict"``: German–English example sentences of the Debian package dict-freedict-deu-eng, read where
   installed (GPL, never copied into seqlab); split by dictionary entry.
 * a path to a file of ``source<TAB>target`` lines (an optional third column names a group to split by).
+  The random splits (freedict and files) are the same for every seed (``base.SPLIT_SEED``).
 
 Tokens: byte-level BPE through Hugging Face ``tokenizers``, trained on the training split only, one shared
 vocabulary for both sides (the default: it lets a model tie its tables) or one per side; ``<pad>``, ``<s>`` and
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import Batch, Task, check_index, check_int, check_split, model_device
+from seqlab.tasks.base import SPLIT_SEED, Batch, Task, check_index, check_int, check_split, model_device
 from seqlab.tasks.parallel import (
     BIBLE_SPLIT,
     Pair,
@@ -85,7 +86,7 @@ class TranslationTask(Task):
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
         self.label_smoothing = float(label_smoothing)
-        self.src_lang, self.tgt_lang, splits = _read(source, src_lang, tgt_lang, seed)
+        self.src_lang, self.tgt_lang, splits = _read(source, src_lang, tgt_lang)
         if not splits["train"]:
             n = sum(len(v) for v in splits.values())
             raise ValueError(
@@ -99,6 +100,7 @@ class TranslationTask(Task):
         self.dropped_long = sum(len(splits[k]) - len(self.data[k][0]) for k in splits)
         if not self.data["train"][0]:
             raise ValueError(f"no training pair of {source!r} has at most max_len={max_len} tokens per side")
+        _check_eval_splits(source, splits, self.data, max_len)
 
     # ---- settings reported by describe() ---------------------------------------------------------------
 
@@ -325,9 +327,24 @@ def _strip(ids: list[int]) -> list[int]:
     return out
 
 
-def _read(
-    source: str, src_lang: str | None, tgt_lang: str | None, seed: int
-) -> tuple[str, str, dict[str, list[Pair]]]:
+def _check_eval_splits(source: str, splits: dict[str, list[Pair]], data: dict, max_len: int) -> None:
+    """Validation and test must hold pairs, or the first evaluation would fail after training had begun."""
+    for name in ("val", "test"):
+        if not splits[name]:
+            keys = {p.group or (p.source, p.target) for pairs in splits.values() for p in pairs}
+            raise ValueError(
+                f"the {name} split of {source!r} is empty: its pairs make {len(keys)} distinct groups (or "
+                f"ungrouped pairs), and train, validation and test need at least 3, one each; give more pairs "
+                f"or more groups"
+            )
+        if not data[name][0]:
+            raise ValueError(
+                f"no {name} pair of {source!r} has at most max_len={max_len} tokens per side (its "
+                f"{len(splits[name])} pairs are all longer); raise task.max_len"
+            )
+
+
+def _read(source: str, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str, dict[str, list[Pair]]]:
     """(source language, target language, pairs by split) for a built-in corpus or a TSV file."""
     if not isinstance(source, str) or not source:
         raise ValueError(f"task.source must be 'bible', 'freedict' or a path to a .tsv file, got {source!r}")
@@ -341,11 +358,11 @@ def _read(
                 tgt_lang,
                 split_pairs(pairs, val_groups=BIBLE_SPLIT["val"], test_groups=BIBLE_SPLIT["test"]),
             )
-        return src_lang, tgt_lang, random_group_split(pairs, seed)
+        return src_lang, tgt_lang, random_group_split(pairs, SPLIT_SEED)
     path = Path(source)
     if path.suffix.lower() not in (".tsv", ".txt") and not path.exists():
         raise ValueError(
             f"unknown translation source {source!r}: use 'bible', 'freedict' or a path to a .tsv file"
         )
     pairs = read_pairs_tsv(path)
-    return src_lang or "src", tgt_lang or "tgt", random_group_split(pairs, seed)
+    return src_lang or "src", tgt_lang or "tgt", random_group_split(pairs, SPLIT_SEED)

@@ -8,7 +8,7 @@ Sources (nothing is downloaded):
     generated  moving objects (``seqlab.tasks.clips``), deterministic from ``seed``: ``n_train`` training clips
                and ``n_eval`` validation and test clips, each split from its own seed; ``setting='long'`` makes
                the action the direction of the first frames only, so that the families' memory shows
-    folder     a user's clips and ``labels.csv`` (``seqlab.tasks.clip_files``), split 80/10/10 by clip (seeded)
+    folder     a user's clips and ``labels.csv`` (``seqlab.tasks.clip_files``), split 80/10/10 by clip (the same for every seed: base.SPLIT_SEED)
 
 Labels (``label``), one task per shape of the lecture's table:
 
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqlab.tasks.base import (
+    SPLIT_SEED,
     Batch,
     Task,
     check_choice,
@@ -44,7 +45,13 @@ from seqlab.tasks.base import (
     epoch_rows,
     model_device,
 )
-from seqlab.tasks.captioning import caption_loss, generated_words, teacher_forcing, word_tokenizer
+from seqlab.tasks.captioning import (
+    caption_loss,
+    caption_words,
+    generated_words,
+    teacher_forcing,
+    word_tokenizer,
+)
 
 __all__ = ["VideoTask"]
 
@@ -148,7 +155,7 @@ class VideoTask(Task):
                 f"the clips in {self.path} have {clips.frames.size(1)} frames, not task.n_frames={n_frames}"
             )
         self.n_frames, self.frame_size = clips.frames.size(1), clips.frames.size(-1)
-        order = torch.randperm(len(clips), generator=torch.Generator().manual_seed(self.seed))
+        order = torch.randperm(len(clips), generator=torch.Generator().manual_seed(SPLIT_SEED))
         cut_val, cut_test = int(0.8 * len(clips)), int(0.9 * len(clips))
         parts = {"train": order[:cut_val], "val": order[cut_val:cut_test], "test": order[cut_test:]}
         return {split: clips.subset(rows) for split, rows in parts.items()}
@@ -315,7 +322,9 @@ class VideoTask(Task):
             from seqlab.tasks.caption_metrics import bleu4
 
             hyps = [self.decode(row) for p in preds for row in p]
-            refs = clips.captions[:n]
+            refs = [
+                caption_words(self.word_tokenizer, c) for c in clips.captions[:n]
+            ]  # as decode writes them
             exact = sum(h == r for h, r in zip(hyps, refs, strict=True)) / n
             return {"exact": exact, "bleu4": bleu4(hyps, [[r] for r in refs])}
         pred = torch.cat(preds).flatten()

@@ -12,12 +12,13 @@ Data (read from installed packages or the user's files, never downloaded):
                     ``image_size``×``image_size`` with its aspect kept; classes are the sorted sub-folder names
 
 Splits, with no image in two of them: 'test' is the source's own test set (Fashion-MNIST's 10,000), or for
-the sources without one a fixed random 20% (seeded by ``seed``); 'val' is ``n_val`` images held out of the
+the sources without one a fixed random 20% (the same for every seed); 'val' is ``n_val`` images held out of the
 training set (5,000 for Fashion-MNIST, else a tenth; the same for every seed, so validation numbers compare
 across runs); 'train' is the rest.
 Pixels are scaled to [0, 1] and standardized with the training split's mean and standard deviation per
 channel. Training batches are augmented when ``augment`` is set: a random shift of up to ``shift`` pixels
-(zero padding, the background of these images) and, with ``flip``, a horizontal flip with probability 1/2.
+(padded with the background: black for the datasets, the white canvas for folder images) and, with ``flip``,
+a horizontal flip with probability 1/2.
 
 Batch: ``images`` (b, c, S, S) float, ``y`` (b,) long. The model maps images to logits (b, K); the loss is
 the cross-entropy, the metrics ``loss`` and ``accuracy``. ``tokens_in`` counts images, so the trainer's
@@ -79,13 +80,19 @@ def _load_folder(root: str, image_size: int) -> tuple[Tensor, Tensor, list[str]]
     base = Path(root)
     if not base.is_dir():
         raise ValueError(f"data_dir {root!r} is not a folder of class sub-folders (data_dir/<class>/<image>)")
-    classes = sorted(p.name for p in base.iterdir() if p.is_dir())
+    classes = sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))  # no .git
     files = [
         (f, k)
         for k, name in enumerate(classes)
         for f in sorted((base / name).iterdir())
         if f.suffix.lower() in IMAGE_SUFFIXES
     ]
+    empty = [name for k, name in enumerate(classes) if not any(c == k for _, c in files)]
+    if empty and files:  # a class no image can teach (and a wrong class count for the model)
+        raise ValueError(
+            f"{root!r}: the class sub-folder(s) {empty} hold no image ({', '.join(sorted(IMAGE_SUFFIXES))}); "
+            "add images or move them out of data_dir"
+        )
     if len(classes) < 2 or not files:
         raise ValueError(
             f"{root!r} holds {len(classes)} class sub-folder(s) and {len(files)} image(s): image "
@@ -137,7 +144,9 @@ class ImageClassificationTask(Task):
                 f"{self.image_size} images (got image_size={given_size})"
             )
         # None: Fashion-MNIST's customary 5,000, else a tenth of the training images
-        n_val = (5000 if source == "fashion_mnist" else len(train[1]) // 10) if n_val is None else n_val
+        n_val = (
+            (5000 if source == "fashion_mnist" else max(1, len(train[1]) // 10)) if n_val is None else n_val
+        )
         self.n_val = check_int("n_val", n_val, 1)
         if self.n_val >= len(train[1]):
             raise ValueError(
@@ -195,11 +204,13 @@ class ImageClassificationTask(Task):
         return batch["images"].shape[0]
 
     def _augment(self, x: Tensor, g: torch.Generator) -> Tensor:
-        """Random shifts of up to ``shift`` pixels (zero padding) and horizontal flips, per image."""
+        """Random shifts of up to ``shift`` pixels (padded with the images' background) and horizontal flips,
+        per image."""
         b, _, h, w = x.shape
         s = self.shift
         if s:
-            padded = F.pad(x, (s, s, s, s))  # (b, c, h + 2s, w + 2s)
+            # the background: black for Fashion-MNIST and the digits, the white canvas of folder images
+            padded = F.pad(x, (s, s, s, s), value=1.0 if self.source == "folder" else 0.0)
             dy, dx = torch.randint(0, 2 * s + 1, (2, b), generator=g)
             x = torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(b)])
         if self.flip:
