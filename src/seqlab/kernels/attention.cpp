@@ -121,14 +121,52 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, bool a_trans
   }
 }
 
-// dst[c × r] = src[r × c]ᵀ (src row stride lds, dst row stride ldd)
+#if defined(__AVX512F__)
+// dst[16 × 16] = src[16 × 16]ᵀ in registers: pairs of rows interleaved by 32-bit, then 64-bit elements (each
+// 128-bit lane then holds one column of four rows), then the lanes gathered by two rounds of vshuff32x4
+inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16], a[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; i += 2) {
+    a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // r[i + j], lane L: column 4 L + j of rows i .. i + 3
+    const __m512d a0 = _mm512_castps_pd(a[i]), a1 = _mm512_castps_pd(a[i + 1]);
+    const __m512d a2 = _mm512_castps_pd(a[i + 2]), a3 = _mm512_castps_pd(a[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2)), r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3)), r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 c0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88), c1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+    const __m512 d0 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    const __m512 d1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+    _mm512_storeu_ps(dst + j * ldd, _mm512_shuffle_f32x4(c0, d0, 0x88));
+    _mm512_storeu_ps(dst + (4 + j) * ldd, _mm512_shuffle_f32x4(c1, d1, 0x88));
+    _mm512_storeu_ps(dst + (8 + j) * ldd, _mm512_shuffle_f32x4(c0, d0, 0xDD));
+    _mm512_storeu_ps(dst + (12 + j) * ldd, _mm512_shuffle_f32x4(c1, d1, 0xDD));
+  }
+}
+#endif
+
+// dst[c × r] = src[r × c]ᵀ (src row stride lds, dst row stride ldd), in 16 × 16 tiles (float32 with AVX-512: in
+// registers, transpose16; a scalar loop per element it was 13% of the backward's time)
 template <typename T>
 void transpose(int64_t r, int64_t c, const T* src, int64_t lds, T* dst, int64_t ldd) {
   constexpr int64_t kTile = 16;
   for (int64_t i0 = 0; i0 < r; i0 += kTile)
-    for (int64_t j0 = 0; j0 < c; j0 += kTile)
+    for (int64_t j0 = 0; j0 < c; j0 += kTile) {
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float>) {
+        if (i0 + kTile <= r && j0 + kTile <= c) {
+          transpose16(src + i0 * lds + j0, lds, dst + j0 * ldd + i0, ldd);
+          continue;
+        }
+      }
+#endif
       for (int64_t i = i0; i < std::min(r, i0 + kTile); ++i)
         for (int64_t j = j0; j < std::min(c, j0 + kTile); ++j) dst[j * ldd + i] = src[i * lds + j];
+    }
 }
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
