@@ -38,9 +38,20 @@ def test_resume_names_the_settings_that_differ(tmp_path, caplog):
             main([*RUN, "--train.steps=6", "--train.lr=0.01", "--task.seq_len=9", "--out", out, "--resume"])
             == 0
         )
-    text = caplog.text
-    assert "task.seq_len: 8 -> 9" in text and "train.lr:" in text and "-> 0.01" in text
-    assert "train.steps" not in text  # more steps is what a resume may change
+    (diff,) = [r.getMessage() for r in caplog.records if "resuming with the settings saved" in r.getMessage()]
+    assert "task.seq_len: 8 -> 9" in diff and "train.lr:" in diff and "-> 0.01" in diff
+    assert "train.steps" not in diff  # more steps is what a resume may change ...
+    assert "train.steps changes from 4 to 6: the learning-rate schedule" in caplog.text  # ... with a warning
+
+
+def test_a_resume_may_raise_the_time_budget_and_change_the_device(tmp_path, caplog):
+    out = str(tmp_path / "run")
+    assert main([*RUN, "--train.steps=6", "--train.max_minutes=0.00001", "--out", out]) == 0
+    with caplog.at_level(logging.WARNING, logger="seqlab"):
+        assert main([*RUN, "--train.steps=6", "--train.max_minutes=10", "--train.device=cpu", "--out", out,
+                     "--resume"]) == 0  # fmt: skip
+    assert "resuming with the settings saved" not in caplog.text
+    assert (tmp_path / "run" / "checkpoints" / "step-00000006").is_dir()  # ran to the end in one resume
 
 
 def test_settings_diff_is_nested_and_names_unset_fields():

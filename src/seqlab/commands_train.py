@@ -47,6 +47,51 @@ def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
     return run, out
 
 
+# train settings a resume may change: none of them changes what the continued run computes
+RESUME_MAY_CHANGE = ("steps", "max_minutes", "device", "threads", "progress", "loggers", "keep_checkpoints")
+
+
+def _saved_run(where: Path) -> dict:
+    """The run settings saved with a checkpoint; a clear error for one saved without them (by the Python
+    ``Trainer`` without a run dict), which the command line cannot rebuild."""
+    from seqlab.training.checkpoint import load_config
+
+    saved = load_config(where).get("run") or {}
+    if not isinstance(saved.get("train"), dict) or not saved.get("model") or not saved.get("task"):
+        raise ValueError(
+            f"{where} was saved without its run settings (by seqlab.training.Trainer without run_config), so "
+            "the command line cannot rebuild its model and task; resume it from Python: "
+            "Trainer(model, task, config, out_dir).fit(resume=True)"
+        )
+    return saved
+
+
+def _warn_if_schedule_stretches(saved: dict, given: dict, where: Path) -> None:
+    """More steps on a resume stretch the cosine schedule over the new length: say so, with the jump it makes."""
+    import dataclasses
+
+    from seqlab.training import TrainConfig
+    from seqlab.training.checkpoint import load_trainer_state
+    from seqlab.training.optim import lr_at
+
+    c = {f.name: f.default for f in dataclasses.fields(TrainConfig)} | saved  # (not built: no device checks)
+    steps = given.get("steps", c["steps"])
+    if steps == c["steps"]:
+        return
+    step = int(load_trainer_state(where)["step"])
+    min_lr = c["min_lr"] if c["min_lr"] is not None else c["lr"] / 10
+    rate = [lr_at(step, c["lr"], n, c["warmup_steps"], min_lr) for n in (c["steps"], steps)]
+    logging.getLogger("seqlab").warning(
+        "train.steps changes from %d to %d: the learning-rate schedule (cosine to min_lr at the last step) is "
+        "stretched over the new length, so step %d trains at %.3g instead of %.3g",
+        c["steps"],
+        steps,
+        step + 1,
+        rate[1],
+        rate[0],
+    )
+
+
 def _sets_anything(run_file: str) -> bool:
     """Whether the run file sets a model, task or train field (an empty file, comments or only 'out' do not)."""
     from seqlab.run import load_run_file
@@ -131,7 +176,7 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     from seqlab.models import count_parameters
     from seqlab.run import build_run
     from seqlab.training import Trainer
-    from seqlab.training.checkpoint import load_config, resumable_checkpoint
+    from seqlab.training.checkpoint import check_same_data, resumable_checkpoint
 
     if not (args.run_file or args.overrides or args.defaults or args.resume):
         args.parser.print_help()
@@ -153,8 +198,9 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     model, task, train = build_run(run)
     where = resumable_checkpoint(out) if args.resume else None  # the newest complete, verified one
     if where is not None:  # the run's own settings win, so that the continuation is exact; steps may grow
-        saved = load_config(where)["run"]
-        saved["train"].update({k: v for k, v in run["train"].items() if k == "steps"})
+        saved = _saved_run(where)
+        _warn_if_schedule_stretches(saved["train"], run["train"], where)
+        saved["train"].update({k: v for k, v in run["train"].items() if k in RESUME_MAY_CHANGE})
         if saved != run:
             from seqlab.run import settings_diff
 
@@ -164,6 +210,7 @@ def _train(args: argparse.Namespace, main: bool) -> int:
             )
             run = saved
             model, task, train = build_run(run)
+        check_same_data(task, where)
     trainer = Trainer(model, task, train, out, run)
     if main:
         world = f", {trainer.world.size} processes ({train.strategy})" if trainer.world.size > 1 else ""

@@ -247,7 +247,7 @@ def resolve_run(run_file: str | None, overrides: list[str], out: str | None) -> 
     given = out or run.get("out")
     if given is not None and not isinstance(given, str):
         raise ValueError(f"out must be a path (a string), got {given!r}")
-    path = check_out_dir(Path(given or default_out(run)))
+    path = check_out_dir(Path(given or default_out(run)).expanduser())  # a run file's ~/runs/x is the home's
     run["out"] = str(path)
     return run, path
 

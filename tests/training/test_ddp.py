@@ -32,6 +32,10 @@ def text_file(tmp_path):
     return p
 
 
+# every step in the warmup, so that the rates do not depend on train.steps, which the resumes raise from 3 to 6
+WARMUP_ONLY = ("--train.warmup_steps=6",)
+
+
 def _args(text_file, model: str, steps: int, *extra: str) -> list[str]:
     return [
         "train",
@@ -114,7 +118,7 @@ def test_two_processes_give_one_process_losses(text_file, tmp_path, grad_accum):
 
 @pytest.mark.parametrize("world", [(2, 1), (1, 2)])
 def test_resume_on_another_number_of_processes(text_file, tmp_path, world):
-    args = _args(text_file, "test-gpt", 6, "--task.sampling=random")
+    args = _args(text_file, "test-gpt", 6, "--task.sampling=random", *WARMUP_ONLY)
     _one_process([*args, "--out", str(tmp_path / "whole")])
     first, second = world
     half = [a if not a.startswith("--train.steps") else "--train.steps=3" for a in args]
@@ -126,8 +130,9 @@ def test_resume_on_another_number_of_processes(text_file, tmp_path, world):
 
 def test_fsdp_shards_and_reshards_on_resume(text_file, tmp_path):
     """FSDP on 2 processes writes torch.distributed.checkpoint shards; one process resumes from them."""
-    args = _args(text_file, "test-gpt", 6, "--task.sampling=random", "--train.strategy=fsdp")
-    _one_process([*_args(text_file, "test-gpt", 6, "--task.sampling=random"), "--out", str(tmp_path / "ddp")])
+    args = _args(text_file, "test-gpt", 6, "--task.sampling=random", "--train.strategy=fsdp", *WARMUP_ONLY)
+    reference = _args(text_file, "test-gpt", 6, "--task.sampling=random", *WARMUP_ONLY)
+    _one_process([*reference, "--out", str(tmp_path / "ddp")])
     half = [a if not a.startswith("--train.steps") else "--train.steps=3" for a in args]
     _torchrun([*half, "--out", str(tmp_path / "fsdp")])
     step3 = tmp_path / "fsdp" / "checkpoints" / "step-00000003"

@@ -143,19 +143,24 @@ def _move_into_place(tmp: Path, final: Path, entries: dict[str, Any]) -> None:
     """Record ``entries`` (naming ``final`` with ``tmp``'s checksums), then rename ``tmp`` to ``final``.
 
     Re-saving a step (a run resumed from an earlier checkpoint) first moves the old directory aside, so the
-    manifest never names files other than the ones its checksums describe: at worst it names a directory
-    that is not there yet, which is never loaded and is forgotten by the next :func:`prune`.
+    manifest never names files other than the ones its checksums describe: at worst (a kill between the two)
+    it names a directory that is not there yet, which is never loaded and is forgotten by the next
+    :func:`prune` (a manifest naming nothing that is there is no run: ``manifest.holds_run``). An error, or a
+    second Ctrl-C, restores the old checkpoint and the manifest as they were.
     """
     old = final.parent / f".old-{final.name}"
+    previous = read_manifest(final.parent)
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     try:
         write_manifest(final.parent, entries)
         os.replace(tmp, final)
-    except BaseException:
-        if old.exists() and not final.exists():  # an error, not a kill: put the old checkpoint back
-            os.replace(old, final)
+    except BaseException:  # an error or a second Ctrl-C, not a kill: the old checkpoint and its record back
+        if not final.exists():
+            if old.exists():
+                os.replace(old, final)
+            write_manifest(final.parent, previous)
         raise
     fsync_dir(final.parent)
     shutil.rmtree(old, ignore_errors=True)
@@ -373,6 +378,22 @@ def load_tokenizer_json(ckpt: str | Path) -> str | None:
         return None
     verify(f.parent, ("tokenizer.json",))
     return f.read_text(encoding="utf-8")
+
+
+def check_same_data(task, ckpt: str | Path) -> None:
+    """A task rebuilt from its settings (``eval``, ``--resume``) must have the vocabulary the checkpoint was
+    trained with: a ValueError when its tokenizer differs from the saved one, as when the text or corpus file was
+    changed or replaced since (the ids would mean other tokens, and the scores other data)."""
+    tok = getattr(task, "tokenizer", None)
+    saved = load_tokenizer_json(ckpt)
+    if saved is None or tok is None or not hasattr(tok, "to_json") or tok.to_json() == saved:
+        return
+    source = getattr(task, "source", None)
+    raise ValueError(
+        f"the task rebuilt for {resolve_checkpoint(ckpt)} has another vocabulary than the one it was trained with: "
+        f"its data{f' ({source})' if isinstance(source, str) else ''} changed since the run was trained; restore "
+        "that data, or train a new run on the new data"
+    )
 
 
 def load_tokenizer(ckpt: str | Path, needed_for: str, model: torch.nn.Module | None = None):

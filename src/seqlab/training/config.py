@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -95,6 +96,15 @@ class TrainConfig:
             raise ValueError(
                 f"train.min_lr={self.min_lr} is above train.lr={self.lr}; the schedule decays to it"
             )
+        if self.warmup_steps > self.steps:  # allowed (a short trial run), but never at the rate it names
+            logging.getLogger("seqlab").warning(
+                "train.warmup_steps=%d is more than train.steps=%d: the whole run trains in the warmup, below "
+                "train.lr=%s (it reaches %.3g); lower warmup_steps to train at that rate",
+                self.warmup_steps,
+                self.steps,
+                self.lr,
+                self.lr * self.steps / self.warmup_steps,
+            )
 
     def _check_loggers(self) -> None:
         known = ("jsonl", "tensorboard")
@@ -145,6 +155,11 @@ class TrainConfig:
                 )
             if dev.index is not None and dev.index >= n:
                 raise ValueError(f"train.device={self.device!r}, but this machine has {n} CUDA device(s)")
+        elif dev.type == "mps" and not torch.backends.mps.is_available():
+            raise ValueError(
+                f"train.device={self.device!r}, but this machine (or this PyTorch build) has no MPS device; "
+                "use 'cpu' or 'auto'"
+            )
         elif dev.type not in ("cpu", "mps"):
             raise ValueError(f"train.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
 

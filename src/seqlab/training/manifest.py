@@ -242,8 +242,8 @@ def cut_metrics(file: Path, step: int) -> list[dict[str, Any]]:
 
 
 def set_aside(file: Path) -> Path | None:
-    """Move ``file`` (an earlier run's metrics) to ``FILE.stale-N``, the first free N, with a warning;
-    returns where it went (None when there was no file). Nothing is deleted."""
+    """Move ``file`` (an earlier run's metrics, or its TensorBoard folder) to ``FILE.stale-N``, the first free N,
+    with a warning; returns where it went (None when there was none). Nothing is deleted."""
     if not file.exists():
         return None
     n = 1
@@ -290,6 +290,15 @@ def unlock_run(fd: int | None) -> None:
 def holds_run(run_dir: str | Path) -> bool:
     """Whether ``run_dir`` holds a run's checkpoints: a ``latest`` file or a checkpoint manifest (``latest``
     alone is not enough: a user may delete it, a copy leave it out, a kill come before it is first written;
-    a fresh run there would then re-save, and prune, the checkpoints the manifest lists)."""
+    a fresh run there would then re-save, and prune, the checkpoints the manifest lists); a manifest that names
+    only checkpoints that are not there (a kill during a run's first save) is not a run."""
     run_dir = Path(run_dir)
-    return (run_dir / "latest").is_file() or (run_dir / "checkpoints" / MANIFEST).is_file()
+    if (run_dir / "latest").is_file():
+        return True
+    ckpt_root = run_dir / "checkpoints"
+    if not (ckpt_root / MANIFEST).is_file():
+        return False
+    try:  # a manifest whose every entry is missing (a kill during the first save) holds nothing to lose
+        return any((ckpt_root / name).is_dir() for name in read_manifest(ckpt_root))
+    except ValueError:  # unreadable: treated as a run, never overwritten
+        return True

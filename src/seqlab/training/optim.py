@@ -50,13 +50,14 @@ def _fusable(params: list[torch.Tensor]) -> bool:
 
 
 def lr_at(step: int, max_lr: float, total_steps: int, warmup_steps: int, min_lr: float) -> float:
-    """Linear warmup from 0 over ``warmup_steps``, then cosine decay to ``min_lr`` at ``total_steps``.
+    """The rate of step ``step`` (0-based: steps 0 .. total_steps - 1 are trained): linear warmup to ``max_lr``
+    at step ``warmup_steps - 1``, then cosine decay that reaches ``min_lr`` at the last step, total_steps - 1.
 
     A pure function of the step: resuming needs nothing but the step number.
     """
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
-    if step >= total_steps:
+    if step >= total_steps - 1:
         return min_lr
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    progress = (step + 1 - warmup_steps) / max(1, total_steps - warmup_steps)  # the peak is not trained twice
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)

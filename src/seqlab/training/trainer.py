@@ -48,6 +48,7 @@ from seqlab.training.config import TrainConfig
 from seqlab.training.interrupt import stop_on_interrupt
 from seqlab.training.loop_state import Window, detach_state, move_to, to_device
 from seqlab.training.optim import lr_at, make_optimizer
+from seqlab.training.run_dir import check_save_steps, open_run_dir
 
 log = logging.getLogger("seqlab.train")
 
@@ -276,7 +277,12 @@ class Trainer:
             while self.step < c.steps and stop is None:
                 stop = self._one_step(window, last, bar, until, interrupted)
         if stop == "budget":
-            log.warning("stopping at step %d: train.max_minutes=%s reached", self.step, c.max_minutes)
+            log.warning(
+                "stopping at step %d: train.max_minutes=%s reached (the run's training time over all its sessions; "
+                "--resume with a larger --train.max_minutes continues it)",
+                self.step,
+                c.max_minutes,
+            )
         if stop == "interrupted":
             saved = (
                 f"saved in {self.out_dir}; continue with the same command and --resume"
@@ -320,16 +326,7 @@ class Trainer:
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         if self.out_dir is not None and self.world.main:
-            (self.out_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-            self._lock = run_files.lock_run(self.out_dir)  # before anything here is moved or removed
-            if not resume and ckpt.holds_run(self.out_dir):  # its manifest would list, and prune, both runs
-                raise ValueError(
-                    f"{self.out_dir} already holds a run's checkpoints; resume it (fit(resume=True), or --resume) "
-                    "or train into another directory (nothing is overwritten)"
-                )
-            run_files.remove_leftovers(self.out_dir)
-            if not resume:  # never append to an earlier run's metrics
-                run_files.set_aside(self.out_dir / "metrics.jsonl")
+            self._lock = open_run_dir(self.out_dir, resume)
         distributed.barrier(self.world)
         if self.device.type == "cuda":
             distributed.cuda_precision(self.config.precision, self.device)
@@ -337,6 +334,8 @@ class Trainer:
             distributed.cpu_precision(self.config.precision)
         if resume is not False:
             self.resume(None if resume is True else resume)
+        if self.out_dir is not None and self.world.main:
+            check_save_steps(self.out_dir, self.step, self.config.steps, self.config.save_every)
         if "tensorboard" in self.config.loggers and self.out_dir is not None and self.world.main:
             from seqlab.training.tensorboard import TensorBoardLog
 

@@ -1,0 +1,69 @@
+"""Opening a run directory for training: locked, never mixed with another run, an earlier run's files set aside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from seqlab.training import checkpoint as ckpt
+from seqlab.training import manifest as run_files
+
+__all__ = ["check_save_steps", "open_run_dir"]
+
+
+def open_run_dir(out_dir: Path, resume: bool | str | Path) -> int:
+    """Lock ``out_dir`` for this process (the lock's descriptor is returned, for ``manifest.unlock_run``), refuse
+    to mix another run into one that holds a run, clear an interrupted save's leftovers, and on a fresh start set
+    an earlier run's metrics and TensorBoard events aside.
+
+    ``resume``: False for a fresh start, True to continue this directory's run, or a checkpoint (or run
+    directory) to continue from: inside ``out_dir``, or anywhere when ``out_dir`` holds no run yet (a run
+    continued into a new directory)."""
+    (out_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    lock = run_files.lock_run(out_dir)  # before anything here is moved or removed
+    try:
+        _refuse_mixing(out_dir, resume)
+    except BaseException:
+        run_files.unlock_run(lock)
+        raise
+    run_files.remove_leftovers(out_dir)
+    if not resume:  # never append to an earlier run's metrics, nor mix its events into this run's
+        run_files.set_aside(out_dir / "metrics.jsonl")
+        run_files.set_aside(out_dir / "tb")
+    return lock
+
+
+def _refuse_mixing(out_dir: Path, resume: bool | str | Path) -> None:
+    if not ckpt.holds_run(out_dir):  # its manifest would list, and prune, both runs
+        return
+    if not resume:
+        raise ValueError(
+            f"{out_dir} already holds a run's checkpoints; resume it (fit(resume=True), or --resume) "
+            "or train into another directory (nothing is overwritten)"
+        )
+    if resume is not True and not Path(resume).resolve().is_relative_to(out_dir.resolve()):
+        raise ValueError(
+            f"{out_dir} already holds a run's checkpoints, and {resume} belongs to another run: continuing it "
+            "here would prune this run's later checkpoints and metrics; resume it into a new directory "
+            "(nothing is overwritten)"
+        )
+
+
+def check_save_steps(out_dir: Path, first: int, steps: int, save_every: int) -> None:
+    """Before training from step ``first``: a ValueError when a directory seqlab did not write (the manifest does
+    not name it) sits where this run will save a checkpoint, found now rather than by the save after the work.
+    Other directories of the user's in checkpoints/ stay as they are."""
+    ckpt_root = out_dir / "checkpoints"
+    named = run_files.read_manifest(ckpt_root)
+    saves = {s for s in range(first + 1, steps + 1) if (save_every and s % save_every == 0) or s == steps}
+    strays = sorted(
+        p.name
+        for p in ckpt_root.glob(f"{ckpt.STEP_PREFIX}*")
+        if p.name not in named
+        and p.name.removeprefix(ckpt.STEP_PREFIX).isdigit()
+        and int(p.name.removeprefix(ckpt.STEP_PREFIX)) in saves
+    )
+    if strays:
+        raise ValueError(
+            f"{ckpt_root} holds {', '.join(strays[:3])}, which seqlab did not write (its manifest does not name "
+            "it), where this run will save a checkpoint; move it out of checkpoints/ first (nothing is overwritten)"
+        )
