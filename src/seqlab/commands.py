@@ -101,8 +101,9 @@ def _cmd_viz_alignment(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from seqlab.run import build_task
-    from seqlab.training.checkpoint import check_same_data, load_config, load_model, resolve_checkpoint
+    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
     from seqlab.training.manifest import finite_or_none
+    from seqlab.training.run_dir import check_same_data
 
     where = resolve_checkpoint(args.checkpoint)
     run = load_config(where)["run"]

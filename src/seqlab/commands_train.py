@@ -176,7 +176,8 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     from seqlab.models import count_parameters
     from seqlab.run import build_run
     from seqlab.training import Trainer
-    from seqlab.training.checkpoint import check_same_data, resumable_checkpoint
+    from seqlab.training.checkpoint import resumable_checkpoint
+    from seqlab.training.run_dir import check_same_data
 
     if not (args.run_file or args.overrides or args.defaults or args.resume):
         args.parser.print_help()

@@ -20,6 +20,7 @@ A ``bert.`` prefix (checkpoints of BertFor... models) is stripped. :func:`load_b
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -34,13 +35,36 @@ _ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh
 
 
 def bert_config(hf: dict, pooler: bool = True) -> EncoderConfig:
-    """EncoderConfig from a BertConfig as a dict (``config.json`` or ``BertConfig.to_dict()``)."""
+    """EncoderConfig from a BertConfig as a dict (``config.json`` or ``BertConfig.to_dict()``).
+
+    Other families that share BERT's weight names are refused by their ``model_type`` (RoBERTa numbers its
+    positions from padding_idx + 1, so its weights would load and give other numbers), and so are BERT
+    decoders (``is_decoder``: a causal mask; ``add_cross_attention``: weights seqlab's encoder has no place
+    for). Dropout: seqlab's encoder has one rate, ``hidden_dropout_prob``; a different attention rate is said."""
+    kind = hf.get("model_type", "bert")
+    if kind != "bert":
+        raise ValueError(f"expected a BERT config (model_type 'bert'), got model_type={kind!r}")
+    for flag in ("is_decoder", "add_cross_attention"):
+        if hf.get(flag):
+            raise ValueError(
+                f"cannot convert this BERT config: {flag}=True (a decoder); seqlab's Encoder is bidirectional, "
+                "without cross-attention"
+            )
     act = hf.get("hidden_act", "gelu")
     pos = hf.get("position_embedding_type", "absolute")
     if act not in _ACT or pos != "absolute":
         raise ValueError(
             f"cannot convert this BERT config: hidden_act={act!r}, position_embedding_type={pos!r}; "
             f"seqlab's encoder supports {sorted(_ACT)} with absolute positions"
+        )
+    drop, attn_drop = hf.get("hidden_dropout_prob", 0.1), hf.get("attention_probs_dropout_prob", 0.1)
+    if drop != attn_drop:
+        logging.getLogger("seqlab").warning(
+            "BERT's attention_probs_dropout_prob=%s differs from hidden_dropout_prob=%s: seqlab's encoder "
+            "trains with one rate, %s, for both (inference is unaffected)",
+            attn_drop,
+            drop,
+            drop,
         )
     return EncoderConfig(
         vocab_size=hf["vocab_size"],

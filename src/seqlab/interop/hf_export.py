@@ -78,6 +78,10 @@ class HFExport:
     files: list[str]
     tokenizer_note: str | None = None
     """None when a tokenizer was written (or none was given); otherwise why none was written."""
+    load_kwargs: str = ""
+    """What ``from_pretrained`` must be told beyond the path: ``add_pooling_layer=False`` for a BertModel or
+    ViTModel written without a pooler (the config does not record it; without it transformers would add a
+    randomly initialized pooler)."""
 
     @property
     def auto_class(self) -> str:
@@ -91,7 +95,8 @@ class HFExport:
     def load_snippet(self) -> str:
         """Two lines of Python that load what was written."""
         names = f"{self.auto_class}, AutoTokenizer" if self.has_tokenizer else self.auto_class
-        load = f"{self.auto_class}.from_pretrained({str(self.path)!r})"
+        extra = f", {self.load_kwargs}" if self.load_kwargs else ""
+        load = f"{self.auto_class}.from_pretrained({str(self.path)!r}{extra})"
         if self.has_tokenizer:
             load = f"model, tokenizer = {load}, AutoTokenizer.from_pretrained({str(self.path)!r})"
         else:
@@ -172,4 +177,8 @@ def save_hf(model: nn.Module, out_dir: str | Path, tokenizer=None) -> HFExport:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return HFExport(out, type(hf).__name__, sorted(p.name for p in out.iterdir()), note)
+    no_pooler = (
+        getattr(hf, "pooler", "absent") is None
+    )  # BertModel, ViTModel built with add_pooling_layer=False
+    files = sorted(p.name for p in out.iterdir())
+    return HFExport(out, type(hf).__name__, files, note, "add_pooling_layer=False" if no_pooler else "")

@@ -19,6 +19,8 @@ Configurations seqlab's LM cannot express are rejected with the field to change.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -52,7 +54,16 @@ def gpt2_config(hf_config) -> LMConfig:
         mlp=_ACT[c.activation_function],
         norm_eps=c.layer_norm_epsilon,
         tie_weights=bool(getattr(c, "tie_word_embeddings", True)),
+        dropout=float(c.resid_pdrop),  # the model trains as HF's would (it comes back in HF's mode)
     )
+    if not c.resid_pdrop == c.embd_pdrop == c.attn_pdrop:
+        logging.getLogger("seqlab").warning(
+            "GPT-2's dropouts differ (resid_pdrop=%s, embd_pdrop=%s, attn_pdrop=%s): seqlab's LM trains with one "
+            "rate, resid_pdrop's, for all three (inference is unaffected)",
+            c.resid_pdrop,
+            c.embd_pdrop,
+            c.attn_pdrop,
+        )
     return LMConfig(**fields)
 
 

@@ -16,6 +16,8 @@ variants (linear, dynamic, llama3, yarn) are rejected: only the default rotary i
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -40,11 +42,17 @@ def llama_config(hf_config) -> LMConfig:
     checks = [
         (c.hidden_act == "silu", f"hidden_act={c.hidden_act!r} (SwiGLU uses SiLU)"),
         (kind == "default", f"rope_type={kind!r} (only the default rotary embedding)"),
-        (attn_bias == mlp_bias, "attention_bias != mlp_bias (one bias switch for both)"),
     ]
     for ok, what in checks:
         if not ok:
             raise ValueError(f"cannot convert this LlamaConfig: seqlab's LM does not support {what}")
+    if getattr(c, "attention_dropout", 0.0):
+        logging.getLogger("seqlab").warning(
+            "LlamaConfig.attention_dropout=%s is not carried over: seqlab's LM has one dropout rate, for its "
+            "embeddings and residual branches too; set LMConfig.dropout yourself to train with dropout "
+            "(inference is unaffected)",
+            c.attention_dropout,
+        )
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     mixer = {
         "n_heads": c.num_attention_heads,
@@ -65,7 +73,7 @@ def llama_config(hf_config) -> LMConfig:
         mlp="swiglu",
         norm="rmsnorm",
         norm_eps=c.rms_norm_eps,
-        bias=attn_bias,
+        bias=mlp_bias,  # the LM's switch for its MLP (RMSNorm has no bias); the attention's is the mixer's
         tie_weights=bool(getattr(c, "tie_word_embeddings", False)),
         init="gpt2",
     )
@@ -88,9 +96,10 @@ def convert_llama(hf_model: nn.Module) -> LM:
         out[dst + "norm2.weight"] = sd[src + "post_attention_layernorm.weight"]
         for p in ("gate", "up", "down"):
             out[dst + f"mlp.{p}.weight"] = sd[src + f"mlp.{p}_proj.weight"]
-        if config.bias:
+        if config.mixer_config["bias"]:  # attention_bias
             out[dst + "mixer.in_proj_bias"] = torch.cat([sd[attn + f"{p}_proj.bias"] for p in "qkv"])
             out[dst + "mixer.out_proj.bias"] = sd[attn + "o_proj.bias"]
+        if config.bias:  # mlp_bias
             for p in ("gate", "up", "down"):
                 out[dst + f"mlp.{p}.bias"] = sd[src + f"mlp.{p}_proj.bias"]
     model = LM(config, device=ref.device, dtype=ref.dtype)

@@ -223,6 +223,29 @@ def _decoder_layer(module: nn.TransformerDecoderLayer) -> nn.Module:
     return _load_renamed(ours, module, {**_MLP_NAMES, "multihead_attn.": "cross_attn."})
 
 
+def _check_same_settings(module: nn.Transformer, kw: dict, n_heads: int) -> None:
+    """seqlab's Transformer takes one setting for every layer and both final norms: a ValueError naming the
+    first layer (or norm) of a custom stack whose settings differ from the first encoder layer's."""
+    named = [(f"encoder.layers.{i}", layer) for i, layer in enumerate(module.encoder.layers)]
+    named += [(f"decoder.layers.{i}", layer) for i, layer in enumerate(module.decoder.layers)]
+    for name, layer in named:
+        theirs = {**_block_kwargs(layer, layer.self_attn), "n_heads": layer.self_attn.num_heads}
+        for key, value in {**kw, "n_heads": n_heads}.items():
+            if theirs[key] != value:
+                raise ValueError(
+                    f"{name} has {key}={theirs[key]!r} but encoder.layers.0 has {value!r}: seqlab's Transformer "
+                    "takes one setting for every layer, so this stack does not convert"
+                )
+    for name in ("encoder.norm", "decoder.norm"):
+        norm = module.get_submodule(name)
+        if not isinstance(norm, nn.LayerNorm) or norm.eps != kw["norm_eps"]:
+            got = f"eps={norm.eps}" if isinstance(norm, nn.LayerNorm) else type(norm).__name__
+            raise ValueError(
+                f"{name} is {got} but the layers' LayerNorm eps is {kw['norm_eps']}: seqlab's Transformer takes "
+                "one LayerNorm eps, so this model does not convert"
+            )
+
+
 @register(nn.Transformer)
 def _transformer(module: nn.Transformer) -> nn.Module:
     """nn.Transformer -> seqlab Transformer (``causal=False``: torch takes the causal mask as ``tgt_mask``).
@@ -240,6 +263,7 @@ def _transformer(module: nn.Transformer) -> nn.Module:
     first = enc.layers[0]
     sa = first.self_attn
     kw = _block_kwargs(first, sa)
+    _check_same_settings(module, kw, sa.num_heads)
     ours = Transformer(sa.embed_dim, sa.num_heads, len(enc.layers), len(dec.layers), causal=False, **kw)
 
     def rename(name: str) -> str:

@@ -19,7 +19,7 @@ from seqlab.validation import check_dropout, check_positive_ints
 
 # gelu, gelu_tanh: F.gelu(x) and F.gelu(x, approximate="tanh") through seqlab's vectorized kernel on the CPU
 # (seqlab.kernels.activations)
-_ACTS = {"relu": F.relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": F.silu}
+ACTIVATIONS = {"relu": F.relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": F.silu}  # by their config names
 _GELU = {"gelu": "none", "gelu_tanh": "tanh"}  # F.gelu's approximate= for the activations with a bias kernel
 
 
@@ -40,8 +40,8 @@ class MLP(nn.Module):
         self.d_model, self.d_ff, self.dropout = d_model, d_ff, dropout
         check_positive_ints(self, ("d_model", "d_ff"), prefix="MLP: ")
         check_dropout(self, prefix="MLP: ")
-        if activation not in _ACTS:
-            raise ValueError(f"activation must be one of {sorted(_ACTS)}, got {activation!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
         self.fc1 = nn.Linear(d_model, d_ff, bias=bias, device=device, dtype=dtype)
         self.fc2 = nn.Linear(d_ff, d_model, bias=bias, device=device, dtype=dtype)
@@ -62,7 +62,7 @@ class MLP(nn.Module):
             and hook_reason([("fc1", fc1)]) is None
         ):
             return gelu_bias(F.linear(x, fc1.weight), fc1.bias, _GELU[self.activation])
-        return _ACTS[self.activation](fc1(x))
+        return ACTIVATIONS[self.activation](fc1(x))
 
 
 class SwiGLU(nn.Module):

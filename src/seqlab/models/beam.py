@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from seqlab.models.generation import evaluating
+from seqlab.models.generation import evaluating, widened
 from seqlab.validation import check_nonnegative, check_positive_ints
 
 __all__ = [
@@ -381,7 +381,7 @@ def search_model(
 
     def step(tokens: Tensor, state: Any):
         logits, state, extra = model.step(tokens, state)
-        return never(logits.float().log_softmax(-1), c.pad_id, c.bos_id), state, extra
+        return never(widened(logits).log_softmax(-1), c.pad_id, c.bos_id), state, extra
 
     with evaluating(model):
         return search(

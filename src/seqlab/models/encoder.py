@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.masks import key_padding_mask
+from seqlab.layers.mlp import ACTIVATIONS
 from seqlab.layers.norms import LayerNorm
 from seqlab.layers.transformer_blocks import TransformerEncoderLayer
 from seqlab.models.generation import check_token_ids
@@ -193,7 +193,8 @@ class Encoder(nn.Module):
 
 
 class MaskedLMHead(nn.Module):
-    """hidden (b, t, d) -> logits (b, t, v): LayerNorm(GELU(W h + b)) Eᵀ + bias (BERT's MLM head)."""
+    """hidden (b, t, d) -> logits (b, t, v): LayerNorm(act(W h + b)) Eᵀ + bias (BERT's MLM head), act the
+    encoder's activation (``hidden_act``, as BERT's head transform takes it)."""
 
     def __init__(self, config: EncoderConfig, embedding: nn.Embedding | None = None, device=None, dtype=None):
         super().__init__()
@@ -202,12 +203,13 @@ class MaskedLMHead(nn.Module):
         self.dense = nn.Linear(c.d_model, c.d_model, **kw)
         self.norm = LayerNorm(c.d_model, eps=c.norm_eps, **kw)
         self.decoder = nn.Linear(c.d_model, c.vocab_size, **kw)
+        self.act = ACTIVATIONS[c.activation]
         normal_init_(self)
         if embedding is not None:
             self.decoder.weight = embedding.weight  # tied to the input embedding, as in BERT
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.decoder(self.norm(F.gelu(self.dense(hidden))))  # (b, t, d) -> (b, t, v)
+        return self.decoder(self.norm(self.act(self.dense(hidden))))  # (b, t, d) -> (b, t, v)
 
 
 class ClassificationHead(nn.Module):

@@ -18,6 +18,11 @@ import torch
 from torch import Tensor, nn
 
 
+def widened(logits: Tensor) -> Tensor:
+    """Logits in float32 at least, for their log-softmax: half precisions widened, float64 kept as it is."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def check_token_ids(ids: Tensor, vocab_size: int) -> None:
     """Token ids must be integers in [0, vocab_size): a clear error here instead of an IndexError in embedding."""
     if not isinstance(ids, Tensor) or ids.dtype not in (torch.long, torch.int32):

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from seqlab.layers.attention import MultiheadAttention, SelfAttention
 from seqlab.layers.fastpath import hook_reason
-from seqlab.layers.mlp import _ACTS, MLP, SwiGLU
+from seqlab.layers.mlp import ACTIVATIONS, MLP, SwiGLU
 from seqlab.layers.norms import LayerNorm, RMSNorm
 from seqlab.models.generation import check_token_ids
 
@@ -177,7 +177,7 @@ def _mlp_fn(mlp, vector: bool):
     if isinstance(mlp, SwiGLU):
         gate, up, down = (_proj(p.weight, p.bias, vector) for p in (mlp.gate, mlp.up, mlp.down))
         return lambda y: down(F.silu(gate(y)) * up(y))
-    act = _ACTS[mlp.activation]
+    act = ACTIVATIONS[mlp.activation]
     fc1, fc2 = _proj(mlp.fc1.weight, mlp.fc1.bias, vector), _proj(mlp.fc2.weight, mlp.fc2.bias, vector)
     return lambda y: fc2(act(fc1(y)))
 

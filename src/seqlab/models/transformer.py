@@ -37,7 +37,7 @@ from seqlab.layers.positional import SinusoidalPositionalEncoding
 from seqlab.layers.transformer_blocks import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer
 from seqlab.layers.vocab_head import VocabHead
 from seqlab.models.beam import Decoded, StepFn, never, search
-from seqlab.models.generation import check_token_ids, evaluating
+from seqlab.models.generation import check_token_ids, evaluating, widened
 from seqlab.validation import (
     check_choices,
     check_divisible,
@@ -193,7 +193,7 @@ class Transformer(nn.Module):
     ) -> tuple[Tensor, list[DecoderState]]:
         """tgt (b, t) after the positions in ``state`` -> log-probs (b, t, v), the grown state."""
         h, state, _ = self._decoder_stack(tgt, memory, src_mask, state)
-        return F.log_softmax(self.generator(h).float(), dim=-1), state  # (b, t, v)
+        return F.log_softmax(widened(self.generator(h)), dim=-1), state  # (b, t, v), float32 at least
 
     def _decoder_stack(
         self,
@@ -308,7 +308,7 @@ class Transformer(nn.Module):
         def step(last: Tensor, state: tuple):
             caches, memory, src_mask = state
             h, caches, w = self._decoder_stack(last[:, None], memory, src_mask, caches, need_weights)
-            logp = F.log_softmax(self.generator(h[:, -1]).float(), dim=-1)  # (N, 1, d) -> (N, v)
+            logp = F.log_softmax(widened(self.generator(h[:, -1])), dim=-1)  # (N, 1, d) -> (N, v)
             logp = never(logp, self.config.pad_id, self.config.bos_id)
             return logp, (caches, memory, src_mask), None if w is None else w[:, :, -1].mean(1)  # (N, s)
 

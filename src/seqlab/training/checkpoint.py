@@ -380,22 +380,6 @@ def load_tokenizer_json(ckpt: str | Path) -> str | None:
     return f.read_text(encoding="utf-8")
 
 
-def check_same_data(task, ckpt: str | Path) -> None:
-    """A task rebuilt from its settings (``eval``, ``--resume``) must have the vocabulary the checkpoint was
-    trained with: a ValueError when its tokenizer differs from the saved one, as when the text or corpus file was
-    changed or replaced since (the ids would mean other tokens, and the scores other data)."""
-    tok = getattr(task, "tokenizer", None)
-    saved = load_tokenizer_json(ckpt)
-    if saved is None or tok is None or not hasattr(tok, "to_json") or tok.to_json() == saved:
-        return
-    source = getattr(task, "source", None)
-    raise ValueError(
-        f"the task rebuilt for {resolve_checkpoint(ckpt)} has another vocabulary than the one it was trained with: "
-        f"its data{f' ({source})' if isinstance(source, str) else ''} changed since the run was trained; restore "
-        "that data, or train a new run on the new data"
-    )
-
-
 def load_tokenizer(ckpt: str | Path, needed_for: str, model: torch.nn.Module | None = None):
     """The tokenizer (char, BPE or WordPiece) saved with a checkpoint of a model trained on text; a
     ValueError saying what it is ``needed_for`` when the checkpoint has none, or when it cannot name every

@@ -1,4 +1,6 @@
-"""Opening a run directory for training: locked, never mixed with another run, an earlier run's files set aside."""
+"""A run directory as training and evaluation open it: locked, never mixed with another run, an earlier run's files
+set aside, checkpoints never saved over a user's directories, and a rebuilt task checked against the data the
+checkpoint was trained on."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from pathlib import Path
 from seqlab.training import checkpoint as ckpt
 from seqlab.training import manifest as run_files
 
-__all__ = ["check_save_steps", "open_run_dir"]
+__all__ = ["check_same_data", "check_save_steps", "open_run_dir"]
 
 
 def open_run_dir(out_dir: Path, resume: bool | str | Path) -> int:
@@ -67,3 +69,19 @@ def check_save_steps(out_dir: Path, first: int, steps: int, save_every: int) -> 
             f"{ckpt_root} holds {', '.join(strays[:3])}, which seqlab did not write (its manifest does not name "
             "it), where this run will save a checkpoint; move it out of checkpoints/ first (nothing is overwritten)"
         )
+
+
+def check_same_data(task, where: str | Path) -> None:
+    """A task rebuilt from its settings (``eval``, ``--resume``) must have the vocabulary the checkpoint was
+    trained with: a ValueError when its tokenizer differs from the saved one, as when the text or corpus file was
+    changed or replaced since (the ids would mean other tokens, and the scores other data)."""
+    tok = getattr(task, "tokenizer", None)
+    saved = ckpt.load_tokenizer_json(where)
+    if saved is None or tok is None or not hasattr(tok, "to_json") or tok.to_json() == saved:
+        return
+    source = getattr(task, "source", None)
+    raise ValueError(
+        f"the task rebuilt for {ckpt.resolve_checkpoint(where)} has another vocabulary than the one it was trained with: "
+        f"its data{f' ({source})' if isinstance(source, str) else ''} changed since the run was trained; restore "
+        "that data, or train a new run on the new data"
+    )
