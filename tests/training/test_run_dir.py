@@ -134,3 +134,10 @@ def test_resuming_a_run_saved_without_its_settings_says_how(text_file, tmp_path,
     assert json.loads((ckpt.resolve_checkpoint(out) / "config.json").read_text()).get("run") in ({}, None)
     code = main(["train", "--model.name=test-lstm-lm", "--task.name=adding", "--out", str(out), "--resume"])
     assert code == 2 and "saved without its run settings" in capsys.readouterr().err
+
+
+def test_resume_true_without_a_run_directory_says_so(text_file):
+    with pytest.raises(
+        ValueError, match=r"resume=True continues the run in the Trainer's out_dir, and it has none"
+    ):
+        _trainer(text_file, None).fit(resume=True)

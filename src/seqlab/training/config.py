@@ -109,7 +109,10 @@ class TrainConfig:
     def _check_loggers(self) -> None:
         known = ("jsonl", "tensorboard")
         if not isinstance(self.loggers, list | tuple) or any(name not in known for name in self.loggers):
-            raise ValueError(f"train.loggers must be a list of {known}, got {self.loggers!r}")
+            raise ValueError(
+                f"train.loggers must be a list of {known}, got {self.loggers!r} (on the command line: "
+                "--train.loggers=[tensorboard])"
+            )
         self.loggers = list(dict.fromkeys(["jsonl", *self.loggers]))
         if "tensorboard" in self.loggers:
             from seqlab.training.tensorboard import check_available

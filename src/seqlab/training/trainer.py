@@ -141,6 +141,10 @@ class Trainer:
     def resume(self, path: str | Path | None = None) -> None:
         """Load weights and trainer state from ``path`` (a checkpoint, or a run directory: its newest complete,
         verified checkpoint; default: this run's) and cut ``metrics.jsonl`` back to the checkpoint's step."""
+        if path is None and self.out_dir is None:
+            raise ValueError(
+                "resume=True continues the run in the Trainer's out_dir, and it has none: give one"
+            )
         where = ckpt.resumable_checkpoint(path or self.out_dir)
         state = ckpt.load_trainer_state(where, verified=True)
         if self.config.strategy == "fsdp":
@@ -161,7 +165,7 @@ class Trainer:
                 f"train.steps={self.config.steps} is below the step {self.step} of the checkpoint {where}; "
                 f"pass train.steps >= {self.step} to continue this run"
             )
-        if self.out_dir is not None:
+        if self.out_dir is not None and self.world.main:  # the one rank that writes metrics.jsonl
             self._cut_metrics()
         log.info("resumed from %s at step %d", where, self.step)
 
@@ -307,9 +311,8 @@ class Trainer:
         self.elapsed += time.perf_counter() - t0
         stop = self._stop_reason(until, interrupted.set)
         done = self.step >= c.steps or stop is not None
-        finish = (
-            done and stop != "interrupted"
-        )  # an interrupt saves mid-window, so resuming logs as if never cut
+        # a Ctrl-C or a pause saves mid-window without a record, so a resume logs as if never cut
+        finish = done and stop not in ("interrupted", "paused")
         if self.step % c.log_every == 0 or finish:
             last["train_loss"] = self._log_train(window, bar)
         if (c.eval_every and self.step % c.eval_every == 0) or finish:
