@@ -152,3 +152,13 @@ def test_every_spelling_of_utf8_drops_a_byte_order_mark(tmp_path):
     path = tmp_path / "bom.txt"
     path.write_bytes("\ufeffhello".encode())
     assert read_text_file(path, encoding="U8") == "hello"
+
+
+def test_translation_says_when_max_len_leaves_evaluation_pairs_out(tmp_path, caplog):
+    tsv = tmp_path / "pairs.tsv"
+    long = " ".join(f"w{j}" for j in range(40))
+    tsv.write_text("".join(f"a{i} {long if i % 2 else ''}\tb{i}\n" for i in range(200)), encoding="utf-8")
+    with caplog.at_level("WARNING", logger="seqlab.tasks"):
+        task = TranslationTask(source=str(tsv), vocab_size=300, max_len=16)
+    assert "max_len=16 leaves out" in caplog.text and "raise task.max_len to score every pair" in caplog.text
+    assert task.dropped_long > 0

@@ -25,6 +25,7 @@ no smoothing), ``ppl`` and ``acc``. ``score`` translates a split and scores it w
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,17 @@ class TranslationTask(Task):
         )
         self.data = {name: self._encode(pairs) for name, pairs in splits.items()}
         self.dropped_long = sum(len(splits[k]) - len(self.data[k][0]) for k in splits)
+        left_out = {k: len(splits[k]) - len(self.data[k][0]) for k in ("val", "test")}
+        if any(left_out.values()):  # the scores would be of the shorter, easier pairs only: said
+            logging.getLogger("seqlab.tasks").warning(
+                "max_len=%d leaves out %d of the %d validation and %d of the %d test pairs: their loss, BLEU and "
+                "chrF are of the rest; raise task.max_len to score every pair",
+                max_len,
+                left_out["val"],
+                len(splits["val"]),
+                left_out["test"],
+                len(splits["test"]),
+            )
         if not self.data["train"][0]:
             raise ValueError(f"no training pair of {source!r} has at most max_len={max_len} tokens per side")
         _check_eval_splits(source, splits, self.data, max_len)
