@@ -17,39 +17,28 @@ from seqlab.tasks.text import CharLMTask
 from seqlab.training import TrainConfig, Trainer, manifest
 from seqlab.training import checkpoint as ckpt
 
-TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200))
 
-
-@pytest.fixture
-def text_file(tmp_path):
-    path = tmp_path / "text.txt"
-    path.write_text(TEXT, encoding="utf-8")
-    return path
-
-
-def _trainer(text_file, out, steps=4, **train):
+def _trainer(corpus, out, steps=4, **train):
     torch.manual_seed(0)
-    task = CharLMTask(source=str(text_file), seq_len=8, batch_size=2, sampling="random")
+    task = CharLMTask(source=str(corpus), seq_len=8, batch_size=2, sampling="random")
     model = create("test-lstm-lm", vocab_size=task.tokenizer.vocab_size)
     settings = {"warmup_steps": 1, "eval_every": 0, "save_every": 2, "progress": False, **train}
     return Trainer(model, task, TrainConfig(steps=steps, **settings), out)
 
 
-def test_another_runs_checkpoint_never_continues_into_a_directory_holding_a_run(text_file, tmp_path):
+def test_another_runs_checkpoint_never_continues_into_a_directory_holding_a_run(corpus, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    _trainer(text_file, a).fit()
-    _trainer(text_file, b).fit()
+    _trainer(corpus, a).fit()
+    _trainer(corpus, b).fit()
     before = sorted(p.name for p in (b / "checkpoints").iterdir())
     with pytest.raises(ValueError, match=r"belongs to another run: continuing it here would prune"):
-        _trainer(text_file, b).fit(resume=a / "checkpoints" / "step-00000002")
+        _trainer(corpus, b).fit(resume=a / "checkpoints" / "step-00000002")
     assert sorted(p.name for p in (b / "checkpoints").iterdir()) == before
-    _trainer(text_file, tmp_path / "c").fit(
-        resume=a / "checkpoints" / "step-00000002"
-    )  # a new directory: fine
-    _trainer(text_file, b).fit(resume=b / "checkpoints" / "step-00000002")  # its own checkpoint: fine
+    _trainer(corpus, tmp_path / "c").fit(resume=a / "checkpoints" / "step-00000002")  # a new directory: fine
+    _trainer(corpus, b).fit(resume=b / "checkpoints" / "step-00000002")  # its own checkpoint: fine
 
 
-def test_a_first_save_cut_short_leaves_a_directory_that_starts_afresh(text_file, tmp_path, monkeypatch):
+def test_a_first_save_cut_short_leaves_a_directory_that_starts_afresh(corpus, tmp_path, monkeypatch):
     out = tmp_path / "r"
 
     real_replace = ckpt.os.replace
@@ -62,11 +51,11 @@ def test_a_first_save_cut_short_leaves_a_directory_that_starts_afresh(text_file,
 
     monkeypatch.setattr(ckpt.os, "replace", cut)
     with pytest.raises(KeyboardInterrupt):
-        _trainer(text_file, out).fit()
+        _trainer(corpus, out).fit()
     monkeypatch.undo()
     assert manifest.read_manifest(out / "checkpoints") == {}  # the entry written before the rename is gone
     assert not manifest.holds_run(out)
-    _trainer(text_file, out).fit()
+    _trainer(corpus, out).fit()
     assert ckpt.resolve_checkpoint(out).name == "step-00000004"
 
 
@@ -79,22 +68,22 @@ def test_a_manifest_naming_only_missing_checkpoints_is_no_run(tmp_path):
     assert manifest.holds_run(tmp_path)
 
 
-def test_a_directory_of_the_users_where_a_checkpoint_will_go_is_found_before_training(text_file, tmp_path):
+def test_a_directory_of_the_users_where_a_checkpoint_will_go_is_found_before_training(corpus, tmp_path):
     out = tmp_path / "r"
     (out / "checkpoints" / "step-00000004").mkdir(parents=True)
     (out / "checkpoints" / "step-00000003").mkdir()  # no checkpoint goes there: it stays, and is no obstacle
     with pytest.raises(ValueError, match=r"step-00000004, which seqlab did not write"):
-        _trainer(text_file, out).fit()
+        _trainer(corpus, out).fit()
     assert not (out / "metrics.jsonl").exists()  # refused before the first step
-    _trainer(text_file, out, steps=2).fit()
+    _trainer(corpus, out, steps=2).fit()
     assert (out / "checkpoints" / "step-00000003").is_dir()
 
 
-def test_a_fresh_start_sets_earlier_tensorboard_events_aside(text_file, tmp_path):
+def test_a_fresh_start_sets_earlier_tensorboard_events_aside(corpus, tmp_path):
     out = tmp_path / "r"
     (out / "tb").mkdir(parents=True)
     (out / "tb" / "events.out.tfevents.1").write_text("earlier", encoding="utf-8")
-    _trainer(text_file, out, steps=2, save_every=0, loggers=["jsonl"]).fit()
+    _trainer(corpus, out, steps=2, save_every=0, loggers=["jsonl"]).fit()
     assert (out / "tb.stale-1" / "events.out.tfevents.1").read_text(encoding="utf-8") == "earlier"
 
 
@@ -114,13 +103,15 @@ def test_a_warmup_longer_than_the_run_is_said(caplog):
     )
 
 
-def test_eval_and_resume_refuse_a_task_whose_data_changed(text_file, tmp_path, capsys):
+def test_eval_and_resume_refuse_a_task_whose_data_changed(corpus, tmp_path, capsys):
     out = str(tmp_path / "run")
-    args = ["--model.name=test-lstm-lm", "--task.name=text", f"--task.source={text_file}", "--task.seq_len=8",
+    args = ["--model.name=test-lstm-lm", "--task.name=text", f"--task.source={corpus}", "--task.seq_len=8",
             "--task.batch_size=2", "--train.steps=2", "--train.eval_every=0", "--train.progress=false"]  # fmt: skip
     assert main(["train", *args, "--out", out]) == 0
     assert main(["eval", "--checkpoint", out, "--batches", "1"]) == 0
-    text_file.write_text(TEXT.upper(), encoding="utf-8")  # other characters: another vocabulary
+    corpus.write_text(
+        corpus.read_text(encoding="utf-8").upper(), encoding="utf-8"
+    )  # other characters: another vocabulary
     capsys.readouterr()
     assert main(["eval", "--checkpoint", out, "--batches", "1"]) == 2
     assert "another vocabulary than the one it was trained with" in capsys.readouterr().err
@@ -128,16 +119,16 @@ def test_eval_and_resume_refuse_a_task_whose_data_changed(text_file, tmp_path, c
     assert "its data" in capsys.readouterr().err
 
 
-def test_resuming_a_run_saved_without_its_settings_says_how(text_file, tmp_path, capsys):
+def test_resuming_a_run_saved_without_its_settings_says_how(corpus, tmp_path, capsys):
     out = tmp_path / "api"
-    _trainer(text_file, out, steps=2).fit()
+    _trainer(corpus, out, steps=2).fit()
     assert json.loads((ckpt.resolve_checkpoint(out) / "config.json").read_text()).get("run") in ({}, None)
     code = main(["train", "--model.name=test-lstm-lm", "--task.name=adding", "--out", str(out), "--resume"])
     assert code == 2 and "saved without its run settings" in capsys.readouterr().err
 
 
-def test_resume_true_without_a_run_directory_says_so(text_file):
+def test_resume_true_without_a_run_directory_says_so(corpus):
     with pytest.raises(
         ValueError, match=r"resume=True continues the run in the Trainer's out_dir, and it has none"
     ):
-        _trainer(text_file, None).fit(resume=True)
+        _trainer(corpus, None).fit(resume=True)
