@@ -81,7 +81,7 @@ def check_same_data(task, where: str | Path) -> None:
         return
     source = getattr(task, "source", None)
     raise ValueError(
-        f"the task rebuilt for {ckpt.resolve_checkpoint(where)} has another vocabulary than the one it was trained with: "
-        f"its data{f' ({source})' if isinstance(source, str) else ''} changed since the run was trained; restore "
+        f"the task rebuilt for {ckpt.resolve_checkpoint(where)} has another vocabulary than the one it was trained "
+        f"with: its data{f' ({source})' if isinstance(source, str) else ''} changed since the run was trained; restore "
         "that data, or train a new run on the new data"
     )

@@ -165,7 +165,7 @@ class Trainer:
                 f"train.steps={self.config.steps} is below the step {self.step} of the checkpoint {where}; "
                 f"pass train.steps >= {self.step} to continue this run"
             )
-        if self.out_dir is not None and self.world.main:  # the one rank that writes metrics.jsonl
+        if self.out_dir is not None:
             self._cut_metrics()
         log.info("resumed from %s at step %d", where, self.step)
 
