@@ -237,14 +237,15 @@ def test_selective_scan_dispatches_to_the_kernel_on_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize("failure", ["build", "compiler"])
-def test_fallback_warns_once_and_gives_the_same_numbers(monkeypatch, caplog, failure):
+def test_fallback_warns_once_and_gives_the_same_numbers(monkeypatch, caplog, tmp_path, failure):
     def broken(*args):
         raise RuntimeError("Error building extension 'x':\nselective_scan.cpp:1:1: error: something broke")
 
     monkeypatch.setattr(build, "_info", None)  # as in a fresh process
     if failure == "build":
         monkeypatch.setattr(build, "_compile", broken)
-    else:
+    else:  # nothing built yet (an empty cache) and no compiler to build it
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
         monkeypatch.setenv("CXX", "no-such-compiler")
     x = _inputs(2, 7, 5, 3)
     with caplog.at_level(logging.WARNING, logger="seqlab.kernels"):
@@ -268,3 +269,21 @@ def test_second_process_loads_from_the_cache():
     child = json.loads(out.strip().splitlines()[-1])
     assert child["loaded"] and child["cached"], child
     assert child["name"] == info.name and child["path"] == info.path
+
+
+@pytest.mark.parametrize("impl", ["kernel", "chunked"])
+def test_second_derivatives_are_the_references(impl):
+    """A backward with create_graph=True (a gradient penalty) differentiates the reference: exact second
+    derivatives, where the kernel's own backward would have given zeros."""
+    g = torch.Generator().manual_seed(0)
+    b, t, d, n = 1, 5, 3, 2
+    u, B, C = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((b, t, d), (b, t, n), (b, t, n)))
+    delta = 0.1 + 0.5 * torch.rand(b, t, d, generator=g, dtype=torch.float64)
+    A = -(0.1 + torch.rand(d, n, generator=g, dtype=torch.float64))
+    D, z = torch.randn(d, dtype=torch.float64), torch.randn(b, t, d, dtype=torch.float64)
+    inputs = tuple(x.requires_grad_() for x in (u, delta, A, B, C))
+
+    def scan(u, delta, A, B, C):
+        return selective_scan(u, delta, A, B, C, D, z, impl=impl)
+
+    assert torch.autograd.gradgradcheck(scan, inputs)

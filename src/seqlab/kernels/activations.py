@@ -53,7 +53,7 @@ class _Gelu(torch.autograd.Function):
             with torch.enable_grad():
                 y = F.gelu(x, approximate=_TORCH[ctx.tanh])
                 return torch.autograd.grad(y, x, grad, create_graph=True)[0], None
-        ext, grad = EXTENSION.load(), grad.to(x.dtype).contiguous()
+        ext, grad = EXTENSION.load(even_if_disabled=True), grad.to(x.dtype).contiguous()  # the forward ran it
         return (ext.backward(grad, x) if ctx.tanh else ext.erf_backward(grad, x)), None
 
 
@@ -86,7 +86,7 @@ class _GeluBias(torch.autograd.Function):
             with torch.enable_grad():
                 y = F.gelu(p + b, approximate=_TORCH[ctx.tanh])
                 return (*torch.autograd.grad(y, (p, b), grad, create_graph=True), None)
-        ext, grad = EXTENSION.load(), grad.contiguous()
+        ext, grad = EXTENSION.load(even_if_disabled=True), grad.contiguous()
         du, db = ext.bias_backward(grad, p, b) if ctx.tanh else ext.erf_bias_backward(grad, p, b)
         return du, db, None
 
@@ -115,6 +115,8 @@ def gelu_bias(p: Tensor, b: Tensor, approximate: str = "none") -> Tensor:
             f"{tuple(p.shape)} and b {b.dtype} {tuple(b.shape)}"
         )
     tanh = _FORMS[approximate]
+    if p.numel() == 0:  # nothing to compute (a zero-width layer): the empty result, through torch's ops
+        return (gelu_tanh if tanh else gelu)(p + b)
     if cpu_float_reason(p) is None and p.dtype == b.dtype and EXTENSION.unbuilt_reason() is None:
         flat = p.reshape(-1, p.size(-1)).contiguous()  # (rows, n); p itself when p is a contiguous matrix
         return _GeluBias.apply(flat, b.contiguous(), tanh).view(p.shape)

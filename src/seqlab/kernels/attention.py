@@ -88,7 +88,7 @@ class _Attention(torch.autograd.Function):
             grad = grad.contiguous()
         (b, h, t_q, d), t_k = q.shape, k.size(2)
         dq, dk, dv = _heads_last(b, h, t_q, d, q), _heads_last(b, h, t_k, d, q), _heads_last(b, h, t_k, d, q)
-        kernel = EXTENSION.load()
+        kernel = EXTENSION.load(even_if_disabled=True)  # the forward ran it
         kernel.backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv, keep, ctx.p, ctx.seed)
         return dq, dk, dv, None, None, None, None, None
 
@@ -120,7 +120,7 @@ class _PackedAttention(torch.autograd.Function):
         dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
         q, k, v = (_heads(x, h) for x in qkv.chunk(3, dim=-1))
         dq, dk, dv = (_heads(x, h) for x in dqkv.chunk(3, dim=-1))
-        kernel = EXTENSION.load()
+        kernel = EXTENSION.load(even_if_disabled=True)  # the forward ran it
         kernel.backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, dq, dk, dv, None, ctx.p, ctx.seed)
         return dqkv, None, None, None, None, None
 
@@ -226,6 +226,10 @@ def why_not_kernel(
     if any(t.dtype != q.dtype or t.device != q.device for t in (k, v)):
         return "q, k and v must share dtype and device"
     b, h, t_q, d = q.shape
+    if k.size(0) != b or v.size(0) != b or k.shape[1:] != v.shape[1:] or k.size(-1) != d:
+        return "the kernel takes q (b, h, t_q, d) and k, v (b, h, t_k, d) of one batch size (torch broadcasts them)"
+    if d == 0 or t_q == 0 or k.size(2) == 0 or b == 0 or h == 0:
+        return "empty sizes go to torch"
     if mask is not None and not _is_key_mask(mask, b, k.size(2)):
         return (
             "the kernel takes a key padding mask ((b, 1, 1, t_k) or broadcast to it) and the causal structure"

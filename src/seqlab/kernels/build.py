@@ -23,6 +23,7 @@ the build or load took and whether it came from the cache, for benchmarks to pri
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from seqlab.kernels import cache
 
 __all__ = [
     "ISA_FLAGS",
@@ -116,11 +119,26 @@ def missing_tool() -> str | None:
     return None
 
 
+class _NoTool(RuntimeError):
+    """No compiler or no ninja: nothing can be built here."""
+
+
 def _compile(name: str, flags: list[str], folder: Path) -> None:
-    """Build (or find up to date) and load the operator library; raises on any failure."""
+    """Load the operator library: as it is when the cache records it as built from these sources and flags
+    (nothing written: a read-only cache works), else built (or found up to date) by torch's ``load``; raises on
+    any failure."""
     from torch.utils.cpp_extension import load
 
+    library = folder / f"{name}.so"
+    sources = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()
+    if cache.recorded(library, sources):
+        torch.ops.load_library(str(library))
+        return
+    if (reason := missing_tool()) is not None:
+        raise _NoTool(reason)
     folder.mkdir(parents=True, exist_ok=True)
+    cache.clear_if_damaged(library, sources)
+    cache.clear_stale_lock(folder)
     load(
         name=name,
         sources=[str(SOURCE)],
@@ -130,6 +148,7 @@ def _compile(name: str, flags: list[str], folder: Path) -> None:
         is_python_module=False,
         verbose=False,
     )
+    cache.record(library, sources)
 
 
 def _first_error(e: Exception) -> str:
@@ -147,13 +166,14 @@ def _build() -> BuildInfo:
     library = library_path(name)
     folder = library.parent
     start, before = time.perf_counter(), _mtime(library)
-    reason = missing_tool()
-    if reason is None:
-        try:
-            _compile(name, flags, folder)
-        except Exception as e:  # a compiler error, a linker error, a bad cache folder: all mean "no kernel"
-            log.debug("building %s failed", name, exc_info=True)
-            reason = f"the build failed ({_first_error(e)})"
+    reason = None
+    try:
+        _compile(name, flags, folder)
+    except _NoTool as e:
+        reason = str(e)
+    except Exception as e:  # a compiler error, a linker error, a bad cache folder: all mean "no kernel"
+        log.debug("building %s failed", name, exc_info=True)
+        reason = f"the build failed ({_first_error(e)})"
     seconds = time.perf_counter() - start
     cached = reason is None and before is not None and _mtime(library) == before
     return BuildInfo(name, reason is None, cached, seconds, tuple(flags), str(library), reason)

@@ -49,7 +49,9 @@ class _CausalConvSilu(torch.autograd.Function):
                 y = causal_conv_silu_ref(x, state, weight, bias)
                 grads = iter(torch.autograd.grad(y, inputs, grad, create_graph=True, allow_unused=True))
                 return tuple(None if t is None else next(grads) for t in (x, state, weight, bias))
-        dx, ds, dw, db = EXTENSION.load().backward(grad.contiguous(), x, state, weight, bias)
+        dx, ds, dw, db = EXTENSION.load(even_if_disabled=True).backward(
+            grad.contiguous(), x, state, weight, bias
+        )
         return dx, ds, dw, (db if bias is not None else None)
 
 
@@ -60,8 +62,18 @@ def why_not_kernel(x: Tensor) -> str | None:
 
 def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """silu(causal depthwise conv) of x (b, t, c) after state (b, k-1, c), weight (k, c), bias (c,) -> (b, t, c)."""
+    if x.dim() == 3 and x.size(1) == 0:
+        raise ValueError(
+            f"causal_conv_silu needs x (b, t, c) with t >= 1 positions, got shape {tuple(x.shape)}"
+        )
+    if bias is not None and (bias.dtype != x.dtype or bias.device != x.device):
+        raise ValueError(
+            f"causal_conv_silu: the bias must have x's dtype and device ({x.dtype}, {x.device}), got "
+            f"{bias.dtype} on {bias.device}"
+        )
     if why_not_kernel(x) is not None:
         return causal_conv_silu_ref(x, state, weight, bias)
     if x.dim() == 3:  # the kernel reads rows with a stride (a view of in_proj's output), not any layout
         x = with_spaced_rows(x)
+    bias = None if bias is None else bias.contiguous()  # a view of every other element, an expanded one
     return _CausalConvSilu.apply(x, state.contiguous(), weight.contiguous(), bias)

@@ -31,7 +31,8 @@ from types import ModuleType
 
 import torch
 
-from seqlab.kernels.build import ISA_FLAGS, disabled_reason, library_path
+from seqlab.kernels import cache
+from seqlab.kernels.build import ISA_FLAGS, disabled_reason, library_path, missing_tool
 
 __all__ = [
     "CppExtension",
@@ -95,6 +96,16 @@ def _first_error(e: Exception) -> str:
     return f"{type(e).__name__}: {(found or lines)[0].strip()[:300]}"
 
 
+def _import_extension(name: str, library: Path) -> ModuleType:
+    """The pybind module in ``library`` (built as ``name``), imported without torch's build step."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class CppExtension:
     """The kernel in ``<stem>.cpp`` (plus the headers it includes, listed in ``headers``), built on first use.
 
@@ -124,15 +135,29 @@ class CppExtension:
         return library_path(self.name_and_flags()[0])
 
     def _compile(self) -> tuple[ModuleType, dict]:
-        """Build (or load from the cache) the extension; return it with what the build cost."""
+        """Build (or load from the cache) the extension; return it with what the build cost.
+
+        A library recorded by the process that built it (``cache``) is imported as it is, writing nothing (a
+        read-only cache works); otherwise torch's ``load`` builds it, or finds it up to date, under its lock."""
         from torch.utils.cpp_extension import load  # imported here: it is slow and only needed once
 
         name, flags = self.name_and_flags()
         library = library_path(name)
         directory = library.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        before = library.stat().st_mtime_ns if library.exists() else None
         start = time.perf_counter()
+        if cache.recorded(library, name):  # the name holds the digest of the sources and flags
+            module = _import_extension(name, library)
+            return module, {
+                "seconds": time.perf_counter() - start,
+                "cached": True,
+                "directory": str(directory),
+            }
+        if (reason := missing_tool()) is not None:
+            raise RuntimeError(reason)
+        directory.mkdir(parents=True, exist_ok=True)
+        cache.clear_if_damaged(library, name)
+        cache.clear_stale_lock(directory)
+        before = library.stat().st_mtime_ns if library.exists() else None
         module = load(
             name,
             [str(self.source)],
@@ -144,12 +169,14 @@ class CppExtension:
         )
         seconds = time.perf_counter() - start
         cached = before is not None and library.stat().st_mtime_ns == before
+        cache.record(library, name)
         return module, {"seconds": seconds, "cached": cached, "directory": str(directory)}
 
-    def load(self) -> ModuleType | None:
+    def load(self, even_if_disabled: bool = False) -> ModuleType | None:
         """The compiled module, built on the first call of the process; None (after one warning) if it cannot be,
-        and None (silently, nothing built) while SEQLAB_DISABLE_KERNELS switches it off."""
-        if disabled_reason(self.stem) is not None:
+        and None (silently, nothing built) while SEQLAB_DISABLE_KERNELS switches it off, unless
+        ``even_if_disabled``: a backward whose forward ran the kernel needs it, whatever the switch says now."""
+        if disabled_reason(self.stem) is not None and not (even_if_disabled and "module" in self._loaded):
             return None
         if "module" in self._loaded:
             return self._loaded["module"]  # type: ignore[return-value]

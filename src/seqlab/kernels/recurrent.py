@@ -80,7 +80,7 @@ class _RecurrentLayer(torch.autograd.Function):
 def _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws):
     """The kernel's own first-order backward (grad mode is off): the adjoint recurrence, fused."""
     need_dx = ctx.needs_input_grad[0]
-    dx, dh0, dw_ih, dw_hh, db_ih, db_hh = load_recurrent_kernel().backward(
+    dx, dh0, dw_ih, dw_hh, db_ih, db_hh = EXTENSION.load(even_if_disabled=True).backward(
         grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, ctx.mode, ctx.reverse, ctx.has_bias, need_dx
     )
     biases = (db_ih, db_hh) if ctx.has_bias else (None, None)
@@ -121,6 +121,8 @@ def recurrent_layer(
     ``create_graph=True`` (double backward) recomputes the layer with :func:`recurrent_layer_ref` instead, so
     second derivatives are exact too, at the reference's speed.
     """
+    if x.dim() != 3 or x.size(0) == 0:
+        raise ValueError(f"recurrent_layer needs x (t, b, in) with t >= 1 steps, got shape {tuple(x.shape)}")
     if load_recurrent_kernel() is None:
         raise RuntimeError(f"seqlab's recurrent kernel is not available: {build_info()['error']}")
     return _RecurrentLayer.apply(x, h0, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from seqlab.kernels.build import kernel_unavailable
 from seqlab.kernels.extension import with_spaced_rows
@@ -111,15 +110,17 @@ class _KernelScan(torch.autograd.Function):
         y, h_last, bounds = torch.ops.seqlab_scan.fwd(
             u, delta, A, B, C, D, z, delta_bias, h0, softplus, chunk
         )
-        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, bounds)  # bounds: (b, t / chunk, n, d)
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, bounds, h0)  # bounds: (b, t / chunk, n, d)
         ctx.softplus, ctx.chunk = softplus, chunk
         ctx.given = (D is not None, z is not None, delta_bias is not None, h0 is not None)
         return y, h_last
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy, dh_last):
-        u, delta, A, B, C, D, z, delta_bias, bounds = ctx.saved_tensors
+        u, delta, A, B, C, D, z, delta_bias, bounds, h0 = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the reference, so that second
+            inputs = (u, delta, A, B, C, D, z, delta_bias, h0)  # derivatives are exact too
+            return (*through_reference(inputs, (dy, dh_last), ctx.softplus), None, None)
         du, ddelta, dA, dB, dC, dD, dz, dbias, dh0 = torch.ops.seqlab_scan.bwd(
             u,
             delta,
@@ -143,6 +144,34 @@ class _KernelScan(torch.autograd.Function):
             dh0 if has_h0 else None,
         )
         return du, ddelta, dA, dB, dC, *optional, None, None
+
+
+# The reference scan, seqlab.layers.scan.selective_scan_ref, which sets it when imported (kernels import nothing
+# from the layers above them); differentiated instead of the kernel by a backward with create_graph=True.
+REFERENCE: list = [None]
+
+
+def through_reference(inputs: tuple, grads: tuple, softplus: bool) -> list:
+    """The gradients of the reference scan's (y, last state) at ``inputs`` (u, delta, A, B, C, D, z,
+    delta_bias, h0; None where absent) against ``grads``, as a differentiable graph: a backward with
+    create_graph=True through the kernel. None for the inputs that need no gradient."""
+    if REFERENCE[0] is None:
+        raise RuntimeError(
+            "a backward with create_graph=True through the scan kernel needs seqlab.layers.scan"
+        )
+    u, delta, A, B, C, D, z, delta_bias, h0 = inputs
+    with torch.enable_grad():
+        y, h = REFERENCE[0](u, delta, A, B, C, D, z, delta_bias, softplus, h0, return_last_state=True)
+        wanted = [i for i, x in enumerate(inputs) if x is not None and x.requires_grad]
+        outs = [(o, g) for o, g in ((y, grads[0]), (h, grads[1])) if g is not None]
+        got = torch.autograd.grad(
+            [o for o, _ in outs], [inputs[i] for i in wanted], [g for _, g in outs], create_graph=True,
+            allow_unused=True,
+        )  # fmt: skip
+    result = [None] * len(inputs)
+    for i, g in zip(wanted, got, strict=True):
+        result[i] = g if g is not None else torch.zeros_like(inputs[i])
+    return result
 
 
 def selective_scan_kernel(

@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqlab.kernels import selective_scan as scan_kernel
 from seqlab.kernels import selective_scan_kernel, why_not_kernel
 from seqlab.kernels.selective_scan import check_scan_shapes
 from seqlab.kernels.triton_scan import selective_scan_triton, why_not_triton
@@ -120,6 +121,9 @@ def selective_scan_ref(
     return (y, h) if return_last_state else y
 
 
+scan_kernel.REFERENCE[0] = selective_scan_ref  # what the kernel differentiates for create_graph=True
+
+
 class _ChunkedScan(torch.autograd.Function):
     """y_t = ⟨h_t, C_t⟩, h_t = exp(Δ_t A) h_{t-1} + Δ_t u_t B_t, chunk by chunk; backward recomputes.
 
@@ -154,13 +158,18 @@ class _ChunkedScan(torch.autograd.Function):
             _, H = _ChunkedScan._chunk_states(u[:, s:e], delta[:, s:e], At, B[:, s:e], h)
             y[:, s:e] = (C[:, s:e, None, :] @ H).squeeze(2)  # ⟨C_i, h_i⟩: (b, l, 1, n) x (b, l, n, d)
             h = H[:, -1].clone()
-        ctx.save_for_backward(u, delta, A, B, C, boundary)
+        ctx.save_for_backward(u, delta, A, B, C, boundary, h0)
         ctx.chunk_size = chunk_size
         return y, h.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, dy, dh_last):
-        u, delta, A, B, C, boundary = ctx.saved_tensors
+        u, delta, A, B, C, boundary, h0 = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the reference's graph (its loops write in place)
+            du, ddelta, dA, dB, dC, *_, dh0 = scan_kernel.through_reference(
+                (u, delta, A, B, C, None, None, None, h0), (dy, dh_last), False
+            )
+            return du, ddelta, dA, dB, dC, dh0, None
         l_max, t = ctx.chunk_size, u.size(1)
         At = A.t().contiguous()  # (n, d)
         du, ddelta = torch.empty_like(u), torch.empty_like(delta)

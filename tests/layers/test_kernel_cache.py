@@ -1,0 +1,118 @@
+"""The kernel cache (seqlab.kernels.cache): a recorded library is imported without torch's build step (so a cache
+that cannot be written still serves it), a library cut short is built again instead of crashing the process, and
+a lock left by a killed build does not make the next process wait forever."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+
+from seqlab.kernels import cache
+from seqlab.kernels.layer_norm import EXTENSION
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler to build the kernel")
+
+
+@pytest.fixture
+def cached(tmp_path, monkeypatch):
+    """A copy of the LayerNorm kernel's built folder in a cache of its own, and a fresh CppExtension on it."""
+    assert EXTENSION.load() is not None
+    library = EXTENSION.library()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    ext = copy.copy(EXTENSION)
+    ext._loaded = {}
+    shutil.copytree(library.parent, ext.library().parent)
+    return ext, ext.library()
+
+
+def _works(module) -> bool:
+    x, w = torch.randn(3, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    y = module.forward(x, w, None, 1e-5)[0]
+    return torch.allclose(y, torch.nn.functional.layer_norm(x, (8,), w, None, 1e-5))
+
+
+def test_a_recorded_library_is_imported_without_the_build_step(cached, monkeypatch):
+    ext, library = cached
+    assert cache.recorded(library, library.stem)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("torch's load (which takes a lock in the folder) was called")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", no_build)
+    module = ext.load()
+    assert module is not None and _works(module) and ext.build_info()["cached"]
+
+
+def test_a_library_cut_short_is_built_again(cached, caplog):
+    ext, library = cached
+    data = library.read_bytes()
+    library.write_bytes(data[: len(data) // 3])  # its ELF header intact: importing it would die of SIGBUS
+    module = ext.load()
+    assert module is not None and _works(module)
+    assert "not the library that was built there" in caplog.text
+    assert cache.recorded(library, library.stem)
+
+
+def test_a_lock_left_by_a_killed_build_is_cleared(cached, caplog):
+    ext, library = cached
+    for path in library.parent.glob("*.record.json"):
+        path.unlink()  # no record: torch's build step runs, and waits while a lock file exists
+    lock = library.parent / "lock"
+    lock.write_text("", encoding="utf-8")
+    an_hour_ago = time.time() - 3600
+    os.utime(lock, (an_hour_ago, an_hour_ago))
+    signal.alarm(120)  # a wait on the lock would never end: fail instead
+    try:
+        module = ext.load()
+    finally:
+        signal.alarm(0)
+    assert module is not None and _works(module)
+    assert "left 60 minutes ago by a build that did not finish" in caplog.text
+
+
+def test_a_backward_runs_the_kernel_its_forward_ran_after_the_kernels_are_switched_off(monkeypatch):
+    from seqlab.kernels.activations import gelu_tanh
+    from seqlab.kernels.attention import attention
+    from seqlab.kernels.layer_norm import layer_norm
+
+    x = torch.randn(4, 32, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(32, dtype=torch.float64, requires_grad=True)
+    q, k, v = (torch.randn(2, 2, 40, 16, requires_grad=True) for _ in range(3))
+    outs = [layer_norm(x, w, None, 1e-5), gelu_tanh(x), attention(q, k, v, is_causal=True)]
+    monkeypatch.setenv("SEQLAB_DISABLE_KERNELS", "all")
+    for y in outs:
+        y.sum().backward()  # AttributeError: 'NoneType' ... before
+    assert x.grad is not None and w.grad is not None and q.grad is not None
+
+
+def test_kernel_entry_points_on_empty_and_odd_inputs():
+    from seqlab.kernels.activations import gelu_bias
+    from seqlab.kernels.attention import why_not_kernel
+    from seqlab.kernels.causal_conv import causal_conv_silu, causal_conv_silu_ref
+    from seqlab.kernels.recurrent import recurrent_layer
+
+    assert gelu_bias(torch.randn(3, 0), torch.randn(0)).shape == (3, 0)
+    q, k = torch.randn(2, 2, 40, 16), torch.randn(1, 2, 40, 16)
+    assert "one batch size" in why_not_kernel(q, k, k, None, 0.0, True)  # torch broadcasts it instead
+    assert why_not_kernel(q[..., :0], k[..., :0].expand(2, -1, -1, -1), k[..., :0].expand(2, -1, -1, -1),
+                          None, 0.0, True) == "empty sizes go to torch"  # fmt: skip
+    x, state, weight = torch.randn(2, 5, 3), torch.randn(2, 3, 3), torch.randn(4, 3)
+    bias = torch.randn(6)[::2]  # every other element: a view that is not contiguous
+    torch.testing.assert_close(
+        causal_conv_silu(x, state, weight, bias), causal_conv_silu_ref(x, state, weight, bias)
+    )
+    with pytest.raises(ValueError, match=r"bias must have x's dtype"):
+        causal_conv_silu(x, state, weight, bias.double())
+    with pytest.raises(ValueError, match=r"t >= 1 positions, got shape \(2, 0, 3\)"):
+        causal_conv_silu(x[:, :0], state, weight, bias)
+    gru = torch.nn.GRU(4, 6)
+    with pytest.raises(ValueError, match=r"t >= 1 steps, got shape \(0, 2, 4\)"):
+        recurrent_layer(
+            torch.randn(0, 2, 4), torch.zeros(2, 6), gru.weight_ih_l0, gru.weight_hh_l0, None, None, "GRU"
+        )
