@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from seqlab.outfiles import add_out_file
+from seqlab.outfiles import add_out_file, fresh_file, fresh_folder
 from seqlab.run import indices, non_negative_int, positive_int
 
 __all__ = ["add_caption", "add_viz_attention", "add_viz_caption", "vit_attention_command"]
@@ -61,6 +61,7 @@ def _image(args: argparse.Namespace, task: dict, size: int, channels: int) -> Te
 
 
 MAX_SCENE = 100_000
+ATTENTION_OUT = "runs/viz/attention"  # viz attention's default folder
 
 
 def _scene(spec: str, task: dict) -> Tensor:
@@ -147,6 +148,10 @@ def vit_attention_command(args: argparse.Namespace, model, task: dict) -> int:
     """``seqlab viz attention`` for a ViT checkpoint: per-head maps of the last layer and the rollout."""
     from seqlab.viz.vision import plot_vit_attention
 
+    out = Path(args.out)
+    default = Path(ATTENTION_OUT) / "vit-attention.png"
+    out = out / "vit-attention.png" if out.suffix.lower() != ".png" else out
+    out = Path(fresh_file(str(out), str(default)))
     c = model.config
     image = _image(args, task, c.image_size, c.in_channels)
     x = _standardize(image[None], task)  # (1, c, S, S)
@@ -154,8 +159,6 @@ def vit_attention_command(args: argparse.Namespace, model, task: dict) -> int:
     grid = model.patch_embed.grid(image.shape[-2], image.shape[-1])
     has_cls = model.cls_token is not None
     query = "cls" if has_cls else (grid[0] // 2) * grid[1] + grid[1] // 2  # no class token: the central patch
-    out = Path(args.out)
-    out = out / "vit-attention.png" if out.suffix.lower() != ".png" else out
     path = plot_vit_attention(image, maps, grid, out, has_cls=has_cls, query=query)
     with torch.no_grad():
         logits = model(x)
@@ -199,7 +202,8 @@ def _cmd_viz_attention(args: argparse.Namespace) -> int:
     if args.text is None:
         raise ValueError("--text is needed for a language model's attention (--image for a ViT checkpoint)")
     tok = load_tokenizer(where, "attention maps need a model trained on text")
-    paths = write_attention_maps(model, tok, args.text, args.out, args.layers, args.heads, args.per_head)
+    out = fresh_folder(args.out, ATTENTION_OUT, ("attention.png", "layer*-head*.png"))
+    paths = write_attention_maps(model, tok, args.text, out, args.layers, args.heads, args.per_head)
     extra = f" and {len(paths) - 1} per-head maps" if args.per_head else " (--per-head: one file per map too)"
     print(f"wrote {paths[0]}{extra}")
     return 0
@@ -222,7 +226,8 @@ def add_viz_attention(vsub) -> None:
     )
     va.add_argument(
         "--out",
-        default="runs/viz/attention",
-        help="directory for attention.png (layers x heads) and the per-head files (or a .png, ViT)",
+        default=ATTENTION_OUT,
+        help="directory for attention.png (layers x heads) and the per-head files (or a .png, ViT); never "
+        "overwritten: the default folder gets the next free number",
     )
     va.set_defaults(func=_cmd_viz_attention)

@@ -54,3 +54,31 @@ def fresh_file(out: str | None, default: str | None) -> str | None:
     while (numbered := path.with_name(f"{path.stem}-{n}{path.suffix}")).exists():
         n += 1
     return str(numbered)
+
+
+def fresh_folder(out: str, default: str, writes: tuple[str, ...]) -> Path:
+    """The folder to write a command's files in (``writes``: glob patterns of their names), checked before any
+    work: a folder already holding such files is refused (the default one: the next free numbered folder beside
+    it, ``attention-2``); a file where the folder should be is an error."""
+    if not out.strip():
+        raise ValueError("--out is empty: give a folder, e.g. runs/viz/attention")
+
+    def taken(folder: Path) -> bool:
+        return folder.is_dir() and any(any(folder.glob(p)) for p in writes)
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out} is a file; this command writes a folder of figures")
+    if not (parent := nearest_existing(path)).is_dir():
+        raise ValueError(f"--out {out}: {parent} is a file, not a folder")
+    if not taken(path):
+        return path
+    if out != default:
+        raise ValueError(
+            f"{path} already holds figures this command writes ({', '.join(writes)}); seqlab does not overwrite "
+            "files: remove them or choose another --out"
+        )
+    n = 2
+    while taken(numbered := path.with_name(f"{path.name}-{n}")) or numbered.is_file():
+        n += 1
+    return numbered

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import math
 import os
 import typing
 from collections.abc import Callable
@@ -282,7 +283,7 @@ def non_negative_float(text: str) -> float:
 
 
 def positive_float(text: str) -> float:
-    return _number(float, text, lambda v: v > 0, "a positive number")
+    return _number(float, text, lambda v: 0 < v < math.inf, "a positive number")  # inf and nan are not
 
 
 def probability(text: str) -> float:
@@ -291,8 +292,14 @@ def probability(text: str) -> float:
 
 
 def names(text: str) -> list[str]:
-    """'lstm, gru' -> ['lstm', 'gru']: a comma-separated list, blanks dropped."""
-    return [x.strip() for x in text.split(",") if x.strip()]
+    """'lstm, gru' -> ['lstm', 'gru']: a comma-separated list, blanks dropped; one name at least, each once."""
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"must name one or more, comma-separated, got {text!r}")
+    if len(set(out)) != len(out):
+        twice = sorted({x for x in out if out.count(x) > 1})
+        raise argparse.ArgumentTypeError(f"names {', '.join(twice)} more than once, in {text!r}")
+    return out
 
 
 def indices(text: str) -> list[int]:

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import seqlab.lab.records as records
 import seqlab.lab.runner as runner
 from seqlab.cli import main
 from seqlab.lab import compare
@@ -108,7 +109,7 @@ def test_remeasure_belongs_to_the_suites_with_systems_rows(tmp_path, capsys):
 def test_worker_log_lines_come_back_to_be_written_above_the_bar():
     import logging
 
-    with runner._collect_logs(True) as logs:
+    with records.collect_logs(True) as logs:
         logging.getLogger("seqlab.tasks").warning("the data set is small")
         logging.getLogger("seqlab.tasks").info("not kept")
     assert logs.lines == ["WARNING the data set is small"]

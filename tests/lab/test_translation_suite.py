@@ -76,6 +76,11 @@ def test_a_finished_contender_is_read_back_with_its_own_settings(tmp_path, monke
         raise AssertionError("a finished run was calibrated again")
 
     monkeypatch.setattr(translation, "_planned", no_calibration)
-    again = translation._run("Bahdanau", fields, tmp_path, minutes=5.0, seed=0)
+    again = translation._run("Bahdanau", fields, tmp_path, minutes=0.01, seed=0)
     assert again["steps"] == steps and again["summary"]["step"] == steps
     assert (tmp_path / "runs" / "bahdanau" / "latest").read_text() == latest
+    # asked for with other settings, the finished run is an error, not a score under the new settings' name
+    with pytest.raises(
+        ValueError, match=r"other settings than this compare asks for \(minutes 0.01 -> 5.0\)"
+    ):
+        translation._run("Bahdanau", fields, tmp_path, minutes=5.0, seed=0)

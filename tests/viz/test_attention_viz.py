@@ -30,13 +30,16 @@ def test_viz_attention_writes_heatmaps(gpt_run, tmp_path, capsys):
     assert main([*cmd, "--layers", "0,1", "--heads", "0,3", "--out", str(out)]) == 0
     assert [p.name for p in out.iterdir()] == ["attention.png"]  # one overview: layers x heads
     assert "attention.png" in capsys.readouterr().out
+    assert main([*cmd, "--layers", "0,1", "--heads", "0,3", "--out", str(out), "--per-head"]) == 2
+    assert "already holds figures this command writes" in capsys.readouterr().err  # never overwritten
+    (out / "attention.png").unlink()
     assert main([*cmd, "--layers", "0,1", "--heads", "0,3", "--out", str(out), "--per-head"]) == 0
     files = sorted(p.name for p in out.iterdir())
     heads = ["layer0-head0.png", "layer0-head3.png", "layer1-head0.png", "layer1-head3.png"]
     assert files == ["attention.png", *heads]
     assert all((out / f).read_bytes()[:4] == b"\x89PNG" for f in files)
     assert "and 4 per-head maps" in capsys.readouterr().out
-    assert main([*cmd, "--layers", "5", "--out", str(out)]) == 2
+    assert main([*cmd, "--layers", "5", "--out", str(tmp_path / "other")]) == 2
     assert "out of range" in capsys.readouterr().err
 
 

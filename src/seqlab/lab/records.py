@@ -3,7 +3,9 @@ the spread of a timing, measured in interleaved rounds until it is small or a ti
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import shutil
 import statistics
 import time
@@ -162,12 +164,17 @@ class RunCache:
         return None
 
     def put(self, key: str, data: dict[str, Any]) -> None:
-        """Write ``<key>.json``; a file it replaces is kept as ``<key>.json.prev`` (nothing stored is lost)."""
+        """Write ``<key>.json``; a file it replaces is kept as ``<key>.json.prev`` (then ``.prev-2``, ``.prev-3``,
+        ...: nothing stored is lost, however often a run is replaced)."""
         from seqlab.training.checkpoint import write_text_atomic
 
         path = self.dir / f"{key}.json"
         if path.is_file():
-            shutil.copyfile(path, path.parent / f"{path.name}.prev")
+            kept, n = path.parent / f"{path.name}.prev", 1
+            while kept.exists():
+                n += 1
+                kept = path.parent / f"{path.name}.prev-{n}"
+            shutil.copyfile(path, kept)
         write_text_atomic(path, json.dumps(data, indent=1))
 
 
@@ -188,3 +195,30 @@ __all__ = [
     "slug",
     "write_results",
 ]
+
+
+class _Collect(logging.Handler):
+    """Keeps the formatted log lines of a worker process, to be written by the parent above its progress bar."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def collect_logs(enabled: bool):
+    """In a worker: warnings and log lines of WARNING and above are kept (not written) while a run trains."""
+    if not enabled:
+        yield None
+        return
+    handler, root = _Collect(), logging.getLogger()
+    logging.captureWarnings(True)
+    root.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        logging.captureWarnings(False)

@@ -10,7 +10,6 @@ line its expected time, and the finished runs correct the rate as they come in.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -25,7 +24,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from seqlab.lab.budget import Calibration, build_lab_model, calibrate, layout, makespan, run_cost
-from seqlab.lab.records import Record, RunCache, slug
+from seqlab.lab.records import Record, RunCache, collect_logs, slug
 from seqlab.lab.suite import Entry, Suite
 from seqlab.lab.systems import Systems
 from seqlab.layers.mixer import list_mixers, mixer_spec
@@ -51,33 +50,6 @@ def _train_config(entry: Entry, seed: int) -> TrainConfig:
     )
 
 
-class _Collect(logging.Handler):
-    """Keeps the formatted log lines of a worker process, to be written by the parent above its progress bar."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(f"{record.levelname} {record.getMessage()}")
-
-
-@contextlib.contextmanager
-def _collect_logs(enabled: bool):
-    """In a worker: warnings and log lines of WARNING and above are kept (not written) while a run trains."""
-    if not enabled:
-        yield None
-        return
-    handler, root = _Collect(), logging.getLogger()
-    logging.captureWarnings(True)
-    root.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        root.removeHandler(handler)
-        logging.captureWarnings(False)
-
-
 def train_run(
     suite: Suite, mixer: str, entry: Entry, seed: int, threads: int | None = None
 ) -> dict[str, Any]:
@@ -91,15 +63,17 @@ def train_run(
     if threads:
         torch.set_num_threads(threads)
     logging.getLogger("seqlab.train").setLevel(logging.WARNING)  # one progress line per run, not eval lines
-    with _collect_logs(threads is not None) as logs:
+    with collect_logs(threads is not None) as logs:
         task = create_task(entry.task, **entry.task_args, seed=seed)
         model, d_model, params = build_lab_model(mixer, suite, task.model_overrides(), seed)
         trainer = Trainer(model, task, _train_config(entry, seed))
         t0 = time.perf_counter()
         summary = trainer.fit()
         seconds = time.perf_counter() - t0
+    if summary.get("interrupted"):  # Ctrl-C: the trainer stopped at a step boundary; so does the compare, and
+        raise KeyboardInterrupt  # the cut-off run is not recorded as done (the next compare trains it again)
     x = task.get_batch("train", 0)["x"]
-    tokens = entry.steps * x.shape[0] * x.shape[1]
+    tokens = summary["step"] * x.shape[0] * x.shape[1]  # the steps taken (a time budget can stop a run early)
     return {
         "summary": summary,
         "d_model": d_model,
@@ -385,5 +359,20 @@ class Compare:
                 pool.submit(train_run, self.suite, jobs[i].mixer, jobs[i].entry, self.seed, 1): i
                 for i in order
             }
+            failed = None  # the first failure: the runs not started are cancelled, the running ones kept
             for future in as_completed(futures):
+                if future.cancelled():
+                    continue
+                if (error := future.exception()) is not None:
+                    if failed is None:
+                        failed = error
+                        job = jobs[futures[future]]
+                        log.error(
+                            "%s on %s %s failed: %s", job.mixer, job.entry.task, job.entry.setting, error
+                        )
+                        for other in futures:
+                            other.cancel()
+                    continue
                 finish(futures[future], future.result())
+            if failed is not None:
+                raise failed

@@ -81,6 +81,7 @@ def _run(
     logging.getLogger("seqlab.train").setLevel(logging.WARNING)
     where = out / "runs" / slug(label)
     started = (where / "latest").is_file()
+    _same_settings(where, started, {"fields": fields, "minutes": minutes, "seed": seed})
     run = (
         load_config(resumable_checkpoint(where))["run"]
         if started
@@ -90,6 +91,26 @@ def _run(
     t0 = time.perf_counter()
     summary = Trainer(model, task, train, where, run).fit(resume=started)
     return {"label": label, "steps": train.steps, "seconds": time.perf_counter() - t0, "summary": summary}
+
+
+def _same_settings(where: Path, started: bool, asked: dict[str, Any]) -> None:
+    """A run folder records what its compare asked for (``lab-settings.json``: the contender's fields,
+    ``--minutes``, ``--seed``); a started run asked for with other settings is an error, never a stale score
+    under the new settings' name."""
+    asked = json.loads(json.dumps(asked))  # as stored: tuples become lists
+    marker = where / "lab-settings.json"
+    if not started:
+        where.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(asked), encoding="utf-8")
+        return
+    if marker.is_file() and (saved := json.loads(marker.read_text(encoding="utf-8"))) != asked:
+        changed = ", ".join(
+            f"{k} {saved.get(k)!r} -> {asked[k]!r}" for k in asked if saved.get(k) != asked[k]
+        )
+        raise ValueError(
+            f"{where} holds a run started with other settings than this compare asks for ({changed}); "
+            "delete it, or give another --out"
+        )
 
 
 def train_all(
