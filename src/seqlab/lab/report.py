@@ -176,8 +176,8 @@ def _mixer_table(
     def cells(fmt: str, **match) -> list[str]:
         return [_cell(records, m, fmt, **match) or "–" for m in mixers]
 
-    params = {m: next((r.params for r in records if r.mixer == m), None) for m in mixers}
-    row("parameters", [f"{params[m]:,}" if params[m] else "–" for m in mixers])
+    p = {m: next((r.params for r in records if (r.mixer, r.task) == (m, "throughput")), 0) for m in mixers}
+    row("parameters (the systems rows' model)", [f"{p[m]:,}" if p[m] else "–" for m in mixers])
     for length in suite.throughput_lengths:
         row(
             f"training tokens/s, b=8, t={length}",

@@ -328,7 +328,7 @@ class Systems:
         lines += [
             f"± is the interquartile range over the median of interleaved repeats; * noisy: it stayed above "
             f"{SPREAD_LIMIT:.0%}",
-            "until the time cap, so that number is unsettled. The 8192 / 64 verdict compares the two",
+            f"until the time cap, so that number is unsettled. The {c1} / {c0} verdict compares the two",
             "contexts round by round (one round's timings share the machine's phase); unclear: too wide.",
             "load average (1 min), before -> after: "
             + "; ".join(f"{what} {_load(b)} -> {_load(a)}" for what, (b, a) in self.loads.items())

@@ -274,7 +274,7 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
         f"# The bottleneck experiment: English → Spanish (Bible), {minutes:g} min of training each, {cpu_name()}",
         "",
         "Each model's steps are what a calibration (its first steps, timed) predicted for the minutes asked; "
-        "the minutes column is how long the training took (two runs shared the machine at a time).",
+        "the minutes column is how long the training took (with --jobs 2, two runs shared the machine at a time).",
         "",
         f"torch {torch.__version__}, one thread per run, fp32. `seqlab compare --suite translation --minutes {minutes:g}`."
         " Test BLEU and chrF by sacrebleu, beam 5; columns by source length in words.",
