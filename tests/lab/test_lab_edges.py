@@ -68,3 +68,12 @@ def test_compare_refuses_empty_or_repeated_names_and_an_infinite_budget(tmp_path
         main(["compare", "--suite", "quick", "--out", str(tmp_path / "c"), *args])
     assert stop.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_the_report_page_shows_this_compares_plots_and_runs_only(tmp_path):
+    compare(tmp_path, TINY, mixers=["lstm"], progress=False, gradients=True)
+    assert (tmp_path / "gradient_flow.png").is_file()
+    paths = compare(tmp_path, TINY, mixers=["gru"], progress=False, gradients=False)
+    page = paths["report"].read_text(encoding="utf-8")
+    assert "gradient_flow.png" not in page  # the first compare's plot stays in the folder, not on this page
+    assert "lstm__systems" not in page and "gru__systems" in page

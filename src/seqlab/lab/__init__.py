@@ -50,7 +50,10 @@ def compare(
     if gradients:
         plots += _gradient_plot(lab.out, suite, lab.mixers, seed)
     paths["plots"] = plots
-    paths["report"] = write_report_html(lab.out, suite, lab.mixers, jobs)  # reads the files written above
+    made = (plots, lab.cache.used)  # the page shows this compare's plots and runs, not earlier ones' in out
+    paths["report"] = write_report_html(
+        lab.out, suite, lab.mixers, jobs, made
+    )  # reads the files written above
     paths["minutes"] = (time.perf_counter() - t0) / 60
     paths["summary"] = summary_lines(suite, lab.mixers, records, speed, paths)
     return paths

@@ -4,8 +4,10 @@ the spread of a timing, measured in interleaved rounds until it is small or a ti
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
+import platform
 import shutil
 import statistics
 import time
@@ -153,6 +155,7 @@ class RunCache:
     def __init__(self, out: Path):
         self.dir = Path(out) / "runs"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.used: set[str] = set()  # the keys this compare read back or wrote: its report shows only these
 
     def get(self, key: str, settings: dict[str, Any]) -> dict[str, Any] | None:
         settings = json.loads(json.dumps(settings))  # compare as stored: tuples become lists
@@ -160,6 +163,7 @@ class RunCache:
         if f.is_file():
             data = json.loads(f.read_text(encoding="utf-8"))
             if data.get("settings") == settings:
+                self.used.add(key)
                 return data
         return None
 
@@ -168,6 +172,7 @@ class RunCache:
         ...: nothing stored is lost, however often a run is replaced)."""
         from seqlab.training.checkpoint import write_text_atomic
 
+        self.used.add(key)
         path = self.dir / f"{key}.json"
         if path.is_file():
             kept, n = path.parent / f"{path.name}.prev", 1
@@ -222,3 +227,25 @@ def collect_logs(enabled: bool):
     finally:
         root.removeHandler(handler)
         logging.captureWarnings(False)
+
+
+def write_settings(
+    out_dir: str | Path, suite, mixers: list[str] | None = None, jobs: int | None = None
+) -> Path:
+    """``settings.json``: the suite (a :class:`seqlab.lab.suite.Suite`), mixers, jobs and this machine."""
+    import torch
+
+    from seqlab.lab.report import cpu_name
+    from seqlab.training.checkpoint import write_text_atomic
+
+    machine = {
+        "CPU": cpu_name(),
+        "threads (speed and memory)": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "Python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    meta = {"suite": dataclasses.asdict(suite), "mixers": mixers, "jobs": jobs, "machine": machine}
+    path = Path(out_dir) / "settings.json"
+    write_text_atomic(path, json.dumps({k: v for k, v in meta.items() if v is not None}, indent=1))
+    return path

@@ -16,7 +16,6 @@ import base64
 import dataclasses
 import html
 import json
-import platform
 import re
 import statistics
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 from seqlab.viz.figures import FAMILY_COLOURS, mixer_family, shade
 
-__all__ = ["CAPTIONS", "write_report_html", "write_settings"]
+__all__ = ["CAPTIONS", "write_report_html"]
 
 CAPTIONS = {
     "decode.png": "Decoding cost against the context already read (log–log). Left: ms per generated token; flat "
@@ -92,9 +91,14 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _read_runs(folder: Path) -> dict[str, Any]:
-    """``runs/*.json``, the compare's run cache, by file stem; empty where the folder has none."""
-    runs = {f.stem: _read_json(f) for f in sorted((folder / "runs").glob("*.json"))}
+def _read_runs(folder: Path, keys: set[str] | None = None) -> dict[str, Any]:
+    """``runs/*.json``, the compare's run cache, by file stem (only ``keys`` where given: the runs of the
+    compare that wrote the page, not those of earlier ones in the folder); empty where the folder has none."""
+    runs = {
+        f.stem: _read_json(f)
+        for f in sorted((folder / "runs").glob("*.json"))
+        if keys is None or f.stem in keys
+    }
     return {stem: data for stem, data in runs.items() if isinstance(data, dict)}
 
 
@@ -173,10 +177,11 @@ def _caption(name: str) -> str:
     return CAPTIONS.get(name) or (starts[0] if starts else name.removesuffix(".png").replace("-", " "))
 
 
-def _figures(folder: Path) -> str:
-    """Every PNG of the folder (not the report's own screenshot), embedded, with its caption."""
+def _figures(folder: Path, plots: list[Path] | None = None) -> str:
+    """The compare's plots (``plots``; without them every PNG of the folder, not the report's own screenshot),
+    embedded, with their captions."""
     out = []
-    for png in sorted(folder.glob("*.png")):
+    for png in sorted(folder.glob("*.png")) if plots is None else sorted(Path(p) for p in plots):
         if png.name == "report.png":
             continue
         data = base64.b64encode(png.read_bytes()).decode("ascii")
@@ -318,43 +323,26 @@ def _machine(meta: dict[str, Any], table: str) -> dict[str, str]:
 # ---- the page ----------------------------------------------------------------------------------------------
 
 
-def write_settings(
-    out_dir: str | Path, suite, mixers: list[str] | None = None, jobs: int | None = None
-) -> Path:
-    """``settings.json``: the suite (a :class:`seqlab.lab.suite.Suite`), mixers, jobs and this machine."""
-    import torch
-
-    from seqlab.lab.report import cpu_name
-    from seqlab.training.checkpoint import write_text_atomic
-
-    machine = {
-        "CPU": cpu_name(),
-        "threads (speed and memory)": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "Python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-    meta = {"suite": dataclasses.asdict(suite), "mixers": mixers, "jobs": jobs, "machine": machine}
-    path = Path(out_dir) / "settings.json"
-    write_text_atomic(path, json.dumps({k: v for k, v in meta.items() if v is not None}, indent=1))
-    return path
-
-
 def write_report_html(
-    out_dir: str | Path, suite=None, mixers: list[str] | None = None, jobs: int | None = None
+    out_dir: str | Path, suite=None, mixers: list[str] | None = None, jobs: int | None = None, made=None
 ) -> Path:
     """``out_dir/report.html`` from the folder's files; with ``suite`` (as ``seqlab compare`` passes it) first
-    write ``settings.json`` with the suite, the mixers, the jobs and this machine. Returns the page's path."""
+    write ``settings.json`` with the suite, the mixers, the jobs and this machine; with ``made`` (plots, run
+    keys), only the plots and runs of the compare that made them, not those earlier compares left in the
+    folder. Returns the page's path."""
     folder = Path(out_dir)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder: give the result folder of a `seqlab compare`")
     if suite is not None:
+        from seqlab.lab.records import write_settings
+
         write_settings(folder, suite, mixers, jobs)
     table_path = folder / "table.md"
     table = table_path.read_text(encoding="utf-8") if table_path.is_file() else ""
     rows = _read_json(folder / "results.json")
     rows = rows if isinstance(rows, list) else []
-    runs, meta = _read_runs(folder), _read_json(folder / "settings.json") or {}
+    plots, keys = made if made is not None else (None, None)
+    runs, meta = _read_runs(folder, keys), _read_json(folder / "settings.json") or {}
     title = next(
         (ln[2:].strip() for ln in table.splitlines() if ln.startswith("# ")), f"seqlab: {folder.name}"
     )
@@ -364,7 +352,7 @@ def write_report_html(
         f"<p>Families: {swatches} (table cells and plot colours)</p>",
         markdown_to_html(re.sub(r"^# .*\n", "", table, count=1)) if table else "<p>No table.md here.</p>",
         "<h2>Plots</h2>",
-        _figures(folder),
+        _figures(folder, plots),
         "<h2>Timings: spread over repeats</h2>",
         _timings(rows, runs),
         "<h2>Settings</h2>",
