@@ -77,3 +77,12 @@ def test_the_report_page_shows_this_compares_plots_and_runs_only(tmp_path):
     page = paths["report"].read_text(encoding="utf-8")
     assert "gradient_flow.png" not in page  # the first compare's plot stays in the folder, not on this page
     assert "lstm__systems" not in page and "gru__systems" in page
+
+
+def test_decode_profiles_are_timed_again_with_a_new_set_of_mixers(tmp_path):
+    compare(tmp_path, TINY, mixers=["lstm"], progress=False, gradients=False)
+    compare(tmp_path, TINY, mixers=["lstm", "gru"], progress=False, gradients=False)
+    runs = tmp_path / "runs"
+    lstm = json.loads((runs / "lstm__systems.json").read_text())
+    assert lstm["settings"]["decoded_with"] == ["gru", "lstm"]  # timed round-robin with gru, not reused alone
+    assert json.loads((runs / "lstm__systems.json.prev").read_text())["settings"]["decoded_with"] == ["lstm"]

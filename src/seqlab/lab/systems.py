@@ -7,8 +7,9 @@ every model at every context) run round-robin, repeat until each spread (IQR / m
 repeats; a timing whose spread stays large is marked noisy. The 1-minute load average before and after each
 measurement is stored beside it.
 
-Each mixer's decode and memory profile is one cached record (``RunCache``); the throughput of all mixers is
-one record, remeasured whenever the set of mixers changes. ``remeasure=True`` measures again what is cached
+Each mixer's decode and memory profile is one cached record (``RunCache``), and the throughput of all mixers is
+one record; both are remeasured whenever the set of mixers changes, so the numbers side by side in a table were
+always timed round-robin together. ``remeasure=True`` measures again what is cached
 (the replaced files are kept as ``.prev``).
 """
 
@@ -170,11 +171,14 @@ class Systems:
             "lengths": list(self.suite.throughput_lengths),
             "layout": layout(mixer),
             "timing": TIMING,
+            # decode latencies compare only when timed round-robin together: a profile is reused by a compare
+            # of the same mixers, and the whole set is timed again when it changes (as throughput is)
+            "decoded_with": sorted(self.mixers),
         }
 
     def profiles(self) -> dict[str, dict[str, Any]]:
-        """{mixer: {params, d_model, decode, activation_bytes, seconds, load_1min}}, cached per mixer; the
-        mixers measured now decode round-robin together."""
+        """{mixer: {params, d_model, decode, activation_bytes, seconds, load_1min}}, cached per mixer for this
+        set of mixers; the mixers measured now decode round-robin together."""
         found = {m: self._get(slug(m, "systems"), self._profile_settings(m)) for m in self.mixers}
         todo = [m for m, data in found.items() if data is None]
         if todo:
