@@ -86,3 +86,13 @@ def test_decode_profiles_are_timed_again_with_a_new_set_of_mixers(tmp_path):
     lstm = json.loads((runs / "lstm__systems.json").read_text())
     assert lstm["settings"]["decoded_with"] == ["gru", "lstm"]  # timed round-robin with gru, not reused alone
     assert json.loads((runs / "lstm__systems.json.prev").read_text())["settings"]["decoded_with"] == ["lstm"]
+
+
+def test_a_task_subset_reports_only_the_tasks_it_ran(tmp_path):
+    suite = Suite("tiny", 8_000, 1, (_adding(12, 6), Entry("copy", "T=5", {"seq_len": 5, "batch_size": 4}, 4,
+                  "val_accuracy")), decode_contexts=(8, 16), throughput_lengths=(16,), gradient_length=8,
+                  timing_cap_s=0.3)  # fmt: skip
+    paths = compare(tmp_path, suite, mixers=["lstm"], tasks=["copy"], progress=False, gradients=False)
+    table = paths["table"].read_text(encoding="utf-8")
+    assert "copy" in table and "adding" not in table
+    assert not any("adding" in line for line in paths["summary"])
