@@ -162,3 +162,16 @@ def test_translation_says_when_max_len_leaves_evaluation_pairs_out(tmp_path, cap
         task = TranslationTask(source=str(tsv), vocab_size=300, max_len=16)
     assert "max_len=16 leaves out" in caplog.text and "raise task.max_len to score every pair" in caplog.text
     assert task.dropped_long > 0
+
+
+def test_float_and_32_bit_images_are_scaled_by_their_range_not_clipped(tmp_path):
+    from seqlab.tasks.image_files import _open_rgb
+
+    ramp = np.linspace(0.0, 1.0, 64, dtype=np.float32).reshape(8, 8)
+    for name, values, mode in (("unit.tif", ramp, "F"), ("wide.tif", (ramp * 65535).astype(np.int32), "I")):
+        Image.fromarray(values, mode=mode).save(tmp_path / name)
+        got = np.asarray(_open_rgb(tmp_path / name))[..., 0]
+        assert got.min() == 0 and got.max() == 255  # was black for [0, 1] floats (Pillow clips, no scaling)
+    Image.fromarray(ramp - 0.5, mode="F").save(tmp_path / "negative.tif")
+    with pytest.raises(ValueError, match=r"negative.tif: a mode 'F' image with values from -0.5"):
+        _open_rgb(tmp_path / "negative.tif")

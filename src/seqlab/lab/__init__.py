@@ -39,7 +39,9 @@ def compare(
     t0 = time.perf_counter()
     lab = Compare(out, suite, mixers, tasks, seed, progress, jobs, remeasure)
     records = lab.run_training() + lab.run_systems()
-    suite = dataclasses.replace(suite, entries=tuple(lab.entries))  # the tasks run (--tasks): what is reported
+    suite = dataclasses.replace(
+        suite, entries=tuple(lab.entries)
+    )  # the tasks run (--tasks): what is reported
     if progress:
         print(f"[compare] writing the table, the plots and report.html in {lab.out}", flush=True)
     paths = {

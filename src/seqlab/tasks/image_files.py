@@ -11,7 +11,8 @@ Conversion to RGB: every mode Pillow reads is converted with Pillow's own rules 
 YCbCr ...); an image with transparency (an alpha band, or a palette or greyscale image with a transparent
 colour) is composited on white first, so a transparent background comes out white. 16-bit greyscale
 (mode ``I;16``, e.g. 16-bit PNG) is scaled to 8 bits (Pillow's conversion would clip it at 255); 32-bit
-integer and float modes (``I``, ``F``) keep Pillow's conversion, which clips to 0..255. The EXIF
+integer and float greyscale (``I``, ``F``) by the range its values are in: [0, 1] floats times 255, [0, 255] as
+they are, [0, 65535] over 257, anything else an error. The EXIF
 orientation tag is applied, so photos come out upright.
 
 Letterboxing: with ``size`` the image is resized (bicubic) so its longer side is ``size`` pixels, keeping
@@ -72,6 +73,10 @@ def _open_rgb(path: Path):
     if image.mode.startswith("I;16"):
         scaled = np.asarray(image, dtype=np.float32) / 257.0  # 0..65535 -> 0..255
         image = Image.fromarray(np.rint(scaled).astype(np.uint8), mode="L")
+    elif image.mode in ("F", "I"):
+        image = Image.fromarray(
+            _wide_to_8_bits(np.asarray(image, dtype=np.float64), image.mode, path), mode="L"
+        )
     if image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in image.info:
         rgba = image.convert("RGBA")
         canvas = Image.new("RGBA", rgba.size, (*WHITE, 255))
@@ -80,6 +85,21 @@ def _open_rgb(path: Path):
         return image.convert("RGB")
     except ValueError as e:
         raise ValueError(f"{path}: Pillow cannot convert mode {image.mode!r} to RGB ({e})") from e
+
+
+def _wide_to_8_bits(values: np.ndarray, mode: str, path) -> np.ndarray:
+    """A float (``F``) or 32-bit integer (``I``) greyscale image as 8 bits by the range it is in: [0, 1] (floats)
+    times 255, [0, 255] as it is, [0, 65535] divided by 257; outside those (or not finite) a ValueError, never
+    Pillow's clipping (a [0, 1] float image came out black)."""
+    lo, hi = (float(values.min()), float(values.max())) if np.isfinite(values).all() else (np.nan, np.nan)
+    if not lo >= 0:
+        raise ValueError(
+            f"{path}: a mode {mode!r} image with values from {lo} to {hi}; expected 0 or more, finite"
+        )
+    scale = 255.0 if mode == "F" and hi <= 1.0 else 1.0 if hi <= 255 else 1 / 257 if hi <= 65535 else None
+    if scale is None:
+        raise ValueError(f"{path}: a mode {mode!r} image with values up to {hi}; expected at most 65535")
+    return np.rint(values * scale).clip(0, 255).astype(np.uint8)
 
 
 def _letterbox(image, size: int):
