@@ -116,3 +116,14 @@ def test_kernel_entry_points_on_empty_and_odd_inputs():
         recurrent_layer(
             torch.randn(0, 2, 4), torch.zeros(2, 6), gru.weight_ih_l0, gru.weight_hh_l0, None, None, "GRU"
         )
+
+
+def test_the_scans_record_covers_the_header_it_includes(tmp_path, monkeypatch):
+    from seqlab.kernels import build
+
+    for name in ("selective_scan.cpp", "vec_math.h"):
+        shutil.copy(build.SOURCE.with_name(name), tmp_path / name)
+    monkeypatch.setattr(build, "SOURCE", tmp_path / "selective_scan.cpp")
+    before = build.sources_digest(["-O3"])
+    (tmp_path / "vec_math.h").write_text((tmp_path / "vec_math.h").read_text() + "\n// edited\n")
+    assert build.sources_digest(["-O3"]) != before  # an old library is not imported for a changed header

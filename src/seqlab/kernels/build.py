@@ -119,6 +119,13 @@ def missing_tool() -> str | None:
     return None
 
 
+def sources_digest(flags: list[str]) -> str:
+    """SHA-256 of the scan's source, the header it includes and the flags: what a recorded library was built
+    from (its name holds no digest, so an edited header must not let an old library be imported)."""
+    text = b"".join(p.read_bytes() for p in (SOURCE, SOURCE.with_name("vec_math.h")))
+    return hashlib.sha256(text + " ".join(flags).encode()).hexdigest()
+
+
 class _NoTool(RuntimeError):
     """No compiler or no ninja: nothing can be built here."""
 
@@ -130,7 +137,7 @@ def _compile(name: str, flags: list[str], folder: Path) -> None:
     from torch.utils.cpp_extension import load
 
     library = folder / f"{name}.so"
-    sources = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()
+    sources = sources_digest(flags)
     if cache.recorded(library, sources):
         torch.ops.load_library(str(library))
         return
