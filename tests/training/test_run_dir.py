@@ -132,3 +132,17 @@ def test_resume_true_without_a_run_directory_says_so(corpus):
         ValueError, match=r"resume=True continues the run in the Trainer's out_dir, and it has none"
     ):
         _trainer(corpus, None).fit(resume=True)
+
+
+def test_each_rank_restores_its_own_cuda_generator():
+    from seqlab.training.distributed import World, cuda_rng_to_restore
+
+    state = {"rng_cuda": ["dev0 by rank 0", "dev1 by rank 0 (never used)"], "rng_cuda_ranks": ["r0", "r1"]}
+    cuda1 = torch.device("cuda", 1)
+    assert cuda_rng_to_restore(state, World(rank=1, size=2, local_rank=1), cuda1, 2) == {1: "r1"}
+    # another world size: rank 0's view of every device, only those this machine has
+    assert cuda_rng_to_restore(state, World(rank=0, size=1), torch.device("cuda", 0), 1) == {
+        0: "dev0 by rank 0"
+    }
+    older = {"rng_cuda": ["a", "b", "c"]}  # a checkpoint without per-rank states, from a machine with 3 GPUs
+    assert cuda_rng_to_restore(older, World(), torch.device("cpu"), 2) == {0: "a", 1: "b"}

@@ -221,6 +221,29 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
+def cuda_rng_to_save(world: World, device: torch.device) -> dict[str, Any]:
+    """The CUDA generator states a checkpoint keeps: ``rng_cuda``, every device as this rank sees it, and with
+    several ranks on CUDA ``rng_cuda_ranks``, each rank's own device as that rank used it (a collective: every
+    rank calls it)."""
+    if not torch.cuda.is_available():
+        return {}
+    state: dict[str, Any] = {"rng_cuda": torch.cuda.get_rng_state_all()}
+    if world.size > 1 and device.type == "cuda":
+        state["rng_cuda_ranks"] = gather_objects(torch.cuda.get_rng_state(device), world)
+    return state
+
+
+def cuda_rng_to_restore(state: dict[str, Any], world: World, device: torch.device, device_count: int) -> dict:
+    """{CUDA device index: generator state} that a resumed rank sets from a checkpoint's trainer state: its own
+    device's state as that rank saved it (``rng_cuda_ranks``, one per rank) when the world has as many ranks;
+    otherwise rank 0's view of every device (``rng_cuda``), for the devices this machine has."""
+    per_rank = state.get("rng_cuda_ranks")
+    if per_rank is not None and len(per_rank) == world.size and device.type == "cuda":
+        return {device.index if device.index is not None else 0: per_rank[world.rank]}
+    saved = state.get("rng_cuda")
+    return {} if saved is None else dict(enumerate(list(saved)[:device_count]))
+
+
 def gather_objects(obj: Any, world: World) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank."""
     out: list[Any] = [None] * world.size

@@ -110,9 +110,8 @@ class Trainer:
             "rng_cpu": torch.get_rng_state(),
             "carry": self.carry,
             "log_window": {"loss": self.window.loss, "n": self.window.n},
+            **distributed.cuda_rng_to_save(self.world, self.device),
         }
-        if torch.cuda.is_available():
-            state["rng_cuda"] = torch.cuda.get_rng_state_all()
         if self.world.size > 1 and self.task.stateful:  # every rank's streams, for a resume on as many ranks
             state["carry_ranks"] = distributed.gather_objects(
                 move_to(self.carry, torch.device("cpu")), self.world
@@ -155,8 +154,10 @@ class Trainer:
             ckpt.load_weights(self.model, where / "model.safetensors")
             self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng_cpu"])
-        if "rng_cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(list(state["rng_cuda"]))
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            for index, rng in distributed.cuda_rng_to_restore(state, self.world, self.device, count).items():
+                torch.cuda.set_rng_state(rng, index)
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
         self.carry = self._restored_carry(state)
         self.window.restore(**state.get("log_window", {}))  # older checkpoints: an empty window
