@@ -135,3 +135,34 @@ def test_a_csv_with_a_non_number_is_refused(runs, tmp_path):
     bad.write_text("v\n" + "\n".join(["1", "2", "three", "4"] * 40) + "\n")
     with pytest.raises(ValueError, match=r"column 'v' holds 'three' at data row 3"):
         _forecast("--checkpoint", str(runs / "rolling"), "--csv", str(bad), "--column", "v", "--horizon", "2")
+
+
+def test_forecast_on_the_training_file_honours_another_column(runs, sine, tmp_path, capsys):
+    two = tmp_path / "two.csv"
+    lines = sine.read_text().splitlines()
+    two.write_text(
+        "\n".join([lines[0] + ",z", *(f"{ln},{100 + i}" for i, ln in enumerate(lines[1:]))]) + "\n"
+    )
+    _train(tmp_path / "run", "--task.name=forecast", f"--task.source={two}", "--task.column=y", "--task.context=12",
+           "--task.horizon=4")  # fmt: skip
+    capsys.readouterr()
+    assert (
+        _forecast("--checkpoint", str(tmp_path / "run"), "--horizon", "2", "--csv", str(two), "--column", "z")
+        == 0
+    )
+    assert " z: " in capsys.readouterr().out  # the column asked for, not the training column y
+
+
+def test_a_relative_data_path_is_saved_absolute(sine, tmp_path, monkeypatch):
+    monkeypatch.chdir(sine.parent)
+    _train(tmp_path / "rel", "--task.name=forecast", f"--task.source={sine.name}", "--task.column=y",
+           "--task.context=12", "--task.horizon=4")  # fmt: skip
+    saved = json.loads((tmp_path / "rel" / "checkpoints").glob("step-*/config.json").__next__().read_text())
+    assert saved["run"]["task"]["source"] == str(sine.resolve())  # forecast and eval work from any folder
+
+
+def test_an_out_file_of_no_figure_format_is_refused_before_the_work(runs, capsys, tmp_path):
+    with pytest.raises(ValueError, match=r"\.xyz is not a figure format"):
+        from seqlab.outfiles import fresh_file
+
+        fresh_file(str(tmp_path / "fc.xyz"), None)

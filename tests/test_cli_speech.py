@@ -102,6 +102,15 @@ def test_speech_command_errors(ctc_run, tmp_path, capsys):
     assert "is silent" in capsys.readouterr().err
     assert _speech_cli(["transcribe", "--checkpoint", str(out), str(tmp_path / "none.wav")]) == 2
     assert "audio file not found" in capsys.readouterr().err
+    # a missing file after a good one: refused before any is decoded
+    assert (
+        _speech_cli(
+            ["transcribe", "--checkpoint", str(out), str(folder / "u0.wav"), str(tmp_path / "no.wav")]
+        )
+        == 2
+    )
+    printed = capsys.readouterr()
+    assert "audio file not found" in printed.err and "u0.wav" not in printed.out
     assert _speech_cli(["viz", "speech", "--checkpoint", str(out), "--out", str(tmp_path / "x.png")]) == 2
     assert "give a WAV file or --test-item N" in capsys.readouterr().err
     assert _speech_cli(["viz", "speech", "--checkpoint", str(out), "--test-item", "99"]) == 2

@@ -76,3 +76,32 @@ def test_a_clip_folder_with_unequal_frames_fails_before_training(tmp_path, capsy
     assert "c7" in err and "16" in err and "20" in err, err
     with pytest.raises(AssertionError):
         assert (tmp_path / "run" / "latest").exists()
+
+
+def test_viz_video_refuses_a_clip_folder_changed_since_training(tmp_path, capsys):
+    import numpy as np
+
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    rows = ["clip,action"]
+    for i in range(12):
+        np.save(folder / f"c{i}.npy", rng.integers(0, 255, (5, 16, 16), dtype=np.uint8))
+        rows.append(f"c{i},{['jump', 'run', 'sit'][i % 3]}")
+    (folder / "labels.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    args = [
+        "--model.name=test-video",
+        "--task.name=video",
+        "--task.source=folder",
+        f"--task.path={folder}",
+        *TRAIN,
+    ]
+    assert main(["train", *args, "--out", str(out)]) == 0
+    assert main(["viz", "video", "--checkpoint", str(out), "--out", str(tmp_path / "a.png")]) == 0
+    (folder / "labels.csv").write_text(
+        "\n".join(rows).replace("c0,jump", "c0,aardvark") + "\n", encoding="utf-8"
+    )
+    capsys.readouterr()
+    assert main(["viz", "video", "--checkpoint", str(out), "--out", str(tmp_path / "b.png")]) == 2
+    assert "changed since it was trained: class_names is now" in capsys.readouterr().err

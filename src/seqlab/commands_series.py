@@ -61,7 +61,10 @@ def _task(saved: dict, args: argparse.Namespace):
     settings = {k: saved[k] for k in inspect.signature(ForecastTask).parameters if k in saved}
     settings.setdefault("scaling", "global")  # checkpoints saved before window scaling existed
     source = args.csv or args.dataset
-    if source is not None and source != saved["source"]:  # another series: its own column and season
+    same_series = (
+        source is not None and source == saved["source"] and args.column in (None, saved.get("column"))
+    )
+    if source is not None and not same_series:  # another series (or column): its own column and season
         settings.update(source=source, column=args.column, season=None)
     if args.interpolate:
         settings["gaps"] = "interpolate"

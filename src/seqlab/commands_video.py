@@ -9,6 +9,7 @@ are a pure function of their seed; a folder is read again): ``--split`` and ``--
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -32,7 +33,16 @@ def _video_run(path: str):
             f"{where} holds a {getattr(model, 'family', '?')!r} model; viz video needs a 'video' model"
         )
     announce(where)
-    return model, build_task({"task": load_config(where)["run"]["task"]})
+    config = load_config(where)
+    task = build_task({"task": config["run"]["task"]})
+    saved, now = config.get("task", {}), task.describe()
+    for key in ("class_names", "mean", "std"):  # the folder, read again, must be the one it trained on
+        if key in saved and json.loads(json.dumps(now.get(key))) != saved[key]:  # (as stored: lists)
+            raise ValueError(
+                f"the data of {where} changed since it was trained: {key} is now {now.get(key)!r}, the "
+                f"checkpoint's {saved[key]!r}; restore that data, or train a new run on it"
+            )
+    return model, task
 
 
 def _cmd_viz_video(args: argparse.Namespace) -> int:
@@ -45,15 +55,18 @@ def _cmd_viz_video(args: argparse.Namespace) -> int:
             f"--clip {args.clip}: the {args.split} split has {len(clips)} clips (0..{len(clips) - 1})"
         )
     frames = clips.frames[args.clip]  # (t, c, S, S) uint8
-    names = task.class_names
+
+    def name(i: int) -> str:  # -1: a clip (or frame) the labels file left unlabelled
+        return task.class_names[i] if i >= 0 else "(none)"
+
     kw: dict = {}
     if task.label == "frames":
-        kw["true_labels"] = [names[i] for i in clips.events[args.clip].tolist()]
-        kw["predicted"] = [names[i] for i in task.predict(model, frames[None])[0].tolist()]
+        kw["true_labels"] = [name(i) for i in clips.events[args.clip].tolist()]
+        kw["predicted"] = [name(i) for i in task.predict(model, frames[None])[0].tolist()]
         title = "frame events, true over predicted"
     elif task.label == "action":
-        guess = names[int(task.predict(model, frames[None])[0])]
-        title = f"action: true {names[int(clips.actions[args.clip])]}, predicted {guess}"
+        guess = name(int(task.predict(model, frames[None])[0]))
+        title = f"action: true {name(int(clips.actions[args.clip]))}, predicted {guess}"
     else:
         title = _caption_title(model, task, frames, clips.captions[args.clip], kw)
     path = plot_clip(frames, args.out, title=title, **kw)

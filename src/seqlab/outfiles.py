@@ -41,6 +41,13 @@ def fresh_file(out: str | None, default: str | None) -> str | None:
     path = Path(out)
     if path.suffix == "":
         path = path.with_suffix(".png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:  # found now, not after the figure's work
+        raise ValueError(
+            f"--out {out}: {path.suffix} is not a figure format; use one of {', '.join(sorted(formats))}"
+        )
     if not (parent := nearest_existing(path.parent)).is_dir():
         raise ValueError(f"--out {out}: {parent} is a file, not a folder")
     if Path(out).is_dir():

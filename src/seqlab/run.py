@@ -240,6 +240,21 @@ def default_out(run: dict[str, Any]) -> Path:
     return Path("runs") / f"{run['model'].get('name', 'model')}-{run['task'].get('name', 'task')}"
 
 
+_PATH_FIELDS = ("path", "data_dir", "captions")  # task fields that only ever name files or folders
+
+
+def _absolute_data_paths(task: dict[str, Any]) -> None:
+    """The task's data files and folders as absolute paths, in place, so that the run (and ``eval``,
+    ``forecast``, ``viz`` on its checkpoints) reads the same data from any working directory: the path fields,
+    and a ``source`` that names an existing file (a separator or a suffix: not a built-in name)."""
+    for key, value in task.items():
+        if not isinstance(value, str) or not value.strip():
+            continue
+        path = Path(value).expanduser()
+        if (key in _PATH_FIELDS or (key == "source" and (os.sep in value or path.suffix))) and path.exists():
+            task[key] = str(path.resolve())
+
+
 def resolve_run(run_file: str | None, overrides: list[str], out: str | None) -> tuple[dict[str, Any], Path]:
     """(run, its directory): the defaults, then the run file, then dotted overrides; the directory is
     ``out``, else the run's own 'out', else runs/MODEL-TASK (written into the run)."""
@@ -249,6 +264,7 @@ def resolve_run(run_file: str | None, overrides: list[str], out: str | None) -> 
     if given is not None and not isinstance(given, str):
         raise ValueError(f"out must be a path (a string), got {given!r}")
     path = check_out_dir(Path(given or default_out(run)).expanduser())  # a run file's ~/runs/x is the home's
+    _absolute_data_paths(run.get("task") or {})
     run["out"] = str(path)
     return run, path
 
