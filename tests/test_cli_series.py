@@ -166,3 +166,19 @@ def test_an_out_file_of_no_figure_format_is_refused_before_the_work(runs, capsys
         from seqlab.outfiles import fresh_file
 
         fresh_file(str(tmp_path / "fc.xyz"), None)
+
+
+def test_forecast_refuses_its_own_series_changed_since_training(sine, tmp_path):
+    copy = tmp_path / "own.csv"
+    copy.write_text(sine.read_text())
+    _train(tmp_path / "run", "--task.name=forecast", f"--task.source={copy}", "--task.column=y", "--task.context=12",
+           "--task.horizon=4", "--task.scaling=global")  # fmt: skip
+    assert _forecast("--checkpoint", str(tmp_path / "run"), "--horizon", "2") == 0
+    lines = copy.read_text().splitlines()
+    copy.write_text(
+        "\n".join([lines[0], *(f"{d},{float(v) * 10}" for d, v in (ln.split(",") for ln in lines[1:]))])
+    )
+    with pytest.raises(
+        ValueError, match=r"own.csv changed since the checkpoint was trained on it: mean is now"
+    ):
+        _forecast("--checkpoint", str(tmp_path / "run"), "--horizon", "2")
