@@ -104,4 +104,4 @@ def test_viz_video_refuses_a_clip_folder_changed_since_training(tmp_path, capsys
     )
     capsys.readouterr()
     assert main(["viz", "video", "--checkpoint", str(out), "--out", str(tmp_path / "b.png")]) == 2
-    assert "changed since it was trained: class_names is now" in capsys.readouterr().err
+    assert "changed since the checkpoint was trained on it: class_names is now" in capsys.readouterr().err

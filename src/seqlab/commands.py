@@ -101,17 +101,12 @@ def _cmd_viz_alignment(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from seqlab.run import build_task
-    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
+    from seqlab.training.checkpoint import load_model, resolve_checkpoint
     from seqlab.training.manifest import finite_or_none
-    from seqlab.training.run_dir import check_same_data
+    from seqlab.training.run_dir import check_same_data, saved_run
 
     where = resolve_checkpoint(args.checkpoint)
-    run = load_config(where)["run"]
-    if not run.get("task"):
-        raise ValueError(
-            f"{where} was saved without its run settings (by seqlab.training.Trainer without run_config): the "
-            "command line cannot rebuild its task; evaluate it from Python with task.evaluate(model)"
-        )
+    run = saved_run(where, ("task",), "evaluate it from Python with task.evaluate(model)")
     model = load_model(where).eval()
     announce(where)
     task = build_task(run)

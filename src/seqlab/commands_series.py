@@ -134,16 +134,10 @@ def _plot(task, origin: int, pred: np.ndarray, truth: np.ndarray | None, path: s
 def forecast_command(args: argparse.Namespace) -> int:
     model, saved = _forecaster(args.checkpoint)
     task = _task(saved, args)
-    if task.source == saved.get("source") and task.column == saved.get(
-        "column"
-    ):  # its own series: unchanged?
-        now = task.describe()
-        for key in ("n_points", "mean", "std"):
-            if key in saved and now.get(key) != saved[key]:
-                raise ValueError(
-                    f"{task.source} changed since the checkpoint was trained on it: {key} is now {now.get(key)}, "
-                    f"was {saved[key]}; restore it, or train a new run on it"
-                )
+    if (task.source, task.column) == (saved.get("source"), saved.get("column")):  # its own series, unchanged?
+        from seqlab.training.run_dir import check_same_description
+
+        check_same_description(task, saved, ("n_points", "mean", "std"), task.source)
     if task.model_overrides()["d_input"] != model.config.d_input:
         raise ValueError(
             f"the checkpoint reads {model.config.d_input} input column(s), the series gives "

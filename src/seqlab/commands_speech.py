@@ -69,12 +69,10 @@ def _outputs(model, task: dict, feats: torch.Tensor, beam_size: int) -> tuple[st
 
 
 def _cmd_transcribe(args: argparse.Namespace) -> int:
+    from seqlab.tasks.speech_data import check_audio_file
+
     for path in args.files:  # every file, before the model loads and the first one is decoded
-        p = Path(path)
-        if not p.is_file():
-            raise ValueError(
-                f"{path} is a folder, not a WAV file" if p.is_dir() else f"audio file not found: {path}"
-            )
+        check_audio_file(path)
     model, task, _ = _speech_model(args.checkpoint)
     beam = 1 if args.greedy else args.beam_size or task.get("beam_size", 8)
     for path in args.files:

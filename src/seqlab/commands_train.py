@@ -51,21 +51,6 @@ def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
 RESUME_MAY_CHANGE = ("steps", "max_minutes", "device", "threads", "progress", "loggers", "keep_checkpoints")
 
 
-def _saved_run(where: Path) -> dict:
-    """The run settings saved with a checkpoint; a clear error for one saved without them (by the Python
-    ``Trainer`` without a run dict), which the command line cannot rebuild."""
-    from seqlab.training.checkpoint import load_config
-
-    saved = load_config(where).get("run") or {}
-    if not isinstance(saved.get("train"), dict) or not saved.get("model") or not saved.get("task"):
-        raise ValueError(
-            f"{where} was saved without its run settings (by seqlab.training.Trainer without run_config), so "
-            "the command line cannot rebuild its model and task; resume it from Python: "
-            "Trainer(model, task, config, out_dir).fit(resume=True)"
-        )
-    return saved
-
-
 def _warn_if_schedule_stretches(saved: dict, given: dict, where: Path) -> None:
     """More steps on a resume stretch the cosine schedule over the new length: say so, with the jump it makes."""
     import dataclasses
@@ -177,7 +162,7 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     from seqlab.run import build_run
     from seqlab.training import Trainer
     from seqlab.training.checkpoint import resumable_checkpoint
-    from seqlab.training.run_dir import check_same_data
+    from seqlab.training.run_dir import check_same_data, saved_run
 
     if not (args.run_file or args.overrides or args.defaults or args.resume):
         args.parser.print_help()
@@ -199,7 +184,8 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     model, task, train = build_run(run)
     where = resumable_checkpoint(out) if args.resume else None  # the newest complete, verified one
     if where is not None:  # the run's own settings win, so that the continuation is exact; steps may grow
-        saved = _saved_run(where)
+        resume_in_python = "resume it from Python: Trainer(model, task, config, out_dir).fit(resume=True)"
+        saved = saved_run(where, ("model", "task", "train"), resume_in_python)
         _warn_if_schedule_stretches(saved["train"], run["train"], where)
         saved["train"].update({k: v for k, v in run["train"].items() if k in RESUME_MAY_CHANGE})
         if saved != run:

@@ -9,7 +9,6 @@ are a pure function of their seed; a folder is read again): ``--split`` and ``--
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ def _video_run(path: str):
     from seqlab.commands import announce
     from seqlab.run import build_task
     from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
+    from seqlab.training.run_dir import check_same_description
 
     where = resolve_checkpoint(path)
     model = load_model(where).eval()
@@ -35,13 +35,10 @@ def _video_run(path: str):
     announce(where)
     config = load_config(where)
     task = build_task({"task": config["run"]["task"]})
-    saved, now = config.get("task", {}), task.describe()
-    for key in ("class_names", "mean", "std"):  # the folder, read again, must be the one it trained on
-        if key in saved and json.loads(json.dumps(now.get(key))) != saved[key]:  # (as stored: lists)
-            raise ValueError(
-                f"the data of {where} changed since it was trained: {key} is now {now.get(key)!r}, the "
-                f"checkpoint's {saved[key]!r}; restore that data, or train a new run on it"
-            )
+    # the folder, read again, must be the one it trained on
+    check_same_description(
+        task, config.get("task", {}), ("class_names", "mean", "std"), f"the data of {where}"
+    )
     return model, task
 
 

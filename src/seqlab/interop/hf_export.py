@@ -177,8 +177,7 @@ def save_hf(model: nn.Module, out_dir: str | Path, tokenizer=None) -> HFExport:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    no_pooler = (
-        getattr(hf, "pooler", "absent") is None
-    )  # BertModel, ViTModel built with add_pooling_layer=False
+    # a BertModel or ViTModel built with add_pooling_layer=False
+    no_pooler = getattr(hf, "pooler", "absent") is None
     files = sorted(p.name for p in out.iterdir())
     return HFExport(out, type(hf).__name__, files, note, "add_pooling_layer=False" if no_pooler else "")

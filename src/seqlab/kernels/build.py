@@ -138,13 +138,15 @@ def _compile(name: str, flags: list[str], folder: Path) -> None:
 
     library = folder / f"{name}.so"
     sources = sources_digest(flags)
-    if cache.recorded(library, sources):
+    state = cache.recorded(library, sources)
+    if state:
         torch.ops.load_library(str(library))
         return
     if (reason := missing_tool()) is not None:
         raise _NoTool(reason)
     folder.mkdir(parents=True, exist_ok=True)
-    cache.clear_if_damaged(library, sources)
+    if state is False:
+        cache.discard_damaged(library)
     cache.clear_stale_lock(folder)
     load(
         name=name,

@@ -16,13 +16,12 @@ import logging
 import time
 from pathlib import Path
 
-__all__ = ["STALE_LOCK_SECONDS", "clear_if_damaged", "clear_stale_lock", "record", "recorded"]
+__all__ = ["STALE_LOCK_SECONDS", "clear_stale_lock", "discard_damaged", "record", "recorded"]
 
 log = logging.getLogger("seqlab.kernels")
 
-STALE_LOCK_SECONDS = (
-    600  # a first build takes seconds to a minute or two; a lock older than this is a dead build's
-)
+# a first build takes seconds to a minute or two; a lock older than this is a dead build's
+STALE_LOCK_SECONDS = 600
 
 
 def _record_path(library: Path) -> Path:
@@ -60,15 +59,14 @@ def recorded(library: Path, sources: str) -> bool | None:
         return False
 
 
-def clear_if_damaged(library: Path, sources: str) -> None:
-    """Remove ``library`` (and its record) when it differs from its record, with a warning, so that the build
-    tool makes it again instead of importing a damaged file."""
-    if recorded(library, sources) is False:
-        log.warning(
-            "%s is not the library that was built there (cut short or changed): building it again", library
-        )
-        for path in (library, _record_path(library)):
-            path.unlink(missing_ok=True)
+def discard_damaged(library: Path) -> None:
+    """Remove ``library`` and its record, which :func:`recorded` found to differ (damaged), with a warning, so that
+    the build tool makes it again instead of importing a damaged file."""
+    log.warning(
+        "%s is not the library that was built there (cut short or changed): building it again", library
+    )
+    for path in (library, _record_path(library)):
+        path.unlink(missing_ok=True)
 
 
 def clear_stale_lock(folder: Path) -> None:

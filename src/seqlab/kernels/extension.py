@@ -145,7 +145,8 @@ class CppExtension:
         library = library_path(name)
         directory = library.parent
         start = time.perf_counter()
-        if cache.recorded(library, name):  # the name holds the digest of the sources and flags
+        state = cache.recorded(library, name)  # the name holds the digest of the sources and flags
+        if state:
             module = _import_extension(name, library)
             return module, {
                 "seconds": time.perf_counter() - start,
@@ -155,7 +156,8 @@ class CppExtension:
         if (reason := missing_tool()) is not None:
             raise RuntimeError(reason)
         directory.mkdir(parents=True, exist_ok=True)
-        cache.clear_if_damaged(library, name)
+        if state is False:
+            cache.discard_damaged(library)
         cache.clear_stale_lock(directory)
         before = library.stat().st_mtime_ns if library.exists() else None
         module = load(

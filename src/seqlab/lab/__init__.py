@@ -39,9 +39,8 @@ def compare(
     t0 = time.perf_counter()
     lab = Compare(out, suite, mixers, tasks, seed, progress, jobs, remeasure)
     records = lab.run_training() + lab.run_systems()
-    suite = dataclasses.replace(
-        suite, entries=tuple(lab.entries)
-    )  # the tasks run (--tasks): what is reported
+    # the tasks that ran (--tasks) are what is reported
+    suite = dataclasses.replace(suite, entries=tuple(lab.entries))
     if progress:
         print(f"[compare] writing the table, the plots and report.html in {lab.out}", flush=True)
     paths = {
@@ -54,10 +53,9 @@ def compare(
     if gradients:
         plots += _gradient_plot(lab.out, suite, lab.mixers, seed)
     paths["plots"] = plots
-    made = (plots, lab.cache.used)  # the page shows this compare's plots and runs, not earlier ones' in out
-    paths["report"] = write_report_html(
-        lab.out, suite, lab.mixers, jobs, made
-    )  # reads the files written above
+    # the page reads the files written above, and shows this compare's plots and runs, not earlier ones' in out
+    made = (plots, lab.cache.used)
+    paths["report"] = write_report_html(lab.out, suite, lab.mixers, jobs, made)
     paths["minutes"] = (time.perf_counter() - t0) / 60
     paths["summary"] = summary_lines(suite, lab.mixers, records, speed, paths)
     return paths

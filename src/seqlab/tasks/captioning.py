@@ -12,10 +12,11 @@ Sources (nothing is downloaded):
     folder    a captions file (CSV or JSON lines, ``seqlab.tasks.image_files``) naming the user's images
 
 For the two file sources the images are split 80/10/10 into train/val/test by image (the same split for every
-seed: ``base.SPLIT_SEED``), every caption of an image stays with it and all of them are its references. Words: a word-level vocabulary
-(Hugging Face ``tokenizers``' WordLevel model, lowercased, punctuation split off) trained on the training
-captions; ids 0-3 are ``<pad> <s> </s> <unk>``, so the captioners' default ``pad_id=0, bos_id=1, eos_id=2``
-hold. Pixels are scaled to [0, 1] and standardized per channel with the training images' statistics.
+seed: ``base.SPLIT_SEED``), every caption of an image stays with it and all of them are its references.
+Words: a word-level vocabulary (Hugging Face ``tokenizers``' WordLevel model, lowercased, punctuation split
+off) trained on the training captions; ids 0-3 are ``<pad> <s> </s> <unk>``, so the captioners' default
+``pad_id=0, bos_id=1, eos_id=2`` hold. Pixels are scaled to [0, 1] and standardized per channel with the training
+images' statistics.
 
 Batch: ``images`` (b, 3, S, S) float; ``tgt_in`` (b, t) = ``<s>`` + caption, ``tgt_out`` (b, t) = caption +
 ``</s>``, right-padded with 0; ``index`` (b,) the image in its split. Training batch ``i`` holds positions

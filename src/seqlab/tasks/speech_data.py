@@ -45,7 +45,15 @@ from seqlab.tasks.base import MissingDependencyError
 
 log = logging.getLogger("seqlab.tasks")
 
-__all__ = ["TRANSCRIPTS", "Features", "Utterances", "read_speech_folder", "read_wav", "write_wav"]
+__all__ = [
+    "TRANSCRIPTS",
+    "Features",
+    "Utterances",
+    "check_audio_file",
+    "read_speech_folder",
+    "read_wav",
+    "write_wav",
+]
 
 TRANSCRIPTS = "transcripts.txt"
 SILENT_PEAK = 1e-4
@@ -62,11 +70,19 @@ def _soundfile():
     return soundfile
 
 
-def read_wav(path: str | Path, sample_rate: int) -> np.ndarray:
-    """The mono waveform (n,) float32 in [-1, 1] of an audio file, resampled to ``sample_rate``."""
-    sf, path = _soundfile(), Path(path)
+def check_audio_file(path: str | Path) -> Path:
+    """``path`` as a Path when it is a file; a FileNotFoundError, or a ValueError for a folder, otherwise."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not an audio file")
     if not path.is_file():
         raise FileNotFoundError(f"audio file not found: {path}")
+    return path
+
+
+def read_wav(path: str | Path, sample_rate: int) -> np.ndarray:
+    """The mono waveform (n,) float32 in [-1, 1] of an audio file, resampled to ``sample_rate``."""
+    sf, path = _soundfile(), check_audio_file(path)
     try:
         wave, rate = sf.read(str(path), dtype="float32", always_2d=True)  # (n, channels)
     except (RuntimeError, sf.LibsndfileError) as e:

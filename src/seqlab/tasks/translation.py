@@ -98,9 +98,9 @@ class TranslationTask(Task):
             [p.source for p in splits["train"]], [p.target for p in splits["train"]], vocab_size, shared_vocab
         )
         self.data = {name: self._encode(pairs) for name, pairs in splits.items()}
-        self.dropped_long = sum(len(splits[k]) - len(self.data[k][0]) for k in splits)
-        left_out = {k: len(splits[k]) - len(self.data[k][0]) for k in ("val", "test")}
-        if any(left_out.values()):  # the scores would be of the shorter, easier pairs only: said
+        left_out = {k: len(splits[k]) - len(self.data[k][0]) for k in splits}  # pairs past max_len, per split
+        self.dropped_long = sum(left_out.values())
+        if left_out["val"] or left_out["test"]:  # the scores would be of the shorter, easier pairs only: said
             logging.getLogger("seqlab.tasks").warning(
                 "max_len=%d leaves out %d of the %d validation and %d of the %d test pairs: their loss, BLEU and "
                 "chrF are of the rest; raise task.max_len to score every pair",

@@ -8,7 +8,8 @@ Sources (nothing is downloaded):
     generated  moving objects (``seqlab.tasks.clips``), deterministic from ``seed``: ``n_train`` training clips
                and ``n_eval`` validation and test clips, each split from its own seed; ``setting='long'`` makes
                the action the direction of the first frames only, so that the families' memory shows
-    folder     a user's clips and ``labels.csv`` (``seqlab.tasks.clip_files``), split 80/10/10 by clip (the same for every seed: base.SPLIT_SEED)
+    folder     a user's clips and ``labels.csv`` (``seqlab.tasks.clip_files``), split 80/10/10 by clip (the same
+               split for every seed: ``base.SPLIT_SEED``)
 
 Labels (``label``), one task per shape of the lecture's table:
 

@@ -4,12 +4,14 @@ checkpoint was trained on."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from seqlab.training import checkpoint as ckpt
 from seqlab.training import manifest as run_files
 
-__all__ = ["check_same_data", "check_save_steps", "open_run_dir"]
+__all__ = ["check_same_data", "check_same_description", "check_save_steps", "open_run_dir", "saved_run"]
 
 
 def open_run_dir(out_dir: Path, resume: bool | str | Path) -> int:
@@ -85,3 +87,32 @@ def check_same_data(task, where: str | Path) -> None:
         f"with: its data{f' ({source})' if isinstance(source, str) else ''} changed since the run was trained; restore "
         "that data, or train a new run on the new data"
     )
+
+
+def check_same_description(task, saved: dict[str, Any], keys: tuple[str, ...], what: str) -> None:
+    """A task rebuilt from its settings for a checkpoint (``viz video``, ``forecast``) must describe the data the
+    checkpoint was trained on: a ValueError naming the first of ``keys`` (class names, statistics, lengths) whose
+    value in ``task.describe()`` differs from ``saved`` (the checkpoint's task description), as when the data
+    (``what``) was edited since."""
+    now = task.describe()
+    for key in keys:
+        if (
+            key in saved and json.loads(json.dumps(now.get(key))) != saved[key]
+        ):  # as stored: lists, not tuples
+            raise ValueError(
+                f"{what} changed since the checkpoint was trained on it: {key} is now {now.get(key)!r}, the "
+                f"checkpoint's {saved[key]!r}; restore it, or train a new run on it"
+            )
+
+
+def saved_run(where: Path, sections: tuple[str, ...], instead: str) -> dict[str, Any]:
+    """The run settings saved with the checkpoint ``where``, which must hold ``sections`` for the command line to
+    rebuild its model, task or training; a ValueError saying ``instead`` (what to do from Python) for one saved
+    without them (by the Python ``Trainer`` without ``run_config``)."""
+    run = ckpt.load_config(where).get("run") or {}
+    if not all(isinstance(run.get(s), dict) and run[s] for s in sections):
+        raise ValueError(
+            f"{where} was saved without its run settings (by seqlab.training.Trainer without run_config), so the "
+            f"command line cannot rebuild its {' and '.join(sections)}; {instead}"
+        )
+    return run
