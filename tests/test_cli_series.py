@@ -101,6 +101,17 @@ def test_forecast_reads_the_series_from_another_csv(runs, tmp_path, capsys):
     assert [int(r[0]) for r in _rows(capsys.readouterr().out)] == [150, 151]
 
 
+def test_a_csv_with_a_gap_names_this_command_s_flag_and_then_forecasts_with_it(runs, tmp_path, capsys):
+    gappy = tmp_path / "gappy.csv"
+    gappy.write_text("v\n" + "\n".join("" if t == 40 else str(5 + (t % 7)) for t in range(150)) + "\n")
+    argv = ["--checkpoint", str(runs / "rolling"), "--csv", str(gappy), "--column", "v", "--horizon", "2"]
+    with pytest.raises(ValueError, match=r"missing a value at data row 41 .* \(--interpolate\) to fill") as e:
+        _forecast(*argv)
+    assert "--task." not in str(e.value)
+    assert _forecast(*argv, "--interpolate") == 0
+    assert [int(r[0]) for r in _rows(capsys.readouterr().out)] == [150, 151]
+
+
 def test_series_classification_trains_from_the_command_line(tmp_path):
     out = tmp_path / "weather"
     _train(out, "--task.name=series_classification", "--task.context=7")

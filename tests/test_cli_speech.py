@@ -111,6 +111,15 @@ def test_speech_command_errors(ctc_run, tmp_path, capsys):
     )
     printed = capsys.readouterr()
     assert "audio file not found" in printed.err and "u0.wav" not in printed.out
+    write_wav(tmp_path / "short.wav", _tone_wave("a", seed=0)[:80], 16000)  # 5 ms, after a good file
+    assert (
+        _speech_cli(
+            ["transcribe", "--checkpoint", str(out), str(folder / "u0.wav"), str(tmp_path / "short.wav")]
+        )
+        == 2
+    )
+    printed = capsys.readouterr()
+    assert "short.wav is 5.0 ms long" in printed.err and "u0.wav" not in printed.out
     assert _speech_cli(["viz", "speech", "--checkpoint", str(out), "--out", str(tmp_path / "x.png")]) == 2
     assert "give a WAV file or --test-item N" in capsys.readouterr().err
     assert _speech_cli(["viz", "speech", "--checkpoint", str(out), "--test-item", "99"]) == 2

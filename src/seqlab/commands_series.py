@@ -71,9 +71,20 @@ def _task(saved: dict, args: argparse.Namespace):
     try:
         return create_task("forecast", **settings)
     except ValueError as e:
+        said = str(e)
+        for (
+            training_flag,
+            flag,
+        ) in _FORECAST_FLAGS.items():  # the data loader's hints, in this command's flags
+            said = said.replace(training_flag, flag)
         if settings["source"] == saved["source"]:
-            raise
-        raise ValueError(f"{settings['source']} cannot be read with this checkpoint's settings: {e}") from e
+            raise ValueError(said) from e
+        raise ValueError(
+            f"{settings['source']} cannot be read with this checkpoint's settings: {said}"
+        ) from e
+
+
+_FORECAST_FLAGS = {"--task.gaps=interpolate": "--interpolate", "--task.column=NAME": "--column NAME"}
 
 
 def _origin(task, args: argparse.Namespace) -> int:

@@ -75,8 +75,10 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
         check_audio_file(path)
     model, task, _ = _speech_model(args.checkpoint)
     beam = 1 if args.greedy else args.beam_size or task.get("beam_size", 8)
-    for path in args.files:
-        answer, _ = _outputs(model, task, _wav_features(path, task), beam)
+    # every file read (and refused) before the first is decoded
+    feats = [_wav_features(path, task) for path in args.files]
+    for path, x in zip(args.files, feats, strict=True):
+        answer, _ = _outputs(model, task, x, beam)
         print(f"{path}\t{answer}")
     return 0
 

@@ -136,6 +136,23 @@ def test_speakers_named_on_some_rows_only_are_refused_and_a_nan_sample_too(tmp_p
     sf.write(tmp_path / "nan.wav", wave, 16000, subtype="FLOAT")
     with pytest.raises(ValueError, match=r"nan\.wav holds 1 non-finite"):
         read_wav(tmp_path / "nan.wav", 16000)
+    sf.write(tmp_path / "nan8k.wav", wave, 8000, subtype="FLOAT")  # counted as stored, not after resampling
+    with pytest.raises(ValueError, match=r"nan8k\.wav holds 1 non-finite"):
+        read_wav(tmp_path / "nan8k.wav", 16000)
+
+
+def test_audio_too_short_or_too_slowly_sampled_for_speech_is_refused(tmp_path):
+    import soundfile as sf
+
+    sf.write(tmp_path / "one.wav", np.array([0.5], dtype=np.float32), 16000, subtype="FLOAT")
+    with pytest.raises(ValueError, match=r"one\.wav is 0\.1 ms long \(1 samples at 16000 Hz\): too short"):
+        read_wav(tmp_path / "one.wav", 16000)
+    tone = (0.3 * np.sin(np.arange(4000) / 5)).astype(np.float32)
+    sf.write(tmp_path / "slow.wav", tone, 2000, subtype="FLOAT")
+    with pytest.raises(ValueError, match=r"slow\.wav is sampled at 2000 Hz: speech needs at least 4000 Hz"):
+        read_wav(tmp_path / "slow.wav", 16000)
+    sf.write(tmp_path / "ok.wav", tone[:1600], 16000, subtype="FLOAT")  # 0.1 s: long enough
+    assert read_wav(tmp_path / "ok.wav", 16000).shape == (1600,)
 
 
 def test_random_windows_reach_the_last_character(tmp_path):

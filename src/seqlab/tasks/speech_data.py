@@ -58,6 +58,10 @@ __all__ = [
 TRANSCRIPTS = "transcripts.txt"
 SILENT_PEAK = 1e-4
 """-80 dBFS: a file whose loudest sample is quieter than this holds no speech to recognise."""
+MIN_RATE = 4000
+"""Hz: a file sampled more slowly than this holds no speech band (telephone audio is 8 kHz)."""
+MIN_SECONDS = 0.1
+"""A clip shorter than this is too short to hold a spoken word (the shortest last about 0.1-0.2 s)."""
 
 
 def _soundfile():
@@ -89,18 +93,34 @@ def read_wav(path: str | Path, sample_rate: int) -> np.ndarray:
         raise ValueError(f"{path} is not an audio file soundfile can read ({e})") from e
     if wave.shape[0] == 0:
         raise ValueError(f"{path} is empty: it holds no samples")
+    _check_samples(path, wave, rate)
     wave = wave.mean(1)  # (n,): channels averaged
     if rate != sample_rate:
         wave = resample(wave, rate, sample_rate)
         log.info("resampled %s from %d Hz to %d Hz (scipy.signal.resample_poly)", path, rate, sample_rate)
-    if not np.isfinite(wave).all():  # NaN or inf samples would make every feature of the file NaN
-        raise ValueError(f"{path} holds {int((~np.isfinite(wave)).sum())} non-finite (NaN or inf) samples")
     peak = float(np.abs(wave).max())
     if peak < SILENT_PEAK:
         raise ValueError(
             f"{path} is silent (peak {peak:.1e}, below -80 dBFS): there is no speech in it to recognise"
         )
     return wave.astype(np.float32)
+
+
+def _check_samples(path: Path, wave: np.ndarray, rate: int) -> None:
+    """Refuse a file (n, channels) that cannot hold speech: non-finite samples (counted as stored, before any
+    resampling spreads them), a rate below ``MIN_RATE``, fewer than ``MIN_SECONDS`` of audio."""
+    bad = ~np.isfinite(wave).all(1)
+    if bad.any():  # NaN or inf samples would make every feature of the file NaN
+        raise ValueError(f"{path} holds {int(bad.sum())} non-finite (NaN or inf) samples")
+    if rate < MIN_RATE:
+        raise ValueError(
+            f"{path} is sampled at {rate} Hz: speech needs at least {MIN_RATE} Hz (telephone audio is 8000 Hz)"
+        )
+    if wave.shape[0] < MIN_SECONDS * rate:
+        raise ValueError(
+            f"{path} is {wave.shape[0] / rate * 1000:.1f} ms long ({wave.shape[0]} samples at {rate} Hz): too "
+            f"short to hold a spoken word; at least {MIN_SECONDS * 1000:.0f} ms expected"
+        )
 
 
 def resample(wave: np.ndarray, rate: int, target: int) -> np.ndarray:

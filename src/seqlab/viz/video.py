@@ -13,7 +13,10 @@ from torch import Tensor
 
 from seqlab.viz.figures import pyplot, save_figure
 
-__all__ = ["plot_clip"]
+__all__ = ["MAX_FRAMES_DRAWN", "plot_clip"]
+
+MAX_FRAMES_DRAWN = 48
+"""A longer clip is drawn as every k-th frame (a 1,000-frame clip made a figure 850 inches wide)."""
 
 
 def _pixels(frame: Tensor):
@@ -31,7 +34,7 @@ def plot_clip(
     words: list[str] | None = None,
     attention: Tensor | None = None,
 ) -> Path:
-    """Draw a clip's frames (t, c, S, S) in a row; under frame i, ``true_labels[i]`` and ``predicted[i]`` (red
+    """Draw a clip's frames (t, c, S, S) in a row (every k-th of a clip longer than ``MAX_FRAMES_DRAWN``); under frame i, ``true_labels[i]`` and ``predicted[i]`` (red
     where they differ); with ``words`` and ``attention`` (n, t), a heat map of each word's weights over the
     frames below the strip (each row sums to one)."""
     if frames.dim() != 4:
@@ -47,14 +50,16 @@ def plot_clip(
             f"attention must be (words, frames) = ({len(words)}, {t}), got {tuple(attention.shape)}"
         )
     plt = pyplot()
+    stride = -(-t // MAX_FRAMES_DRAWN)  # 1 up to MAX_FRAMES_DRAWN frames
+    drawn = list(range(0, t, stride))
     rows = 1 if attention is None else 2
     heights = [1.0] if attention is None else [1.0, 0.25 * len(words) + 0.4]
     fig = plt.figure(
-        figsize=(max(6.0, 0.85 * t), 1.6 + (0 if attention is None else 0.25 * len(words) + 0.6))
+        figsize=(max(6.0, 0.85 * len(drawn)), 1.6 + (0 if attention is None else 0.25 * len(words) + 0.6))
     )
-    grid = fig.add_gridspec(rows, t, height_ratios=heights, hspace=0.45, wspace=0.05)
-    for i in range(t):
-        ax = fig.add_subplot(grid[0, i])
+    grid = fig.add_gridspec(rows, len(drawn), height_ratios=heights, hspace=0.45, wspace=0.05)
+    for column, i in enumerate(drawn):
+        ax = fig.add_subplot(grid[0, column])
         ax.imshow(_pixels(frames[i]), cmap="gray", vmin=0, vmax=1)
         ax.set_xticks([])
         ax.set_yticks([])
@@ -68,10 +73,15 @@ def plot_clip(
         ax = fig.add_subplot(grid[1, :])
         ax.imshow(attention.detach().float().cpu().numpy(), aspect="auto", cmap="magma", vmin=0)
         ax.set_yticks(range(len(words)), words, fontsize=7)
-        ax.set_xticks(range(t), [str(i) for i in range(t)], fontsize=6)
+        ax.set_xticks(
+            drawn, [str(i) for i in drawn], fontsize=6
+        )  # every frame's column, the drawn ones named
         ax.set_xlabel("frame each word attends to", fontsize=7)
+    notes = [] if stride == 1 else [f"every {stride}th frame of {t} drawn"]
     if true_labels is not None or predicted is not None:
-        fig.text(0.01, 0.02, "under each frame: true, then predicted (red: wrong)", fontsize=7)
+        notes.append("under each frame: true, then predicted (red: wrong)")
+    if notes:
+        fig.text(0.01, 0.02, "; ".join(notes), fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
     return save_figure(fig, path)
