@@ -124,6 +124,8 @@ def test_the_scans_record_covers_the_header_it_includes(tmp_path, monkeypatch):
     for name in ("selective_scan.cpp", "vec_math.h"):
         shutil.copy(build.SOURCE.with_name(name), tmp_path / name)
     monkeypatch.setattr(build, "SOURCE", tmp_path / "selective_scan.cpp")
-    before = build.sources_digest(["-O3"])
+    before, name = build.sources_digest(["-O3"]), build._build_name_and_flags()[0]
     (tmp_path / "vec_math.h").write_text((tmp_path / "vec_math.h").read_text() + "\n// edited\n")
     assert build.sources_digest(["-O3"]) != before  # an old library is not imported for a changed header
+    # and the edited sources build under a name of their own: two seqlab versions do not rebuild over each other
+    assert build._build_name_and_flags()[0] != name

@@ -6,8 +6,9 @@ Python binding to compile). The build is cached on disk, so later processes only
 
 * where: ``$TORCH_EXTENSIONS_DIR/seqlab`` if that is set, else ``$XDG_CACHE_HOME/seqlab/kernels`` (by default
   ``~/.cache/seqlab/kernels``), one folder per build name;
-* the build name is the cache key: the kernel, the vector instruction set, the Python and torch versions
-  (``seqlab_scan_avx2_py311_torch2_13_0``); ninja rebuilds inside that folder when the source changes.
+* the build name is the cache key: the kernel, the vector instruction set, the Python and torch versions and
+  a digest of the sources and flags (``seqlab_scan_avx2_py311_torch2_13_0_3f9a0c21d4``), so two seqlab
+  versions on one machine keep a build each instead of rebuilding over each other.
 
 Instruction set: ``-O3`` plus the vector extensions torch itself dispatches to on this CPU
 (``torch.backends.cpu.get_cpu_capability()``: ``-mavx2 -mfma`` for AVX2, the AVX-512 subsets for AVX512,
@@ -104,7 +105,7 @@ def _build_name_and_flags() -> tuple[str, list[str]]:
     # -fno-tree-pre: GCC's partial redundancy elimination turns the clamp in the kernel's exp into branches,
     # which stops the vectorizer (other compilers ignore the flag with a warning)
     flags = ["-O3", "-fopenmp", "-fno-tree-pre", *ISA_FLAGS.get(capability, [])]
-    return f"seqlab_scan_{isa}_{py}_torch{version}", flags
+    return f"seqlab_scan_{isa}_{py}_torch{version}_{sources_digest(flags)[:10]}", flags
 
 
 def missing_tool() -> str | None:
@@ -121,7 +122,7 @@ def missing_tool() -> str | None:
 
 def sources_digest(flags: list[str]) -> str:
     """SHA-256 of the scan's source, the header it includes and the flags: what a recorded library was built
-    from (its name holds no digest, so an edited header must not let an old library be imported)."""
+    from (checked again at load, so a library edited or replaced in place is never imported)."""
     text = b"".join(p.read_bytes() for p in (SOURCE, SOURCE.with_name("vec_math.h")))
     return hashlib.sha256(text + " ".join(flags).encode()).hexdigest()
 
