@@ -153,22 +153,21 @@ def test_other_image_sizes_match_hf_interpolate_pos_encoding_in_float32(size):
         hf(x)
 
 
-def test_interpolated_positions_equal_hf_run_in_float32(monkeypatch):
-    """In float64 seqlab's resized table is HF's method run in float32 (bit for bit); HF itself interpolates
-    in float64, so the two differ by float32 rounding (~1e-8 here), not by method."""
+def test_interpolated_positions_equal_hf_in_float64_and_in_float32(monkeypatch):
+    """seqlab's resized table is HF's, bit for bit, in the table's own precision: float64 interpolated in
+    float64 (as HF does), float32 in float32."""
     hf = _tiny("ViTModel")
     ours = convert_vit(hf)
     emb = hf.embeddings
     dummy = torch.zeros(1, 1 + 6 * 5, 32, dtype=torch.float64)  # only its length is read
     with torch.no_grad():
         hf_64 = emb.interpolate_pos_encoding(dummy, 24, 20)[0]  # (T, d)
+        got_64 = ours.positions((6, 5))
         monkeypatch.setattr(emb, "position_embeddings", torch.nn.Parameter(emb.position_embeddings.float()))
-        hf_32 = emb.interpolate_pos_encoding(dummy, 24, 20)[0].double()
-    with torch.no_grad():
-        got = ours.positions((6, 5))
-    torch.testing.assert_close(got[1:], hf_32[1:], atol=0, rtol=0)
-    torch.testing.assert_close(got[0], hf_64[0], atol=0, rtol=0)  # the class token's row is never resized
-    torch.testing.assert_close(got, hf_64, atol=1e-6, rtol=0)
+        hf_32 = emb.interpolate_pos_encoding(dummy.float(), 24, 20)[0]
+        got_32 = ours.float().positions((6, 5))
+    torch.testing.assert_close(got_64, hf_64, atol=0, rtol=0)
+    torch.testing.assert_close(got_32, hf_32, atol=0, rtol=0)
 
 
 def test_transformers4_names_map_like_transformers5_names():

@@ -166,6 +166,23 @@ def test_a_tiny_temperature_is_greedy_on_both_paths():
     greedy = model.generate(prompt, 12, temperature=0)
     assert torch.equal(model.generate(prompt, 12, temperature=1e-40), greedy)
     assert torch.equal(reference(model).generate(prompt, 12, temperature=1e-40), greedy)
+    # below float32's smallest value the temperature is 0 there (logits / T = 0 / 0): greedy too, on every path
+    assert torch.equal(model.generate(prompt, 12, temperature=1e-50), greedy)
+    assert torch.equal(reference(model).generate(prompt, 12, temperature=1e-50), greedy)
+    dec, dec_greedy = StaticCacheDecoder(model, 32), StaticCacheDecoder(model, 32)
+    logits, pos = dec(prompt)
+    dec_greedy(prompt)
+    first = logits[:, -1].argmax(-1)
+    assert torch.equal(dec.sample(first, pos, 6, 1e-50), dec_greedy.greedy(first, pos, 6))
+
+
+@torch.inference_mode()
+def test_float64_logits_are_sampled_in_float64():
+    """Finite float64 logits past float32's range (3.4e38) would turn inf in a float32 cast."""
+    logits = torch.tensor([[1e39, 0.0, 1e39 - 1e24]], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    picks = {int(sample_next(logits, temperature=1e24, generator=g)) for _ in range(200)}
+    assert picks == {0, 2}  # e^-1: both drawn, token 1 (1e15 temperatures below) never
 
 
 @needs_compiler

@@ -161,3 +161,13 @@ def test_true_false_fields_take_only_true_or_false():
         with pytest.raises(ValueError, match=re.escape(message)):
             create("test-gpt", **fields)
     assert create("test-gpt", tie_weights=None, bias=False) is not None
+
+
+@pytest.mark.parametrize("mixer", [m for m in list_mixers() if m != "attention"])
+def test_learned_positions_with_a_mixer_whose_state_counts_none_are_refused_before_training(mixer):
+    with pytest.raises(
+        ValueError, match=rf"position='learned' needs a mixer whose state counts positions .*{mixer}"
+    ):
+        LMConfig(mixer=mixer, position="learned", vocab_size=16, d_model=16, n_layers=1)
+    model = LM(LMConfig(mixer="attention", position="learned", vocab_size=16, d_model=16, n_layers=1))
+    assert model.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=3).shape == (1, 5)

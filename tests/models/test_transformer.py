@@ -43,6 +43,21 @@ def test_shared_embeddings_and_config():
     assert TransformerConfig(**dataclasses.asdict(model.config)) == model.config
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [
+        {"eos_id": 100},  # past the vocabulary: generation could never stop
+        {"pad_id": 2, "eos_id": 2},  # eos blocked as pad: never stops either
+        {"tgt_vocab_size": 2, "share_embeddings": False},  # eos 2 outside a 2-token target vocabulary
+    ],
+)
+def test_special_ids_outside_a_vocabulary_or_shared_are_refused(ids):
+    with pytest.raises(
+        ValueError, match=r"pad_id, bos_id and eos_id must be distinct ids of both vocabularies"
+    ):
+        TransformerConfig(vocab_size=64, **ids)
+
+
 def _copy_batch(g, b=32, n=6):
     body = torch.randint(3, 16, (b, n), generator=g)
     eos = torch.full((b, 1), 2)

@@ -54,6 +54,21 @@ __all__ = [
 ]
 
 
+def _check_user_mask(mask: Tensor | None, shape: tuple[int, int, int, int], cached: int) -> None:
+    """The caller's boolean mask broadcasts to shape = (b, h, t_q, t_k), checked before the causal structure is
+    combined with it (where a mismatch would surface as torch's broadcast error); with a KV cache, t_k counts
+    the ``cached`` keys before this call's."""
+    if mask is None or not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        return  # no mask, or one that combine_masks refuses with its own message
+    try:
+        torch.broadcast_shapes(mask.shape, shape)
+    except RuntimeError:
+        hint = f"; t_k counts the {cached} cached keys before this call's {shape[2]}" if cached else ""
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, t_q, t_k) = {shape}{hint}"
+        ) from None
+
+
 class MultiheadAttention(FastPathMixin, nn.Module):
     r"""Multi-head attention with grouped-query heads, a KV cache, causal and sliding-window masks and RoPE.
 
@@ -209,6 +224,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         else:
             q, k, v, new_state = self._cross_qkv(query, key, value, state)
             structure, is_causal = None, False
+        _check_user_mask(mask, (b, self.n_heads, t_q, k.size(2)), k.size(2) - t_q if key is None else 0)
         m = combine_masks(mask, structure)
         drop = self.dropout if self.training else 0.0
         sdpa = scaled_dot_product_attention if fast else scaled_dot_product_attention_ref

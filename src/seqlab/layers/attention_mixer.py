@@ -67,5 +67,6 @@ register_mixer(
         year=2017,
         step_cost=1.5,
         width_multiple=lambda c: 2 * c.n_heads,  # heads whose width RoPE needs even
+        counts_positions=True,  # KVCache.pos
     )
 )

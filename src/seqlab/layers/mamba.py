@@ -236,9 +236,14 @@ class Mamba(FastPathMixin, nn.Module):
         idx = mask.sum(1, keepdim=True) + torch.arange(self.d_conv, device=full.device)  # (b, d_conv)
         return full.gather(2, idx[:, None, :].expand(-1, full.size(1), -1))
 
-    def step(self, x_t: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """x_t (b, d) -> y_t (b, d): one position of the conv and of the recurrence, O(1) in the context."""
+    def step(
+        self, x_t: Tensor, state: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x_t (b, d) -> y_t (b, d): one position of the conv and of the recurrence, O(1) in the context.
+        ``state`` None starts from :meth:`init_state`, as every mixer's step does."""
         check_input("Mamba.step", x_t, self.d_model, self.D, step=True, what="x_t")
+        if state is None:
+            state = self.init_state(x_t.size(0), device=x_t.device, dtype=x_t.dtype)
         self._check_state(state, x_t)
         conv_state, h = state
         xs, z = self.in_proj(x_t).chunk(2, dim=-1)  # 2 x (b, d_inner)

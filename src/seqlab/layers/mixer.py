@@ -86,6 +86,9 @@ class MixerSpec:
     """Training-step cost relative to an LSTM's at the lab's sizes on CPU; orders and times the lab's runs."""
     width_multiple: Callable[[Any], int] = _default_multiple
     """The budget matcher's step for d_model, from the config (attention: 2 x n_heads, for RoPE's pairs)."""
+    counts_positions: bool = False
+    """Its carried state has ``pos``, the number of tokens it has read (attention's KV cache): what an LM with
+    learned absolute positions needs to step and to train on carried states."""
 
 
 _REGISTRY: dict[str, MixerSpec] = {}

@@ -49,7 +49,7 @@ class LayerNorm(nn.LayerNorm):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x²) + eps) * weight, computed in float32 for low-precision inputs."""
+    """x / sqrt(mean(x²) + eps) * weight, computed in float32 for low-precision inputs (float64 stays float64)."""
 
     def __init__(self, d_model: int, eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
@@ -62,7 +62,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_x("RMSNorm", x, self.weight)
-        return F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).type_as(x) * self.weight
+        return (
+            F.rms_norm(
+                x.to(torch.promote_types(x.dtype, torch.float32)), (x.size(-1),), eps=self.eps
+            ).type_as(x)
+            * self.weight
+        )
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, eps={self.eps}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -95,5 +96,10 @@ def interpolate_grid_positions(table: Tensor, old_grid: tuple[int, int], new_gri
         return table
     d = table.size(1)
     img = table.reshape(1, gh, gw, d).permute(0, 3, 1, 2)  # (1, d, gh, gw)
-    img = F.interpolate(img.float(), size=(nh, nw), mode="bicubic", align_corners=False).to(table.dtype)
+    img = F.interpolate(
+        img.to(torch.promote_types(img.dtype, torch.float32)),
+        size=(nh, nw),
+        mode="bicubic",
+        align_corners=False,
+    ).to(table.dtype)
     return img.permute(0, 2, 3, 1).reshape(nh * nw, d)  # (nh nw, d)

@@ -18,6 +18,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from seqlab.layers.checks import check_dtype
+
 __all__ = ["AdditiveAttention", "AttentionalHidden", "LuongAttention"]
 
 
@@ -37,16 +39,43 @@ def _masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     return w.masked_fill(~keep, 0.0)
 
 
-def _check_query(name: str, query: Tensor, keys: Tensor, d_query: int) -> bool:
-    """True when the query holds many positions (b, t, d_query); raises on any other shape."""
+def _check_inputs(
+    name: str, query: Tensor, keys: Tensor, values, keys_proj, d: tuple[int, int, int], param
+) -> bool:
+    """True when the query holds many positions (b, t, d_query). Raises, naming what was expected, unless query
+    is (b, [t,] d_query), keys (b, s, d_key), values None or (b, s, d_v), keys_proj None or (b, s, d_proj) (of
+    this module's project_keys) and the floats are of one dtype (the parameters', when ``param`` is given);
+    ``d`` = (d_query, d_key, d_proj)."""
+    d_query, d_key, d_proj = d
     ok = isinstance(query, Tensor) and query.dim() in (2, 3) and query.size(-1) == d_query
     ok = ok and isinstance(keys, Tensor) and keys.dim() == 3 and keys.size(0) == query.size(0)
+    ok = ok and keys.size(-1) == d_key
     if not ok:
         got = [tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__ for v in (query, keys)]
         raise ValueError(
-            f"{name} expects query (b, {d_query}) or (b, t, {d_query}) and keys (b, s, d_key) with the same b; "
+            f"{name} expects query (b, {d_query}) or (b, t, {d_query}) and keys (b, s, {d_key}) with the same b; "
             f"got query {got[0]} and keys {got[1]}"
         )
+    b, s = keys.shape[:2]
+    for what, x, width in (("values", values, None), ("keys_proj", keys_proj, d_proj)):
+        if x is None:
+            continue
+        if (
+            not isinstance(x, Tensor)
+            or x.dim() != 3
+            or x.shape[:2] != (b, s)
+            or width not in (None, x.size(-1))
+        ):
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            want = f"(b, s, {width})" if width else "(b, s, d_v)"
+            raise ValueError(f"{name} expects {what} {want} with the keys' (b, s) = ({b}, {s}); got {got}")
+    for what, x in (("query", query), ("keys", keys), ("values", values), ("keys_proj", keys_proj)):
+        if x is None:
+            continue
+        if param is not None:
+            check_dtype(name, x, param, what)
+        elif x.dtype != query.dtype or not x.is_floating_point():
+            raise ValueError(f"{name} expects floats of one dtype; query is {query.dtype}, {what} {x.dtype}")
     return query.dim() == 3
 
 
@@ -84,7 +113,8 @@ class AdditiveAttention(nn.Module):
         mask: Tensor | None = None,
         keys_proj: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        many = _check_query("AdditiveAttention", query, keys, self.query_proj.in_features)
+        d = (self.query_proj.in_features, self.key_proj.in_features, self.key_proj.out_features)
+        many = _check_inputs("AdditiveAttention", query, keys, values, keys_proj, d, self.v.weight)
         keys_proj = self.project_keys(keys) if keys_proj is None else keys_proj  # (b, s, d_attn)
         q = self.query_proj(query).unsqueeze(-2)  # (b, 1, d_attn) or (b, t, 1, d_attn)
         e = self.v(torch.tanh(q + (keys_proj.unsqueeze(1) if many else keys_proj))).squeeze(-1)  # (b, [t,] s)
@@ -120,7 +150,7 @@ class LuongAttention(nn.Module):
             raise ValueError(
                 f"the dot score needs d_query == d_key, got {d_query} and {d_key}; use 'general'"
             )
-        self.score, self.d_query = score, d_query
+        self.score, self.d_query, self.d_key = score, d_query, d_key
         self.W_a = (
             nn.Linear(d_key, d_query, bias=False, device=device, dtype=dtype) if score == "general" else None
         )
@@ -137,7 +167,9 @@ class LuongAttention(nn.Module):
         mask: Tensor | None = None,
         keys_proj: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        many = _check_query("LuongAttention", query, keys, self.d_query)
+        d = (self.d_query, self.d_key, self.d_query)
+        weight = None if self.W_a is None else self.W_a.weight
+        many = _check_inputs("LuongAttention", query, keys, values, keys_proj, d, weight)
         proj = self.project_keys(keys) if keys_proj is None else keys_proj  # (b, s, d_query)
         # many: (b, t, d_q) x (b, d_q, s) -> (b, t, s); one: (b, s, d_q) x (b, d_q, 1) -> (b, s)
         e = query @ proj.transpose(1, 2) if many else (proj @ query.unsqueeze(-1)).squeeze(-1)

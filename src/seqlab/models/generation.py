@@ -61,6 +61,12 @@ def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) 
         raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
 
 
+def is_greedy(temperature: float) -> bool:
+    """Temperature 0, or one that float32 holds as 0 (below about 1e-45: the logits over it would be 0 / 0),
+    decodes greedily."""
+    return temperature == 0 or float(torch.tensor(temperature, dtype=torch.float32)) == 0.0
+
+
 def _check_logits(logits: Tensor) -> None:
     """Logits (b, vocab) of real floats, none NaN or +inf and not all -inf in a row (one host sync)."""
     if (
@@ -89,7 +95,8 @@ def sample_next(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Pick one token per row of ``logits`` (b, vocab) -> (b,). ``temperature=0`` is greedy (argmax).
+    """Pick one token per row of ``logits`` (b, vocab) -> (b,). ``temperature=0`` is greedy (argmax), and so is
+    one that float32 rounds to 0 (:func:`is_greedy`). Computed in float32, or in float64 for float64 logits.
 
     top-k keeps the k most likely tokens; top-p (nucleus, Holtzman et al. 2019, arXiv 1904.09751) keeps the
     smallest set whose probability mass reaches p. Both filters may be combined; the most likely token
@@ -97,9 +104,9 @@ def sample_next(
     """
     _check_sampling(temperature, top_k, top_p)
     _check_logits(logits)
-    if temperature == 0:
+    if is_greedy(temperature):
         return logits.argmax(dim=-1)
-    logits = logits.float()
+    logits = widened(logits)  # half precisions to float32; float64 kept (a cast to float32 could overflow it)
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # the top at 0: no overflow at any T
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (b, 1)
@@ -174,7 +181,7 @@ def generate(
         if loops is not None and max_new_tokens > 1 and loops(state, max_new_tokens - 1):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (b,)
             n = max_new_tokens - 1
-            if temperature == 0:
+            if is_greedy(temperature):
                 rest = model.greedy(nxt, state, n)  # (b, n)
             else:
                 rest = model.sample(nxt, state, n, temperature, top_k, top_p, generator)

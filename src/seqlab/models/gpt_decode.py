@@ -42,7 +42,7 @@ from seqlab.layers.attention import MultiheadAttention, SelfAttention
 from seqlab.layers.fastpath import hook_reason
 from seqlab.layers.mlp import ACTIVATIONS, MLP, SwiGLU
 from seqlab.layers.norms import LayerNorm, RMSNorm
-from seqlab.models.generation import check_token_ids
+from seqlab.models.generation import check_token_ids, is_greedy
 
 __all__ = ["StaticCacheDecoder", "why_not_static_decode"]
 
@@ -306,6 +306,8 @@ class StaticCacheDecoder:
         ``torch.multinomial``), so only a near tie that float rounding of the probabilities breaks another way
         can tell them apart.
         """
+        if is_greedy(temperature):  # 0, or so small that the kernel's float32 would divide 0 by 0
+            return self.greedy(ids, state, n)
         if not self.loops(state, n):
             return None
         k = 0 if top_k is None else top_k

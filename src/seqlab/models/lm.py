@@ -110,6 +110,11 @@ class LMConfig:
                 "tie_weights needs token inputs and next-token outputs (d_input = d_output = None)"
             )
         self.mixer_config = dataclasses.asdict(make_mixer_config(self.mixer, self.mixer_config))
+        if self.position == "learned" and not mixer_spec(self.mixer).counts_positions:
+            raise ValueError(  # refused here, not after training, when stepping first needs the count
+                f"position='learned' needs a mixer whose state counts positions (attention); {self.mixer}'s "
+                "does not, so the model could not generate or carry a state: use position='none'"
+            )
 
     @property
     def _tokens_in_and_out(self) -> bool:
@@ -250,15 +255,9 @@ class LM(nn.Module):
         return self.drop(h)
 
     def _offset(self, state: list | None) -> int:
-        """Positions already in the state: only learned positions need it, and attention's cache counts them."""
-        if self.pos_embed is None or not state:
-            return 0
-        pos = getattr(state[0], "pos", None)
-        if pos is None:
-            raise ValueError(
-                f"learned positions need a state that counts positions; {self.config.mixer}'s does not"
-            )
-        return int(pos)
+        """Positions already in the state: only learned positions need it, and attention's cache counts them
+        (LMConfig refuses learned positions with a mixer whose state does not: MixerSpec.counts_positions)."""
+        return int(state[0].pos) if self.pos_embed is not None and state else 0
 
     def forward(
         self, x: Tensor, state: list | None = None, return_state: bool = False, mask: Tensor | None = None

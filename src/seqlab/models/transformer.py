@@ -44,6 +44,7 @@ from seqlab.validation import (
     check_dropout,
     check_positive_floats,
     check_positive_ints,
+    check_special_ids,
 )
 
 __all__ = ["PRESETS", "Transformer", "TransformerConfig"]
@@ -84,6 +85,7 @@ class TransformerConfig:
                 "or share_embeddings=False"
             )
         check_dropout(self)
+        check_special_ids(self, min(self.vocab_size, self.target_vocab), "both vocabularies")
 
     @property
     def target_vocab(self) -> int:
