@@ -89,6 +89,7 @@ def _launch(args: argparse.Namespace) -> int:
 
     torchrun runs in a session of its own, so a Ctrl-C reaches this process only, which hands it to the
     training processes (not to torchrun, which would kill them): they finish the step, save, and stop together.
+    SIGTERM and SIGHUP (kill, a job scheduler's cancel, a closed terminal) are handed on the same way.
     """
     import signal
     import subprocess
@@ -100,18 +101,29 @@ def _launch(args: argparse.Namespace) -> int:
     cmd = ["--nproc_per_node", str(args.nproc), "-m", "seqlab", *argv]
     print(f"torchrun {' '.join(cmd)}", flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *cmd], start_new_session=True)
-    interrupted = False
-    while True:
-        try:
-            status = proc.wait()
-            break
-        except KeyboardInterrupt:
-            interrupted = True
-            for pid in _children(proc.pid):
-                os.kill(pid, signal.SIGINT)
-    if interrupted:
-        print("stopped by Ctrl-C; continue with the same command and --resume", file=sys.stderr)
-        return 130
+    stopped: list[int] = []
+
+    def stop(signum: int, frame=None) -> None:  # the training processes save and stop, as for Ctrl-C
+        stopped.append(signum)
+        for pid in _children(proc.pid):
+            os.kill(pid, signal.SIGINT)
+
+    # kill, a scheduler's cancel or a closed terminal stop the training too (it runs in a session of its own)
+    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                status = proc.wait()
+                break
+            except KeyboardInterrupt:
+                stop(signal.SIGINT)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    if stopped:
+        name = "Ctrl-C" if stopped[0] == signal.SIGINT else signal.Signals(stopped[0]).name
+        print(f"stopped by {name}; continue with the same command and --resume", file=sys.stderr)
+        return 128 + stopped[0]
     if status:
         print(
             f"error: a training process failed (its error is above); torchrun exited {status}",
@@ -133,16 +145,42 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _check_before_launch(run: dict, args: argparse.Namespace) -> None:
+    """What one process would refuse at once, refused before torchrun starts N of them (each would print it,
+    with torchrun's traceback): the model and task named, the train settings, the batch (given or the task's
+    default) split evenly over the processes, and as many GPUs as processes."""
+    import torch
+
+    from seqlab.run import train_config
+    from seqlab.tasks import task_signature
+
+    n, task = args.nproc, run.get("task") or {}
+    if not (run.get("model") or {}).get("name") or not task.get("name"):
+        raise ValueError(
+            "the run names no model or no task: set model.name and task.name (see `seqlab list`)"
+        )
+    device = {} if args.device is None else {"device": args.device}
+    config = train_config({"train": {**(run.get("train") or {}), **device}})
+    default = task_signature(task["name"]).parameters.get("batch_size")
+    batch = task.get("batch_size", None if default is None else default.default)
+    if isinstance(batch, int) and batch % n:
+        raise ValueError(
+            f"task.batch_size={batch} cannot be split over --nproc {n} processes without overlap; "
+            f"choose a batch size divisible by {n}"
+        )
+    device = config.resolved_device()
+    if device.type == "cuda" and n > 1 and (device.index is not None or n > torch.cuda.device_count()):
+        raise ValueError(
+            f"--nproc {n} on CUDA takes one GPU per process: this machine has {torch.cuda.device_count()}"
+            + (f", and train.device={config.device} names one for all" if device.index is not None else "")
+        )
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc is not None and "WORLD_SIZE" not in os.environ:
         # the run file, overrides and --out checked here, once, before torchrun starts N processes
         run, _ = _load_train_run(args)
-        batch = run.get("task", {}).get("batch_size")
-        if isinstance(batch, int) and batch % args.nproc:
-            raise ValueError(
-                f"task.batch_size={batch} cannot be split over --nproc {args.nproc} processes without overlap; "
-                f"choose a batch size divisible by {args.nproc}"
-            )
+        _check_before_launch(run, args)
         return _launch(args)
     if args.device is not None:
         args.overrides = [*args.overrides, f"--train.device={args.device}"]

@@ -151,11 +151,23 @@ def build_task(run: dict[str, Any]):
     return create_task(task_name, **task_fields)
 
 
+def train_config(run: dict[str, Any]):
+    """The run's TrainConfig, its fields checked (an unknown one named with the known ones)."""
+    from seqlab.training import TrainConfig
+
+    train_fields = dict(run.get("train") or {})
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    if set(train_fields) - known:
+        raise ValueError(
+            f"unknown train field(s) {sorted(set(train_fields) - known)}; known: {sorted(known)}"
+        )
+    return TrainConfig(**coerce_fields(TrainConfig, train_fields))
+
+
 def build_run(run: dict[str, Any]):
     """(model, task, train_config) for a run dict. The task is built first: it fixes e.g. the vocabulary."""
     from seqlab.models import PRESETS, create, make_config
     from seqlab.tasks import list_tasks, task_families
-    from seqlab.training import TrainConfig
 
     model_fields = dict(run.get("model") or {})
     name = model_fields.pop("name", None)
@@ -164,13 +176,7 @@ def build_run(run: dict[str, Any]):
     task_name = (run.get("task") or {}).get("name")
     if task_name is None:
         raise ValueError(f"the run names no task: set task.name, one of {', '.join(list_tasks())}")
-    train_fields = dict(run.get("train") or {})
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    if set(train_fields) - known:
-        raise ValueError(
-            f"unknown train field(s) {sorted(set(train_fields) - known)}; known: {sorted(known)}"
-        )
-    train = TrainConfig(**coerce_fields(TrainConfig, train_fields))
+    train = train_config(run)
     if name not in PRESETS:
         create(name)  # raises the 'unknown model' error with the list of presets
     family, families = PRESETS[name][0], task_families(task_name)  # checked before the data is built

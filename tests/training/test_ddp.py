@@ -217,11 +217,14 @@ def test_cuda_autocast_is_bf16():
     assert TrainConfig(device="cuda", precision="fp32").autocast_dtype() is None
 
 
-def test_ctrl_c_under_nproc_saves_and_says_how_to_resume(text_file, tmp_path):
-    """Ctrl-C reaches `seqlab train --nproc 2`, which hands it to the training processes (not to torchrun):
-    they finish the step, save, and stop together; the run then resumes."""
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_kill_under_nproc_saves_and_says_how_to_resume(text_file, tmp_path, signame):
+    """Ctrl-C (or kill's SIGTERM) reaches `seqlab train --nproc 2`, which hands it to the training processes
+    (not to torchrun): they finish the step, save, and stop together, none left running; the run then resumes."""
     import signal
     import time
+
+    signum = getattr(signal, signame)
 
     out = tmp_path / "run"
     args = [
@@ -243,8 +246,73 @@ def test_ctrl_c_under_nproc_saves_and_says_how_to_resume(text_file, tmp_path):
     while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
         time.sleep(0.5)
     time.sleep(1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
-    assert proc.returncode == 130, err[-3000:]
-    assert "continue with the same command and --resume" in err
+    assert proc.returncode == 128 + signum, err[-3000:]
+    said = "Ctrl-C" if signum == signal.SIGINT else signame
+    assert f"stopped by {said}; continue with the same command and --resume" in err
     assert (out / "latest").is_file()
+    # no training process outlives the launcher (after a SIGTERM they ran on in the background, holding the run)
+    from seqlab.training.manifest import lock_run, unlock_run
+
+    unlock_run(lock_run(out))  # a RunInUseError while a rank still holds it
+
+
+def test_ranks_draw_dropout_of_their_own_and_resume_their_own_streams():
+    def draws(world, **restore):
+        torch.manual_seed(3)  # every rank built the model from the same seed
+        if restore:
+            distributed.restore_cpu_rng(restore["state"], world, 3, restore["step"])
+        else:
+            distributed.seed_rank_streams(3, world)
+        return torch.rand(4)
+
+    one, r0, r1 = (
+        draws(distributed.World(0, 1)),
+        draws(distributed.World(0, 2)),
+        draws(distributed.World(1, 2)),
+    )
+    assert torch.equal(r0, one)  # rank 0 keeps a single process's stream
+    assert not torch.equal(r1, r0)  # before: identical masks on every rank
+    states = [torch.manual_seed(s).get_state() for s in (10, 11)]
+    saved = {"rng_cpu": states[0], "rng_cpu_ranks": states}
+    resumed = [draws(distributed.World(r, 2), state=saved, step=5) for r in (0, 1)]
+    assert torch.equal(resumed[1], torch.manual_seed(11) and torch.rand(4))  # each rank its own saved stream
+    three = [draws(distributed.World(r, 3), state=saved, step=5) for r in range(3)]  # another world size
+    assert torch.equal(three[0], resumed[0]) and len({tuple(t.tolist()) for t in three}) == 3
+
+
+def test_a_one_process_fsdp_group_leaves_no_variables_behind(monkeypatch):
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    world = distributed.setup("fsdp", torch.device("cpu"))
+    assert world.size == 1 and os.environ["WORLD_SIZE"] == "1"
+    distributed.teardown()
+    # a later `seqlab train --nproc 2` in this process launches instead of training as a world of one
+    assert not {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"} & set(os.environ)
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--nproc", "3"], r"task\.batch_size=4 cannot be split over --nproc 3"),  # the run's batch
+        (["--nproc", "3", "DEFAULT_BATCH"], r"task\.batch_size=32 cannot be split over --nproc 3"),  # copy's
+        (["--nproc", "2", "--train.strategy=zero"], r"train\.strategy must be 'ddp' or 'fsdp'"),
+    ],
+)
+def test_nproc_refuses_before_launching_what_one_process_would(text_file, tmp_path, capsys, extra, match):
+    import re
+
+    args = [*_args(text_file, "test-gpt", 2), "--out", str(tmp_path / "r"), *extra]
+    if "DEFAULT_BATCH" in extra:  # the task's own batch size, none given
+        args = [
+            "train",
+            "--model.name=test-lm-gru",
+            "--task.name=copy",
+            "--out",
+            str(tmp_path / "r"),
+            *extra[:2],
+        ]
+    assert main(args) == 2
+    err = capsys.readouterr()
+    assert re.search(match, err.err) and "torchrun" not in err.out  # refused here, no process started

@@ -14,7 +14,11 @@ mean over equally many positions per row (language models, classification), the 
 B/W rows each is the mean over the B rows, so W processes with B/W rows reproduce one process with B rows:
 the same loss sequence, to float32 rounding (the sums run in another order; tests/training/test_ddp.py holds
 them to 1e-5). Padded tasks (translation, captions) hold different numbers of real tokens per rank; their
-average weighs ranks equally, which is close to, not equal to, the single-process mean.
+average weighs ranks equally, which is close to, not equal to, the single-process mean. Two things make W
+processes equal to one in distribution only, not number for number: dropout (each rank draws its own masks,
+from a stream seeded by (seed, rank) after the model is built: masks shared by the ranks would cover B rows
+with B/W draws) and BatchNorm (the video and captioning CNN encoders: each rank normalizes with the statistics
+of its own B/W rows, and the running statistics kept are rank 0's, as plain DDP does).
 
 What every rank does and what only rank 0 does. Every rank builds the model from the same seed, trains on its
 rows, and evaluates the same validation batches (evaluation is cheap next to training, and under FSDP every
@@ -31,6 +35,7 @@ checkpoint holds full tensors; DCP reshards on load.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import socket
@@ -79,8 +84,12 @@ def setup(strategy: str, device: torch.device) -> World:
     torchrun gets a group of one on loopback. Returns this process's World."""
     world = world_from_env()
     if strategy == "fsdp" and "WORLD_SIZE" not in os.environ:  # a group of one: FSDP needs a process group
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
-        os.environ.setdefault("LOCAL_RANK", "0")
+        group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+        group = {k: v for k, v in {**group, "LOCAL_RANK": "0"}.items() if k not in os.environ}
+        _SET_BY_SETUP.update(
+            group
+        )  # taken out again by teardown: a later run of this process is not in a group
+        os.environ.update(group)
     if (world.size > 1 or strategy == "fsdp") and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
@@ -89,9 +98,16 @@ def setup(strategy: str, device: torch.device) -> World:
 
 
 def teardown() -> None:
-    """Leave the process group (at the end of ``seqlab train``)."""
+    """Leave the process group (at the end of ``seqlab train``), and take out the variables ``setup`` set."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    for key, value in list(_SET_BY_SETUP.items()):
+        if os.environ.get(key) == value:
+            del os.environ[key]
+        del _SET_BY_SETUP[key]
+
+
+_SET_BY_SETUP: dict[str, str] = {}
 
 
 def local_device(device: torch.device, world: World) -> torch.device:
@@ -242,6 +258,40 @@ def cuda_rng_to_restore(state: dict[str, Any], world: World, device: torch.devic
         return {device.index if device.index is not None else 0: per_rank[world.rank]}
     saved = state.get("rng_cuda")
     return {} if saved is None else dict(enumerate(list(saved)[:device_count]))
+
+
+def _rank_seed(seed: int, rank: int, step: int) -> int:
+    """A seed of its own for (seed, rank, step): SHA-256 of the three, 63 bits."""
+    digest = hashlib.sha256(f"{seed}/{rank}/{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def seed_rank_streams(seed: int, world: World, step: int = 0) -> None:
+    """Every rank built the model from the same seed; then ranks other than 0 reseed torch's generators (CPU and
+    CUDA) from (seed, rank, step), so that their dropout masks differ (identical masks covered the B rows of a
+    global batch with B/W masks). Rank 0 keeps the seed's stream, a single process's."""
+    if world.size > 1 and world.rank > 0:
+        torch.manual_seed(_rank_seed(seed, world.rank, step))
+
+
+def cpu_rng_to_save(world: World) -> dict[str, Any]:
+    """``rng_cpu`` (this rank's generator; rank 0's is the one written) and with several ranks ``rng_cpu_ranks``,
+    every rank's (a collective: every rank calls it)."""
+    state: dict[str, Any] = {"rng_cpu": torch.get_rng_state()}
+    if world.size > 1:
+        state["rng_cpu_ranks"] = gather_objects(torch.get_rng_state(), world)
+    return state
+
+
+def restore_cpu_rng(state: dict[str, Any], world: World, seed: int, step: int) -> None:
+    """Each rank's own saved generator when the world has as many ranks as saved; otherwise rank 0's, and the
+    other ranks a stream of their own from (seed, rank, step)."""
+    per_rank = state.get("rng_cpu_ranks")
+    if per_rank is not None and len(per_rank) == world.size:
+        torch.set_rng_state(per_rank[world.rank])
+        return
+    torch.set_rng_state(state["rng_cpu"])
+    seed_rank_streams(seed, world, step)
 
 
 def gather_objects(obj: Any, world: World) -> list[Any]:

@@ -74,6 +74,7 @@ class Trainer:
         if self.world.size > 1:  # before any work: the batch must split over the ranks
             distributed.check_divisible(task.get_batch("train", 0), self.world)
         self.net = distributed.wrap(model, self.world, config.strategy, self.device)  # what training calls
+        distributed.seed_rank_streams(config.seed, self.world)  # the weights alike, dropout's draws not
         self.optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
         self.step = 0
         self.elapsed = 0.0  # seconds of training, summed over resumed segments
@@ -107,7 +108,7 @@ class Trainer:
             "step": self.step,
             "elapsed": self.elapsed,
             "optimizer": None if fsdp else self.optimizer.state_dict(),  # FSDP: in the shards
-            "rng_cpu": torch.get_rng_state(),
+            **distributed.cpu_rng_to_save(self.world),
             "carry": self.carry,
             "log_window": {"loss": self.window.loss, "n": self.window.n},
             **distributed.cuda_rng_to_save(self.world, self.device),
@@ -153,7 +154,7 @@ class Trainer:
         else:
             ckpt.load_weights(self.model, where / "model.safetensors")
             self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng_cpu"])
+        distributed.restore_cpu_rng(state, self.world, self.config.seed, int(state["step"]))
         if torch.cuda.is_available():
             count = torch.cuda.device_count()
             for index, rng in distributed.cuda_rng_to_restore(state, self.world, self.device, count).items():
