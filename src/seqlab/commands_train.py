@@ -84,7 +84,7 @@ def _sets_anything(run_file: str) -> bool:
     return any(load_run_file(run_file).get(section) for section in ("model", "task", "train"))
 
 
-def _launch(args: argparse.Namespace) -> int:
+def _launch(args: argparse.Namespace, out: Path) -> int:
     """``--nproc N``: the same command in N processes through torchrun's launcher (torch.distributed.run).
 
     torchrun runs in a session of its own, so a Ctrl-C reaches this process only, which hands it to the
@@ -99,30 +99,39 @@ def _launch(args: argparse.Namespace) -> int:
         i = argv.index("--nproc")
         del argv[i : i + 2]
     cmd = ["--nproc_per_node", str(args.nproc), "-m", "seqlab", *argv]
-    print(f"torchrun {' '.join(cmd)}", flush=True)
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *cmd], start_new_session=True)
     stopped: list[int] = []
+    proc: subprocess.Popen | None = None
 
-    def stop(signum: int, frame=None) -> None:  # the training processes save and stop, as for Ctrl-C
+    def stop(signum: int, frame=None) -> None:  # the training processes save and stop together
         stopped.append(signum)
-        for pid in _children(proc.pid):
+        ranks = [] if proc is None else _children(proc.pid)
+        for pid in ranks:
             os.kill(pid, signal.SIGINT)
+        if proc is not None and not ranks:  # torchrun has started none yet: it stops, with nothing to save
+            proc.terminate()
 
-    # kill, a scheduler's cancel or a closed terminal stop the training too (it runs in a session of its own)
-    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # installed before torchrun starts: a signal at any moment stops the training too (it runs in a session of
+    # its own, which neither the terminal's Ctrl-C nor a kill of this process reaches)
+    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        while True:
-            try:
-                status = proc.wait()
-                break
-            except KeyboardInterrupt:
-                stop(signal.SIGINT)
+        print(f"torchrun {' '.join(cmd)}", flush=True)
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *cmd], start_new_session=True)
+        if stopped:  # a signal came while it started
+            proc.terminate()
+        status = proc.wait()
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
     if stopped:
+        from seqlab.training.checkpoint import holds_run
+
         name = "Ctrl-C" if stopped[0] == signal.SIGINT else signal.Signals(stopped[0]).name
-        print(f"stopped by {name}; continue with the same command and --resume", file=sys.stderr)
+        then = (
+            "continue with the same command and --resume"
+            if holds_run(out)
+            else ("it saved no checkpoint yet, so there is nothing to resume: run the same command again")
+        )
+        print(f"stopped by {name}; {then}", file=sys.stderr)
         return 128 + stopped[0]
     if status:
         print(
@@ -179,9 +188,9 @@ def _check_before_launch(run: dict, args: argparse.Namespace) -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc is not None and "WORLD_SIZE" not in os.environ:
         # the run file, overrides and --out checked here, once, before torchrun starts N processes
-        run, _ = _load_train_run(args)
+        run, out = _load_train_run(args)
         _check_before_launch(run, args)
-        return _launch(args)
+        return _launch(args, out)
     if args.device is not None:
         args.overrides = [*args.overrides, f"--train.device={args.device}"]
     main = int(os.environ.get("RANK", 0)) == 0

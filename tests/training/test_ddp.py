@@ -316,3 +316,36 @@ def test_nproc_refuses_before_launching_what_one_process_would(text_file, tmp_pa
     assert main(args) == 2
     err = capsys.readouterr()
     assert re.search(match, err.err) and "torchrun" not in err.out  # refused here, no process started
+
+
+@pytest.mark.parametrize("delay", [0.0, 2.0])  # before torchrun starts the ranks; while they start up
+def test_a_stop_before_the_first_checkpoint_does_not_advise_resume(text_file, tmp_path, delay):
+    import signal
+    import time
+
+    from seqlab.training.checkpoint import holds_run
+
+    out = tmp_path / "early"
+    args = [
+        *_args(text_file, "test-lstm-lm", 100_000, "--train.save_every=0"),
+        "--out",
+        str(out),
+        "--nproc",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqlab", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert proc.stdout.readline().startswith("torchrun")  # launched: the ranks are starting up
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    if holds_run(out):  # the ranks were already training: they saved
+        assert "continue with the same command and --resume" in err
+    else:
+        assert "it saved no checkpoint yet, so there is nothing to resume: run the same command again" in err
