@@ -72,10 +72,8 @@ def _task(saved: dict, args: argparse.Namespace):
         return create_task("forecast", **settings)
     except ValueError as e:
         said = str(e)
-        for (
-            training_flag,
-            flag,
-        ) in _FORECAST_FLAGS.items():  # the data loader's hints, in this command's flags
+        # the data loader's hints, in this command's flags
+        for training_flag, flag in _FORECAST_FLAGS.items():
             said = said.replace(training_flag, flag)
         if settings["source"] == saved["source"]:
             raise ValueError(said) from e

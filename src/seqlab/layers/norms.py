@@ -62,12 +62,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_x("RMSNorm", x, self.weight)
-        return (
-            F.rms_norm(
-                x.to(torch.promote_types(x.dtype, torch.float32)), (x.size(-1),), eps=self.eps
-            ).type_as(x)
-            * self.weight
-        )
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # float64 stays float64
+        return F.rms_norm(wide, (x.size(-1),), eps=self.eps).type_as(x) * self.weight
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, eps={self.eps}"

@@ -86,9 +86,8 @@ def setup(strategy: str, device: torch.device) -> World:
     if strategy == "fsdp" and "WORLD_SIZE" not in os.environ:  # a group of one: FSDP needs a process group
         group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1"}
         group = {k: v for k, v in {**group, "LOCAL_RANK": "0"}.items() if k not in os.environ}
-        _SET_BY_SETUP.update(
-            group
-        )  # taken out again by teardown: a later run of this process is not in a group
+        # taken out again by teardown: a later run of this process is not in a group
+        _SET_BY_SETUP.update(group)
         os.environ.update(group)
     if (world.size > 1 or strategy == "fsdp") and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"

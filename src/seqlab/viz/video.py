@@ -16,7 +16,7 @@ from seqlab.viz.figures import pyplot, save_figure
 __all__ = ["MAX_FRAMES_DRAWN", "plot_clip"]
 
 MAX_FRAMES_DRAWN = 48
-"""A longer clip is drawn as every k-th frame (a 1,000-frame clip made a figure 850 inches wide)."""
+"""A longer clip is drawn as one frame in k (a 1,000-frame clip made a figure 850 inches wide)."""
 
 
 def _pixels(frame: Tensor):
@@ -34,9 +34,9 @@ def plot_clip(
     words: list[str] | None = None,
     attention: Tensor | None = None,
 ) -> Path:
-    """Draw a clip's frames (t, c, S, S) in a row (every k-th of a clip longer than ``MAX_FRAMES_DRAWN``); under frame i, ``true_labels[i]`` and ``predicted[i]`` (red
-    where they differ); with ``words`` and ``attention`` (n, t), a heat map of each word's weights over the
-    frames below the strip (each row sums to one)."""
+    """Draw a clip's frames (t, c, S, S) in a row (one in k of a clip longer than ``MAX_FRAMES_DRAWN``); under
+    frame i, ``true_labels[i]`` and ``predicted[i]`` (red where they differ); with ``words`` and ``attention``
+    (n, t), a heat map of each word's weights over all t frames below the strip (each row sums to one)."""
     if frames.dim() != 4:
         raise ValueError(f"frames must be (t, c, S, S), got {tuple(frames.shape)}")
     t = frames.size(0)
@@ -73,11 +73,10 @@ def plot_clip(
         ax = fig.add_subplot(grid[1, :])
         ax.imshow(attention.detach().float().cpu().numpy(), aspect="auto", cmap="magma", vmin=0)
         ax.set_yticks(range(len(words)), words, fontsize=7)
-        ax.set_xticks(
-            drawn, [str(i) for i in drawn], fontsize=6
-        )  # every frame's column, the drawn ones named
+        # a column per frame, the drawn ones named
+        ax.set_xticks(drawn, [str(i) for i in drawn], fontsize=6)
         ax.set_xlabel("frame each word attends to", fontsize=7)
-    notes = [] if stride == 1 else [f"every {stride}th frame of {t} drawn"]
+    notes = [] if stride == 1 else [f"one frame in {stride} of {t} drawn"]
     if true_labels is not None or predicted is not None:
         notes.append("under each frame: true, then predicted (red: wrong)")
     if notes:
