@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,6 +92,23 @@ def _one_process(args: list[str]) -> None:
         assert done.returncode == 0, done.stderr[-3000:]
     else:
         assert main(args) == 0
+
+
+def _communicate(proc: subprocess.Popen, out) -> tuple[str, str]:
+    """``proc.communicate`` within LAUNCH_TIMEOUT; on a timeout every process training into ``out`` is killed
+    first (torchrun and its ranks run in a session of their own, which would outlive the test)."""
+    import signal
+
+    try:
+        return proc.communicate(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if str(out).encode() in cmdline.read_bytes():
+                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
+            except OSError:
+                continue
+        raise
 
 
 def _free_port() -> int:
@@ -247,7 +265,7 @@ def test_ctrl_c_or_kill_under_nproc_saves_and_says_how_to_resume(text_file, tmp_
         time.sleep(0.5)
     time.sleep(1)
     proc.send_signal(signum)
-    _, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    _, err = _communicate(proc, out)
     assert proc.returncode == 128 + signum, err[-3000:]
     said = "Ctrl-C" if signum == signal.SIGINT else signame
     assert f"stopped by {said}; continue with the same command and --resume" in err
@@ -343,7 +361,7 @@ def test_a_stop_before_the_first_checkpoint_does_not_advise_resume(text_file, tm
     assert proc.stdout.readline().startswith("torchrun")  # launched: the ranks are starting up
     time.sleep(delay)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    _, err = _communicate(proc, out)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     if holds_run(out):  # the ranks were already training: they saved
         assert "continue with the same command and --resume" in err
