@@ -94,6 +94,25 @@ def _one_process(args: list[str]) -> None:
         assert main(args) == 0
 
 
+def _endless_nproc_run(text_file, out, preexec_fn=None) -> subprocess.Popen:
+    """`seqlab train --nproc 2` of 100,000 steps into ``out``, saving only when stopped, its output piped."""
+    args = [
+        *_args(text_file, "test-lstm-lm", 100_000, "--train.save_every=0"),
+        "--out",
+        str(out),
+        "--nproc",
+        "2",
+    ]
+    return subprocess.Popen(
+        [sys.executable, "-m", "seqlab", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        preexec_fn=preexec_fn,
+    )
+
+
 def _communicate(proc: subprocess.Popen, out) -> tuple[str, str]:
     """``proc.communicate`` within LAUNCH_TIMEOUT; on a timeout every process training into ``out`` is killed
     first (torchrun and its ranks run in a session of their own, which would outlive the test)."""
@@ -245,21 +264,8 @@ def test_ctrl_c_or_kill_under_nproc_saves_and_says_how_to_resume(text_file, tmp_
     signum = getattr(signal, signame)
 
     out = tmp_path / "run"
-    args = [
-        *_args(text_file, "test-lstm-lm", 100_000, "--train.save_every=0"),
-        "--out",
-        str(out),
-        "--nproc",
-        "2",
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "seqlab", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
-    )
+    # SIGINT's default action in the launcher, as from a terminal
+    proc = _endless_nproc_run(text_file, out, lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + LAUNCH_TIMEOUT
     while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -344,20 +350,7 @@ def test_a_stop_before_the_first_checkpoint_does_not_advise_resume(text_file, tm
     from seqlab.training.checkpoint import holds_run
 
     out = tmp_path / "early"
-    args = [
-        *_args(text_file, "test-lstm-lm", 100_000, "--train.save_every=0"),
-        "--out",
-        str(out),
-        "--nproc",
-        "2",
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "seqlab", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-    )
+    proc = _endless_nproc_run(text_file, out)
     assert proc.stdout.readline().startswith("torchrun")  # launched: the ranks are starting up
     time.sleep(delay)
     proc.send_signal(signal.SIGTERM)
