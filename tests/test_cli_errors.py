@@ -171,3 +171,10 @@ def test_a_full_disk_during_a_save_loses_nothing(tmp_path, monkeypatch, capsys):
     assert main([*argv, "--resume"]) == 0
     assert (run / "latest").read_text().strip() == "checkpoints/step-00000006"
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_a_misspelt_kernel_switch_is_refused_before_anything_is_written(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SEQLAB_DISABLE_KERNELS", "bogus")
+    msg = _error(capsys, [*BASE, "--out", str(tmp_path / "run")])
+    assert "SEQLAB_DISABLE_KERNELS='bogus' names no kernel ['bogus']" in msg
+    assert not (tmp_path / "run").exists()  # it was found at the first kernel, after the run folder was made

@@ -42,6 +42,16 @@ def test_resume_names_the_settings_that_differ(tmp_path, caplog):
     assert "task.seq_len: 8 -> 9" in diff and "train.lr:" in diff and "-> 0.01" in diff
     assert "train.steps" not in diff  # more steps is what a resume may change ...
     assert "train.steps changes from 4 to 6: the learning-rate schedule" in caplog.text  # ... with a warning
+    # still in the 100-step warmup, step 5's rate is the same: said so, not as "x instead of x"
+    assert " as before (in the warmup); the steps after it decay more slowly" in caplog.text
+
+
+def test_a_longer_resume_past_the_warmup_names_the_rate_it_jumps_to(tmp_path, caplog):
+    out = str(tmp_path / "run")
+    assert main([*RUN, "--train.steps=4", "--train.warmup_steps=0", "--out", out]) == 0
+    with caplog.at_level(logging.WARNING, logger="seqlab"):
+        assert main([*RUN, "--train.steps=8", "--train.warmup_steps=0", "--out", out, "--resume"]) == 0
+    assert "step 5 trains at 0.00" in caplog.text and " instead of " in caplog.text
 
 
 def test_a_resume_may_raise_the_time_budget_and_change_the_device(tmp_path, caplog):

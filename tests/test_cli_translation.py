@@ -67,9 +67,18 @@ def test_translate_eval_and_alignment(run, tmp_path, capsys):
     )
     words = capsys.readouterr().out.split()
     assert words and set(words) <= set(ES)  # Spanish words of the toy language
-    assert main(["eval", "--checkpoint", str(out), "--beam", "2"]) == 0
+    hyps = tmp_path / "hyps.txt"
+    assert (
+        main(["eval", "--checkpoint", str(out), "--beam", "2", "--limit", "8", "--hypotheses", str(hyps)])
+        == 0
+    )
     scores = json.loads(capsys.readouterr().out)
     assert scores["test_bleu"] > 15 and scores["sacrebleu"].startswith("nrefs:1") and scores["test_acc"] > 0.5
+    assert "hypotheses" not in scores  # the sentences go to the file, not onto the metrics' line
+    lines = hyps.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 8 and all(set(line.split()) <= set(ES) for line in lines)
+    assert main(["eval", "--checkpoint", str(out), "--hypotheses", str(hyps)]) == 2  # never overwritten
+    assert "hyps.txt exists" in capsys.readouterr().err
     png = tmp_path / "alignment.png"
     assert (
         main(["viz", "alignment", "--checkpoint", str(out), "--text", "the cat eats", "--out", str(png)]) == 0

@@ -204,7 +204,7 @@ def _add_compare(sub) -> None:
         "compare",
         help="the lab: RNN vs Transformer vs SSM, measured on this machine",
         description="Train every mixer on every task of a suite, measure speed and memory, write the table\n"
-        "and plots. The first line says what will run and how long it should take on this machine.",
+        "and plots. The first line says what will run (and for quick and full, how long it should take here).",
         epilog=_compare_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -334,6 +334,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the command; a user's mistake becomes one ``error:`` line and status 2, a bug its traceback."""
     try:
+        from seqlab.kernels.build import disabled_reason
+
+        disabled_reason("scan")  # a misspelt SEQLAB_DISABLE_KERNELS refused now, not at a kernel's first use
         if hasattr(args, "out_file_default"):  # a command that writes one file: never an existing one
             from seqlab.outfiles import fresh_file
 

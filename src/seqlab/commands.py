@@ -105,6 +105,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from seqlab.training.manifest import finite_or_none
     from seqlab.training.run_dir import check_same_data, saved_run
 
+    if args.hypotheses is not None and Path(args.hypotheses).exists():  # refused before the decoding
+        raise ValueError(f"--hypotheses {args.hypotheses} exists; seqlab does not overwrite files")
     where = resolve_checkpoint(args.checkpoint)
     run = saved_run(where, ("task",), "evaluate it from Python with task.evaluate(model)")
     model = load_model(where).eval()
@@ -116,7 +118,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if hasattr(task, "score") and args.beam > 0:
         scored = task.score(model, split, beam_size=args.beam, limit=args.limit)
         metrics.update({f"{split}_{k}": v for k, v in scored.items() if isinstance(v, float)})
-        others = {k: v for k, v in scored.items() if not isinstance(v, float)}
+        others = {k: v for k, v in scored.items() if not isinstance(v, float) and k != "hypotheses"}
+        if args.hypotheses is not None and "hypotheses" in scored:  # one decoded sentence per line
+            Path(args.hypotheses).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.hypotheses).write_text(
+                "".join(f"{h}\n" for h in scored["hypotheses"]), encoding="utf-8"
+            )
         metrics.update({("sacrebleu" if k == "signature" else k): v for k, v in others.items()})
     rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
     print(json.dumps(finite_or_none(rounded)))  # strict JSON: a metric with nothing to measure is null
@@ -159,6 +166,12 @@ def add_eval(sub) -> None:
     )
     e.add_argument(
         "--limit", type=positive_int, default=None, help="translation, captioning: score the first N only"
+    )
+    e.add_argument(
+        "--hypotheses",
+        default=None,
+        metavar="FILE",
+        help="translation: write the decoded sentences there, one per line (never overwritten)",
     )
     e.set_defaults(func=_cmd_eval)
 

@@ -66,14 +66,17 @@ def _warn_if_schedule_stretches(saved: dict, given: dict, where: Path) -> None:
     step = int(load_trainer_state(where)["step"])
     min_lr = c["min_lr"] if c["min_lr"] is not None else c["lr"] / 10
     rate = [lr_at(step, c["lr"], n, c["warmup_steps"], min_lr) for n in (c["steps"], steps)]
+    same = abs(rate[1] - rate[0]) <= 1e-9 * max(abs(rate[0]), 1e-30)  # still warming up: no jump yet
+    jump = "the steps after it decay more slowly" if steps > c["steps"] else "the steps after it decay faster"
     logging.getLogger("seqlab").warning(
         "train.steps changes from %d to %d: the learning-rate schedule (cosine to min_lr at the last step) is "
-        "stretched over the new length, so step %d trains at %.3g instead of %.3g",
+        "stretched over the new length, so step %d trains at %s",
         c["steps"],
         steps,
         step + 1,
-        rate[1],
-        rate[0],
+        f"{rate[1]:.3g} as before (in the warmup); {jump}"
+        if same
+        else f"{rate[1]:.3g} instead of {rate[0]:.3g}",
     )
 
 

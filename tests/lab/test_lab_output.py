@@ -135,5 +135,24 @@ def test_the_command_ends_with_the_summary_and_remeasures_systems(tmp_path, caps
     out = capsys.readouterr().out
     assert "2 trained kept, none trained" in out and "(done" not in out and "open next" in out
     if "unclear (noisy)" in out:  # the way to measure again is said where it is needed
-        assert "seqlab compare --suite tiny --remeasure systems --out" in out and str(tmp_path) in out
+        assert (
+            "seqlab compare --suite tiny --mixers gru --remeasure systems --out" in out
+            and str(tmp_path) in out
+        )
     assert (tmp_path / "runs" / "gru__systems.json.prev").is_file()
+
+
+def test_the_remeasure_hint_repeats_the_mixers_and_tasks_that_ran(tmp_path):
+    from seqlab.lab import summary_lines
+
+    noisy = records.Record("gru", "throughput", "t=64", "tokens_per_s", 1.0, 10, 1.0, noisy=True)
+    paths = {
+        "table": tmp_path / "table.md",
+        "results": tmp_path / "results.json",
+        "plots": [],
+        "minutes": 0.1,
+    }
+    lines = summary_lines(TINY, ["gru"], [noisy], [], paths, " --mixers gru --tasks adding")
+    hint = " ".join(lines[lines.index(next(x for x in lines if x.startswith("* measure"))) + 1 :][:2])
+    # without them the suggested command timed every mixer of the suite
+    assert "seqlab compare --suite tiny --mixers gru --tasks adding --remeasure systems --out" in hint

@@ -57,7 +57,11 @@ def compare(
     made = (plots, lab.cache.used)
     paths["report"] = write_report_html(lab.out, suite, lab.mixers, jobs, made)
     paths["minutes"] = (time.perf_counter() - t0) / 60
-    paths["summary"] = summary_lines(suite, lab.mixers, records, speed, paths)
+    # the remeasure hint names the same subset (without it, it timed every mixer of the suite)
+    subset = (f" --mixers {','.join(lab.mixers)}" if mixers else "") + (
+        f" --tasks {','.join(tasks)}" if tasks else ""
+    )
+    paths["summary"] = summary_lines(suite, lab.mixers, records, speed, paths, subset)
     return paths
 
 
@@ -76,16 +80,19 @@ def _metric(value: float | None, metric: str) -> str:
     return f"{value:.3g}"
 
 
-def summary_lines(suite: Suite, mixers: list[str], records: list, speed: list[str], paths: dict) -> list[str]:
+def summary_lines(
+    suite: Suite, mixers: list[str], records: list, speed: list[str], paths: dict, subset: str = ""
+) -> list[str]:
     """The end of a run on a terminal, every line under 100 columns: the speed and memory rows, the trained
-    metrics (one lettered column per task setting, named below), every plot's path, and what to open next."""
+    metrics (one lettered column per task setting, named below), every plot's path, and what to open next.
+    ``subset``: the run's ``--mixers``/``--tasks`` flags, repeated in the command it suggests."""
     from seqlab.lab.records import first_value
 
     entries = list(suite.entries)
     keys = [chr(ord("A") + i) for i in range(len(entries))]
     lines = ["", "speed and memory (median, and its spread)", *speed]
     if any(r.noisy for r in records):
-        command = f"  seqlab compare --suite {suite.name} --remeasure systems --out"
+        command = f"  seqlab compare --suite {suite.name}{subset} --remeasure systems --out"
         out = str(paths["table"].parent)
         lines.append("* measure only these rows again, on a quieter machine (the trained runs are kept):")
         lines += [f"{command} {out}"] if len(command) + len(out) < 100 else [f"{command} \\", f"      {out}"]
