@@ -72,6 +72,15 @@ def test_a_folder_of_class_folders(tmp_path):
     assert task.get_batch("val", 0)["images"].shape == (128, 3, 16, 16)
 
 
+def test_a_folder_too_small_for_a_test_split_is_refused_before_training(tmp_path):
+    for name in ("cats", "dogs"):
+        (tmp_path / name).mkdir()
+        for i in range(2):
+            Image.fromarray(np.full((8, 8, 3), 40 * i, dtype=np.uint8)).save(tmp_path / name / f"{i}.png")
+    with pytest.raises(ValueError, match=r"holds 4 images: its 20% test split needs at least 5; add images"):
+        create_task("image_classification", source="folder", data_dir=str(tmp_path), image_size=8, n_val=1)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

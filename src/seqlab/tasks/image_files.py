@@ -102,18 +102,21 @@ def _wide_to_8_bits(values: np.ndarray, mode: str, path) -> np.ndarray:
     return np.rint(values * scale).clip(0, 255).astype(np.uint8)
 
 
-def _letterbox(image, size: int):
-    """Fit ``image`` into ``size`` x ``size`` keeping its aspect ratio, centred on white."""
+def _letterbox(image, size: int, background: tuple[int, int, int] = WHITE):
+    """Fit ``image`` into ``size`` x ``size`` keeping its aspect ratio, centred on ``background``."""
     scale = size / max(image.width, image.height)
     width, height = max(1, round(image.width * scale)), max(1, round(image.height * scale))
     resized = image.resize((width, height), Image.Resampling.BICUBIC)
-    canvas = Image.new("RGB", (size, size), WHITE)
+    canvas = Image.new("RGB", (size, size), background)
     canvas.paste(resized, ((size - width) // 2, (size - height) // 2))
     return canvas
 
 
-def load_image(path: str | os.PathLike, size: int | None = None) -> Tensor:
-    """The image at ``path`` as uint8 RGB (3, H, W), or letterboxed into (3, size, size) when ``size`` is set.
+def load_image(
+    path: str | os.PathLike, size: int | None = None, background: tuple[int, int, int] = WHITE
+) -> Tensor:
+    """The image at ``path`` as uint8 RGB (3, H, W), or letterboxed into (3, size, size) on ``background`` when
+    ``size`` is set.
 
     Raises ValueError, naming the path, for a missing file, a file that is not a readable image, and an
     empty image.
@@ -122,7 +125,7 @@ def load_image(path: str | os.PathLike, size: int | None = None) -> Tensor:
         check_int("size", size, 1)
     image = _open_rgb(Path(path))
     if size is not None:
-        image = _letterbox(image, size)
+        image = _letterbox(image, size, background)
     array = np.asarray(image, dtype=np.uint8)  # (H, W, 3)
     return torch.from_numpy(array.transpose(2, 0, 1).copy())  # (3, H, W)
 

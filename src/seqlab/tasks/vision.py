@@ -175,6 +175,10 @@ class ImageClassificationTask(Task):
             images, labels, self.classes = _load_folder(self.data_dir, check_int("image_size", image_size, 4))
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(12345))
         cut = len(labels) // 5  # a fixed 20% test split, the same for every seed
+        if cut == 0:  # an empty test split trained, then failed in eval and viz
+            raise ValueError(
+                f"{self.data_dir} holds {len(labels)} images: its 20% test split needs at least 5; add images"
+            )
         return (images[order[cut:]], labels[order[cut:]]), (images[order[:cut]], labels[order[:cut]])
 
     @property
