@@ -67,7 +67,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         prompt = tok.encode(args.prompt)
     except ValueError as e:
-        raise ValueError(f"the prompt cannot be encoded: {e}") from None
+        given = (
+            ""
+            if args.prompt != "\n"
+            else " (the default prompt, a newline: this text has none; give --prompt)"
+        )
+        raise ValueError(f"the prompt cannot be encoded{given}: {e}") from None
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty; give at least one character, e.g. --prompt 'ROMEO:'")
     gen = torch.Generator(device=device).manual_seed(args.seed)

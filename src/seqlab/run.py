@@ -257,7 +257,9 @@ def _absolute_data_paths(task: dict[str, Any]) -> None:
         if not isinstance(value, str) or not value.strip():
             continue
         path = Path(value).expanduser()
-        if (key in _PATH_FIELDS or (key == "source" and (os.sep in value or path.suffix))) and path.exists():
+        # the text task's source is always a file ("mycorpus" too); elsewhere a bare name may be a built-in
+        file_source = key == "source" and (os.sep in value or path.suffix or task.get("name") == "text")
+        if (key in _PATH_FIELDS or file_source) and path.exists():
             task[key] = str(path.resolve())
 
 

@@ -307,6 +307,54 @@ MAX_TEXT_BYTES = 2 << 30
 """The largest corpus ``read_text_file`` reads (2 GiB): it holds the text, its ids and a copy in memory."""
 
 
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),  # before UTF-16's: it starts with the same two bytes
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+
+
+def _decoded(p: Path, encoding: str) -> str:
+    """The bytes of ``p`` decoded as ``encoding`` (UTF-8 without its byte-order mark); a ValueError naming the
+    first bad byte (and the encoding a UTF-16/32 byte-order mark names), a codec that is not a text encoding,
+    or a lone surrogate the decoding made."""
+    try:
+        codec = codecs.lookup(encoding)
+    except (LookupError, TypeError):
+        codec = None
+    if codec is None or not getattr(codec, "_is_text_encoding", True):  # rot13, base64: codecs, not text
+        raise ValueError(f"unknown text encoding {encoding!r}; e.g. 'utf-8', 'latin-1', 'cp1252'")
+    data = p.read_bytes()
+    if codec.name == "utf-8":  # every spelling of it ('UTF8', 'u8', ...)
+        encoding = "utf-8-sig"  # same as utf-8, but drops a byte-order mark
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as e:
+        # a UTF-16 or UTF-32 byte-order mark names the encoding (Notepad's "Unicode" is UTF-16)
+        named = next((name for mark, name in _BOMS if data.startswith(mark)), None)
+        hint = (
+            f"--task.encoding={named} (its byte-order mark says so); in Python, read_text_file(path, "
+            f"encoding='{named}')"
+            if named
+            else "--task.encoding=latin-1 (any bytes) or cp1252 (Windows text); in Python, read_text_file(path, "
+            "encoding='latin-1')"
+        )
+        raise ValueError(
+            f"{str(p)!r} is not valid {e.encoding} text (byte {data[e.start]:#04x} at offset {e.start}); "
+            f"expected a plain-text corpus. Convert it to UTF-8, or give the file's encoding: {hint}"
+        ) from None
+    # a lone surrogate (escape codecs make them) trained, then failed the checkpoint's save
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{str(p)!r} decodes ({encoding}) to a lone surrogate {text[e.start]!r} at character {e.start}, "
+            "which no UTF-8 text holds: fix the file or choose another encoding"
+        ) from None
+    return text
+
+
 def read_text_file(path: str | Path, encoding: str = "utf-8") -> str:
     """Read a text corpus from ``path``.
 
@@ -333,21 +381,7 @@ def read_text_file(path: str | Path, encoding: str = "utf-8") -> str:
             f"{str(p)!r} is {size / 2**20:,.0f} MiB; a text corpus is read into memory whole, up to "
             f"{MAX_TEXT_BYTES // 2**20:,} MiB: split the file or tokenize it elsewhere"
         )
-    try:
-        codec = codecs.lookup(encoding)
-    except (LookupError, TypeError):
-        raise ValueError(f"unknown text encoding {encoding!r}; e.g. 'utf-8', 'latin-1', 'cp1252'") from None
-    data = p.read_bytes()
-    if codec.name == "utf-8":  # every spelling of it ('UTF8', 'u8', ...)
-        encoding = "utf-8-sig"  # same as utf-8, but drops a byte-order mark
-    try:
-        text = data.decode(encoding)
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{str(p)!r} is not valid {e.encoding} text (byte {data[e.start]:#04x} at offset {e.start}); "
-            "expected a plain-text corpus. Convert it to UTF-8, or give the file's encoding: --task.encoding="
-            "latin-1 (any bytes) or cp1252 (Windows text); in Python, read_text_file(path, encoding='latin-1')"
-        ) from None
+    text = _decoded(p, encoding)
     if "\x00" in text:
         raise ValueError(f"{str(p)!r} contains NUL bytes: it looks binary; expected a plain-text corpus")
     text = text.replace("\r\n", "\n").replace("\r", "\n")

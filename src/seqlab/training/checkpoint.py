@@ -372,11 +372,12 @@ def load_trainer_state(ckpt: str | Path, verified: bool = False) -> dict[str, An
 
 
 def load_tokenizer_json(ckpt: str | Path) -> str | None:
-    """``tokenizer.json`` of a checkpoint, verified against the manifest; None when it has none."""
+    """``tokenizer.json`` of a checkpoint, verified against the manifest; None when it was saved without one (one
+    the manifest records but that is gone is a CorruptCheckpointError, not a model that never had text)."""
     f = resolve_checkpoint(ckpt) / "tokenizer.json"
+    verify(f.parent, ("tokenizer.json",))
     if not f.is_file():
         return None
-    verify(f.parent, ("tokenizer.json",))
     return f.read_text(encoding="utf-8")
 
 

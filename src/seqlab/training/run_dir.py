@@ -79,14 +79,20 @@ def check_same_data(task, where: str | Path) -> None:
     changed or replaced since (the ids would mean other tokens, and the scores other data)."""
     tok = getattr(task, "tokenizer", None)
     saved = ckpt.load_tokenizer_json(where)
-    if saved is None or tok is None or not hasattr(tok, "to_json") or tok.to_json() == saved:
-        return
     source = getattr(task, "source", None)
-    raise ValueError(
-        f"the task rebuilt for {ckpt.resolve_checkpoint(where)} has another vocabulary than the one it was trained "
-        f"with: its data{f' ({source})' if isinstance(source, str) else ''} changed since the run was trained; restore "
-        "that data, or train a new run on the new data"
-    )
+    data = f"its data{f' ({source})' if isinstance(source, str) else ''}"
+    if saved is not None and tok is not None and hasattr(tok, "to_json") and tok.to_json() != saved:
+        raise ValueError(
+            f"the task rebuilt for {ckpt.resolve_checkpoint(where)} has another vocabulary than the one it was "
+            f"trained with: {data} changed since the run was trained; restore that data, or train a new run on it"
+        )
+    # a text edited within its old characters keeps the vocabulary: its counts tell
+    described = ckpt.load_config(where).get("task") or {}
+    check_same_description(task, described, DATA_COUNTS, data)
+
+
+DATA_COUNTS = ("train_chars", "val_chars", "n_train", "n_images", "n_clips", "n_utterances", "n_points")
+"""Integer sizes in a task's description (``derived``): the same data gives the same counts on any machine."""
 
 
 def check_same_description(task, saved: dict[str, Any], keys: tuple[str, ...], what: str) -> None:
