@@ -75,8 +75,9 @@ def check_save_steps(out_dir: Path, first: int, steps: int, save_every: int) -> 
 
 def check_same_data(task, where: str | Path) -> None:
     """A task rebuilt from its settings (``eval``, ``--resume``) must have the vocabulary the checkpoint was
-    trained with: a ValueError when its tokenizer differs from the saved one, as when the text or corpus file was
-    changed or replaced since (the ids would mean other tokens, and the scores other data)."""
+    trained with and the sizes (``DATA_COUNTS``) its description saved: a ValueError when its tokenizer or a count
+    differs, as when the text or corpus file was changed or replaced since (the ids would mean other tokens, and
+    the scores other data)."""
     tok = getattr(task, "tokenizer", None)
     saved = ckpt.load_tokenizer_json(where)
     source = getattr(task, "source", None)
