@@ -67,3 +67,21 @@ def test_the_default_prompt_says_it_is_a_newline_when_the_text_has_none(tmp_path
     _train(tmp_path, str(tmp_path / "one-line.txt"), str(tmp_path / "run"))
     assert main(["generate", "--checkpoint", str(tmp_path / "run")]) == 2
     assert "(the default prompt, a newline: this text has none; give --prompt)" in capsys.readouterr().err
+
+
+def test_decoding_an_id_outside_the_vocabulary_is_refused():
+    import numpy as np
+
+    from seqlab.tasks.text import CharTokenizer
+    from seqlab.tasks.tokenizers import BPETokenizer
+
+    chars = CharTokenizer("abc")
+    assert chars.decode(np.array([2, 0])) == "ca"  # numpy's integers are integers
+    with pytest.raises(ValueError, match=r"CharTokenizer\.decode: ids must be integers in \[0, 3\), got -1"):
+        chars.decode([-1])  # read the vocabulary from its end: 'c'
+    bpe = BPETokenizer.train("the cat sat on the mat " * 20, vocab_size=300)
+    assert bpe.decode(bpe.encode("the cat")) == "the cat"
+    with pytest.raises(
+        ValueError, match=r"BPETokenizer\.decode: ids must be integers in \[0, \d+\), got 99999"
+    ):
+        bpe.decode([99999])  # decoded to nothing

@@ -11,6 +11,7 @@ and tells the model factory which sizes the data fixes through ``model_overrides
 from __future__ import annotations
 
 import inspect
+import numbers
 import typing
 from typing import Any
 
@@ -90,6 +91,23 @@ class Task:
 
 
 # ---- checks every task shares: one message per kind of mistake -------------------------------------------
+
+
+def ids_to_decode(ids: Any, vocab_size: int, owner: str) -> list[int]:
+    """Token ids (a tensor or a sequence) as a list of ints in [0, vocab_size); a ValueError naming the first
+    other one (a negative id read the vocabulary from its end, one past it raised or decoded to nothing)."""
+    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    bad = next(  # numpy's integers count (numbers.Integral), booleans do not
+        (
+            i
+            for i in ids
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < vocab_size
+        ),
+        None,
+    )
+    if bad is not None:
+        raise ValueError(f"{owner}.decode: ids must be integers in [0, {vocab_size}), got {bad!r}")
+    return [int(i) for i in ids]
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:

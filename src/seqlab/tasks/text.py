@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import Batch, Task, check_choice, check_int, generator_for
+from seqlab.tasks.base import Batch, Task, check_choice, check_int, generator_for, ids_to_decode
 
 
 class CharTokenizer:
@@ -51,8 +51,7 @@ class CharTokenizer:
         return torch.tensor([self.index[ch] for ch in text], dtype=torch.long)
 
     def decode(self, ids) -> str:
-        ids = ids.tolist() if isinstance(ids, Tensor) else ids
-        return "".join(self.chars[i] for i in ids)
+        return "".join(self.chars[i] for i in ids_to_decode(ids, self.vocab_size, "CharTokenizer"))
 
     def to_json(self) -> str:
         return json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False)

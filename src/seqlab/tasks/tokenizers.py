@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from seqlab.tasks.base import MissingDependencyError
+from seqlab.tasks.base import MissingDependencyError, ids_to_decode
 
 __all__ = [
     "BPETokenizer",
@@ -66,7 +66,7 @@ class SubwordTokenizer:
         return torch.tensor(self.tokenizer.encode(text).ids, dtype=torch.long)
 
     def decode(self, ids) -> str:
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        ids = ids_to_decode(ids, self.vocab_size, type(self).__name__)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -214,7 +214,7 @@ class WordPieceTokenizer(SubwordTokenizer):
         return cls(tok)
 
     def decode(self, ids) -> str:
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        ids = ids_to_decode(ids, self.vocab_size, type(self).__name__)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
