@@ -102,24 +102,13 @@ def test_speech_command_errors(ctc_run, tmp_path, capsys):
     assert "is silent" in capsys.readouterr().err
     assert _speech_cli(["transcribe", "--checkpoint", str(out), str(tmp_path / "none.wav")]) == 2
     assert "audio file not found" in capsys.readouterr().err
-    # a missing file after a good one: refused before any is decoded
-    assert (
-        _speech_cli(
-            ["transcribe", "--checkpoint", str(out), str(folder / "u0.wav"), str(tmp_path / "no.wav")]
-        )
-        == 2
-    )
-    printed = capsys.readouterr()
-    assert "audio file not found" in printed.err and "u0.wav" not in printed.out
-    write_wav(tmp_path / "short.wav", _tone_wave("a", seed=0)[:80], 16000)  # 5 ms, after a good file
-    assert (
-        _speech_cli(
-            ["transcribe", "--checkpoint", str(out), str(folder / "u0.wav"), str(tmp_path / "short.wav")]
-        )
-        == 2
-    )
-    printed = capsys.readouterr()
-    assert "short.wav is 5.0 ms long" in printed.err and "u0.wav" not in printed.out
+    write_wav(tmp_path / "short.wav", _tone_wave("a", seed=0)[:80], 16000)  # 5 ms
+    # a missing or a too-short file after a good one: refused before any is decoded
+    for second, says in (("no.wav", "audio file not found"), ("short.wav", "short.wav is 5.0 ms long")):
+        argv = ["transcribe", "--checkpoint", str(out), str(folder / "u0.wav"), str(tmp_path / second)]
+        assert _speech_cli(argv) == 2
+        printed = capsys.readouterr()
+        assert says in printed.err and "u0.wav" not in printed.out
     assert _speech_cli(["viz", "speech", "--checkpoint", str(out), "--out", str(tmp_path / "x.png")]) == 2
     assert "give a WAV file or --test-item N" in capsys.readouterr().err
     assert _speech_cli(["viz", "speech", "--checkpoint", str(out), "--test-item", "99"]) == 2

@@ -163,17 +163,13 @@ def _check_before_launch(run: dict, args: argparse.Namespace) -> None:
     default) split evenly over the processes, and as many GPUs as processes."""
     import torch
 
-    from seqlab.run import train_config
+    from seqlab.run import run_names, train_config
     from seqlab.tasks import task_signature
 
-    n, task = args.nproc, run.get("task") or {}
-    if not (run.get("model") or {}).get("name") or not task.get("name"):
-        raise ValueError(
-            "the run names no model or no task: set model.name and task.name (see `seqlab list`)"
-        )
+    n, task, (_, task_name) = args.nproc, run.get("task") or {}, run_names(run)
     device = {} if args.device is None else {"device": args.device}
     config = train_config({"train": {**(run.get("train") or {}), **device}})
-    default = task_signature(task["name"]).parameters.get("batch_size")
+    default = task_signature(task_name).parameters.get("batch_size")
     batch = task.get("batch_size", None if default is None else default.default)
     if isinstance(batch, int) and batch % n:
         raise ValueError(

@@ -52,14 +52,11 @@ def _image(args: argparse.Namespace, task: dict, size: int, channels: int) -> Te
         )
     if args.image is not None:
         from seqlab.tasks.image_files import load_image
+        from seqlab.tasks.vision import DARK_SOURCES
 
-        # letterboxed on the training images' background: white for a folder's, black for digits and Fashion-MNIST
-        dark = task.get("source") in ("digits", "fashion_mnist")
-        image = load_image(args.image, size, (0, 0, 0) if dark else (255, 255, 255))  # (3, S, S) uint8
-        if channels == 1:  # grey as Pillow's "L" gives it (ITU-R 601 luma), not the channels' plain mean
-            luma = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
-            image = (image.float() * luma).sum(0, keepdim=True).round().clamp(0, 255).to(torch.uint8)
-        return image
+        # letterboxed on the training images' background; grey as Pillow's "L" (luma), not the channels' mean
+        background = (0, 0, 0) if task.get("source") in DARK_SOURCES else (255, 255, 255)
+        return load_image(args.image, size, background, grey=channels == 1)  # (c, S, S) uint8
     if getattr(args, "scene", None) is not None:
         return _scene(args.scene, task)
     return _test_image(args.test_image, task)

@@ -137,12 +137,10 @@ def coerce_fields(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
 
 def build_task(run: dict[str, Any]):
     """The task of a run dict, its fields coerced to the types of the task's arguments."""
-    from seqlab.tasks import create_task, list_tasks, task_signature
+    from seqlab.tasks import create_task, task_signature
 
-    task_fields = dict(run.get("task") or {})
-    task_name = task_fields.pop("name", None)
-    if task_name is None:
-        raise ValueError(f"the run names no task: set task.name, one of {', '.join(list_tasks())}")
+    task_name = _task_name(run)
+    task_fields = {k: v for k, v in (run.get("task") or {}).items() if k != "name"}
     sig = task_signature(task_name)
     task_fields = {
         k: _coerce(v, sig.parameters[k].annotation) if k in sig.parameters else v
@@ -164,18 +162,30 @@ def train_config(run: dict[str, Any]):
     return TrainConfig(**coerce_fields(TrainConfig, train_fields))
 
 
+def _task_name(run: dict[str, Any]) -> str:
+    from seqlab.tasks import list_tasks
+
+    task_name = (run.get("task") or {}).get("name")
+    if not task_name:
+        raise ValueError(f"the run names no task: set task.name, one of {', '.join(list_tasks())}")
+    return task_name
+
+
+def run_names(run: dict[str, Any]) -> tuple[str, str]:
+    """(model name, task name) of a run dict; a ValueError saying which to set when one is missing."""
+    name = (run.get("model") or {}).get("name")
+    if not name:
+        raise ValueError("the run names no model: set model.name (see `seqlab list`)")
+    return name, _task_name(run)
+
+
 def build_run(run: dict[str, Any]):
     """(model, task, train_config) for a run dict. The task is built first: it fixes e.g. the vocabulary."""
     from seqlab.models import PRESETS, create, make_config
-    from seqlab.tasks import list_tasks, task_families
+    from seqlab.tasks import task_families
 
-    model_fields = dict(run.get("model") or {})
-    name = model_fields.pop("name", None)
-    if name is None:
-        raise ValueError("the run names no model: set model.name (see `seqlab list`)")
-    task_name = (run.get("task") or {}).get("name")
-    if task_name is None:
-        raise ValueError(f"the run names no task: set task.name, one of {', '.join(list_tasks())}")
+    name, task_name = run_names(run)
+    model_fields = {k: v for k, v in (run.get("model") or {}).items() if k != "name"}
     train = train_config(run)
     if name not in PRESETS:
         create(name)  # raises the 'unknown model' error with the list of presets

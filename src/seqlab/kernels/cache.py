@@ -4,8 +4,9 @@ copy cut short, a disk that filled) is rebuilt instead of crashing the process (
 it with SIGBUS on import); a build lock that a killed build left behind is cleared instead of hanging every
 later process.
 
-Both loaders use these: ``extension.CppExtension`` (the pybind kernels, named by a hash of their sources, so a
-recorded library is up to date) and ``build`` (the selective scan, which ninja keeps up to date)."""
+Both loaders use these: ``extension.CppExtension`` (the pybind kernels) and ``build`` (the selective scan's
+operator library), each naming a build by a digest of its sources and flags, so a recorded library is up to
+date."""
 
 from __future__ import annotations
 

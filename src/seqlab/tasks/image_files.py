@@ -113,10 +113,13 @@ def _letterbox(image, size: int, background: tuple[int, int, int] = WHITE):
 
 
 def load_image(
-    path: str | os.PathLike, size: int | None = None, background: tuple[int, int, int] = WHITE
+    path: str | os.PathLike,
+    size: int | None = None,
+    background: tuple[int, int, int] = WHITE,
+    grey: bool = False,
 ) -> Tensor:
     """The image at ``path`` as uint8 RGB (3, H, W), or letterboxed into (3, size, size) on ``background`` when
-    ``size`` is set.
+    ``size`` is set; with ``grey``, (1, H, W) as Pillow's mode ``L`` gives it (ITU-R 601 luma).
 
     Raises ValueError, naming the path, for a missing file, a file that is not a readable image, and an
     empty image.
@@ -126,6 +129,8 @@ def load_image(
     image = _open_rgb(Path(path))
     if size is not None:
         image = _letterbox(image, size, background)
+    if grey:
+        return torch.from_numpy(np.asarray(image.convert("L"), dtype=np.uint8).copy())[None]  # (1, H, W)
     array = np.asarray(image, dtype=np.uint8)  # (H, W, 3)
     return torch.from_numpy(array.transpose(2, 0, 1).copy())  # (3, H, W)
 

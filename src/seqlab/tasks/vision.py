@@ -53,13 +53,15 @@ from seqlab.tasks.base import (
 )
 from seqlab.tasks.images import FASHION_MNIST_DIR, _load_fashion_mnist
 
-__all__ = ["ImageClassificationTask"]
+__all__ = ["DARK_SOURCES", "ImageClassificationTask"]
 
 Source = Literal["fashion_mnist", "digits", "folder"]
 _AUGMENT_STREAM = 1 << 40
 FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"
 )  # fmt: skip
+DARK_SOURCES = ("digits", "fashion_mnist")
+"""Sources whose images are light strokes on black; a folder's images sit on the white canvas of letterboxing."""
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
@@ -213,8 +215,9 @@ class ImageClassificationTask(Task):
         b, _, h, w = x.shape
         s = self.shift
         if s:
-            # the background: black for Fashion-MNIST and the digits, the white canvas of folder images
-            padded = F.pad(x, (s, s, s, s), value=1.0 if self.source == "folder" else 0.0)
+            padded = F.pad(
+                x, (s, s, s, s), value=0.0 if self.source in DARK_SOURCES else 1.0
+            )  # the background
             dy, dx = torch.randint(0, 2 * s + 1, (2, b), generator=g)
             x = torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(b)])
         if self.flip:
