@@ -105,6 +105,27 @@ def test_generate_rejects_unknown_characters(text_file, tmp_path, capsys):
     assert "the prompt cannot be encoded" in capsys.readouterr().err
 
 
+def test_generate_on_a_terminal_without_the_characters(tmp_path, capsys, monkeypatch):
+    """A sample in characters stdout's encoding lacks is printed escaped, with a note, not lost to a codec error."""
+    import io
+    import sys
+
+    text = tmp_path / "accents.txt"
+    text.write_text("".join(f"Ö ö é — line {i}.\n" for i in range(300)), encoding="utf-8")
+    _train(text, tmp_path / "run")
+    capsys.readouterr()
+    raw = io.BytesIO()
+    stdout = io.TextIOWrapper(raw, encoding="ascii", write_through=True)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert (
+        main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "Ö ö", "--max-new-tokens", "5"])
+        == 0
+    )
+    printed = raw.getvalue().decode("ascii")
+    assert printed.startswith("\\xd6 \\xf6")  # the prompt, escaped
+    assert "written as \\x/\\u escapes" in capsys.readouterr().err
+
+
 def test_list_and_help(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out

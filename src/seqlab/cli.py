@@ -30,6 +30,7 @@ from seqlab.commands_speech import add_transcribe, add_viz_speech, compare_speec
 from seqlab.commands_train import add_train
 from seqlab.commands_video import add_viz_video, compare_video_command
 from seqlab.commands_vision import add_caption, add_viz_attention, add_viz_caption
+from seqlab.console import escape_unencodable, escapes_note
 from seqlab.outfiles import add_out_file
 from seqlab.run import (
     config_fields,
@@ -387,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         from seqlab.training.allocator import keep_freed_memory
 
         keep_freed_memory()
-    return _dispatch(args)
+    escape_unencodable()  # a sample in characters the terminal lacks is printed escaped, not lost
+    status = _dispatch(args)
+    if note := escapes_note():
+        print(note, file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -27,20 +27,16 @@ def _tokenizer_line(result, had_tokenizer: bool) -> str:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from seqlab.commands import announce
-    from seqlab.interop.hf_export import EXPORTABLE, EXPORTERS, check_out_dir, save_hf
-    from seqlab.models.legacy import upgrade_config
+    from seqlab.interop.hf_export import check_exportable, check_out_dir, save_hf
+    from seqlab.models import build
     from seqlab.tasks.tokenizers import tokenizer_from_json
     from seqlab.training.checkpoint import load_config, load_model, load_tokenizer_json, resolve_checkpoint
 
     check_out_dir(args.out)  # refuse before the minutes of loading a large model
     where = resolve_checkpoint(args.checkpoint)
     config = load_config(where)
-    family, _ = upgrade_config(config.get("family"), config.get("model") or {})  # seqlab 0.1's names too
-    if family not in EXPORTERS:  # what to_hf would say after loading, said before
-        raise ValueError(
-            f"cannot export a {family!r} model to Hugging Face: transformers has no class for this family. "
-            f"Exportable seqlab families: {EXPORTABLE}"
-        )
+    # what to_hf would refuse, refused before loading the weights (build reads seqlab 0.1's names too)
+    check_exportable(build(config.get("family"), config.get("model") or {}, device="meta"))
     model = load_model(where).eval()
     announce(where)
     text = load_tokenizer_json(where)

@@ -314,3 +314,13 @@ def test_export_refuses_before_loading(tmp_path, capsys, monkeypatch):
     ]:
         assert main(["export", "--checkpoint", str(tmp_path / "run"), "--format", "hf", "--out", out]) == 2
         assert message in capsys.readouterr().err
+    # the mixer, and a config the target class cannot represent: refused from config.json alone
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "o1")]) == 2
+    assert "cannot export an LM with the 'lstm' mixer" in capsys.readouterr().err
+    gpt = create("test-gpt", vocab_size=7, norm="rmsnorm")
+    checkpoint.save_checkpoint(
+        tmp_path / "gpt", 1, gpt, {"family": "lm", "model": dataclasses.asdict(gpt.config)}
+    )
+    assert main(["export", "--checkpoint", str(tmp_path / "gpt"), "--out", str(tmp_path / "o2")]) == 2
+    assert "norm='rmsnorm' (needs 'layernorm')" in capsys.readouterr().err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()

@@ -36,13 +36,13 @@ from pathlib import Path
 
 from torch import nn
 
-from seqlab.interop.hf_export_encoders import export_bert, export_vit
-from seqlab.interop.hf_export_lm import export_lm
+from seqlab.interop.hf_export_encoders import bert_hf_config, export_bert, export_vit, vit_hf_config
+from seqlab.interop.hf_export_lm import export_lm, lm_hf_config
 from seqlab.interop.hf_export_tokenizer import hf_tokenizer
 from seqlab.outfiles import nearest_existing
 from seqlab.training.manifest import umask
 
-__all__ = ["EXPORTABLE", "EXPORTERS", "HFExport", "check_out_dir", "save_hf", "to_hf"]
+__all__ = ["EXPORTABLE", "EXPORTERS", "HFExport", "check_exportable", "check_out_dir", "save_hf", "to_hf"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,13 @@ EXPORTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "vit": export_vit,
 }
 """seqlab model family -> its exporter (the LM exporter picks GPT-2, Llama or Mamba from the config)."""
+
+HF_CONFIGS: dict[str, Callable[[nn.Module], object]] = {
+    "lm": lm_hf_config,
+    "encoder": bert_hf_config,
+    "vit": vit_hf_config,
+}
+"""seqlab model family -> the transformers config its exporter writes, built from the model's config alone."""
 
 EXPORTABLE = (
     "'lm' with the attention mixer (GPT2LMHeadModel, LlamaForCausalLM) or the mamba mixer (MambaForCausalLM), "
@@ -104,8 +111,8 @@ class HFExport:
         return f"from transformers import {names}\n{load}"
 
 
-def to_hf(model: nn.Module) -> nn.Module:
-    """The transformers model equivalent to a seqlab ``model``: a copy of its weights, same device, dtype, mode."""
+def _family(model: nn.Module) -> str:
+    """``model``'s family when it has an exporter; a ValueError naming the exportable families otherwise."""
     family = getattr(model, "family", None)
     if family not in EXPORTERS:
         what = f"a {family!r} model" if family else f"a {type(model).__name__}"
@@ -113,7 +120,18 @@ def to_hf(model: nn.Module) -> nn.Module:
             f"cannot export {what} to Hugging Face: transformers has no class for this family. "
             f"Exportable seqlab families: {EXPORTABLE}"
         )
-    return EXPORTERS[family](model)
+    return family
+
+
+def to_hf(model: nn.Module) -> nn.Module:
+    """The transformers model equivalent to a seqlab ``model``: a copy of its weights, same device, dtype, mode."""
+    return EXPORTERS[_family(model)](model)
+
+
+def check_exportable(model: nn.Module) -> None:
+    """The ValueError ``to_hf`` would raise for ``model``'s family or config, raised without touching weights:
+    ``model`` may live on the meta device (``seqlab export`` checks a checkpoint this way before loading it)."""
+    HF_CONFIGS[_family(model)](model)
 
 
 def check_out_dir(out_dir: str | Path) -> Path:

@@ -35,6 +35,7 @@ __all__ = [
     "export_llama",
     "export_lm",
     "export_mamba",
+    "lm_hf_config",
     "refuse",
     "transformers_lib",
 ]
@@ -321,11 +322,11 @@ def export_mamba(model: LM) -> nn.Module:
     return build_hf("MambaForCausalLM", mamba_hf_config(model), mamba_state(model), model)
 
 
-def export_lm(model: LM) -> nn.Module:
-    """GPT-2, Llama or Mamba, chosen by the mixer and the position scheme (module docstring)."""
+def _lm_target(model: LM) -> str:
+    """Which transformers class an LM exports as ('gpt2', 'llama' or 'mamba'); a ValueError when none fits."""
     c = model.config
     if c.mixer == "mamba":
-        return export_mamba(model)
+        return "mamba"
     if c.mixer != "attention":
         raise ValueError(
             f"cannot export an LM with the {c.mixer!r} mixer: transformers has no class for it; exportable LMs "
@@ -333,10 +334,22 @@ def export_lm(model: LM) -> nn.Module:
             "(as MambaForCausalLM)"
         )
     if c.mixer_config["rope"]:
-        return export_llama(model)
+        return "llama"
     if c.position != "learned":
         raise ValueError(
             f"cannot export this attention LM: it has no positions at all (rope=False, position={c.position!r});"
             " GPT2LMHeadModel needs position='learned', LlamaForCausalLM needs rope=True"
         )
-    return export_gpt2(model)
+    return "gpt2"
+
+
+def lm_hf_config(model: LM):
+    """The transformers config ``export_lm`` would write; needs no weights (a model on the meta device will do)."""
+    configs = {"gpt2": gpt2_hf_config, "llama": llama_hf_config, "mamba": mamba_hf_config}
+    return configs[_lm_target(model)](model)
+
+
+def export_lm(model: LM) -> nn.Module:
+    """GPT-2, Llama or Mamba, chosen by the mixer and the position scheme (module docstring)."""
+    exporters = {"gpt2": export_gpt2, "llama": export_llama, "mamba": export_mamba}
+    return exporters[_lm_target(model)](model)

@@ -1,0 +1,48 @@
+"""Text that a command prints must reach the user even when the terminal's encoding cannot show all of it.
+
+A sample, a translation or a transcript may hold characters that stdout's encoding lacks (``PYTHONIOENCODING=ascii``,
+a latin-1 or cp1252 console). Printing would raise ``UnicodeEncodeError`` and lose the result that took the
+model its time. :func:`escape_unencodable` makes stdout write such characters as ``\\xf6``/``\\u2014`` escapes
+instead, and :func:`escapes_note` says afterwards, once, that it happened and how to get the characters.
+"""
+
+from __future__ import annotations
+
+import codecs
+import sys
+
+__all__ = ["escape_unencodable", "escapes_note"]
+
+_HANDLER = "seqlab-escape"
+_escaped: list[int] = [0]  # characters escaped so far in this process
+
+
+def _escape(error: UnicodeError):
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    _escaped[0] += error.end - error.start
+    return codecs.backslashreplace_errors(error)
+
+
+def escape_unencodable(stream=None) -> None:
+    """Make ``stream`` (stdout by default) escape what its encoding cannot write, instead of raising; the
+    count that :func:`escapes_note` reports starts again from zero."""
+    stream = sys.stdout if stream is None else stream
+    _escaped[0] = 0
+    try:
+        codecs.lookup_error(_HANDLER)
+    except LookupError:
+        codecs.register_error(_HANDLER, _escape)
+    if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        stream.reconfigure(errors=_HANDLER)
+
+
+def escapes_note() -> str | None:
+    """One line saying how many characters stdout could not show, or None when it showed them all."""
+    if not _escaped[0]:
+        return None
+    encoding = getattr(sys.stdout, "encoding", None) or "unknown"
+    return (
+        f"note: {_escaped[0]} character(s) of the output are written as \\x/\\u escapes: stdout's encoding "
+        f"({encoding}) cannot show them; run with PYTHONIOENCODING=utf-8 (or a UTF-8 terminal) to see them"
+    )
