@@ -51,6 +51,9 @@ def test_the_plan_comes_first_and_the_end_fits_a_terminal(tmp_path, capsys, monk
     assert end[opened + 1 : opened + 3] == [f"  {paths['report']}", f"  {paths['table']}"]
     table = paths["table"].read_text()
     assert "## Timing spread" in table and "load average (1 min)" in table  # under the Markdown tables
+    assert re.search(
+        r"^Wall time: \d+\.\d min \(training and measuring, 1 job\(s\) at a time\)$", table, re.M
+    )
     row = [ln for ln in table.splitlines() if ln.startswith("| decode latency 64 / 8 |")]
     verdict = r"\d+\.\d\d× \((flat|grows|unclear \(noisy\)|unclear \(near the line\))\)"
     assert len(row) == 1 and re.fullmatch(rf"\| decode latency 64 / 8 \| {verdict} \| {verdict} \|", row[0])

@@ -36,7 +36,8 @@ def test_values_and_gradient_match_float64_truth(dtype, tol, form):
     assert y.grad_fn is not None and "_Gelu" in type(y.grad_fn).__name__  # the kernel ran, not F.gelu
     truth_x = x.detach().double().requires_grad_()
     truth = F.gelu(truth_x, approximate=form)
-    assert ((y.double() - truth).abs() / truth.abs().clamp_min(1.0)).max().item() < tol
+    value_tol = 1.5e-7 if (form, dtype) == ("none", torch.float32) else tol  # the README: 1.1e-7 measured
+    assert ((y.double() - truth).abs() / truth.abs().clamp_min(1.0)).max().item() < value_tol
     g = torch.randn_like(y)
     y.backward(g)
     truth.backward(g.double())

@@ -48,7 +48,9 @@ def compare(
     }
     speed = lab.systems.summary(records)  # judges each decode-scaling verdict with its spread
     paths["table"] = write_table(lab.out, suite, lab.mixers, records, jobs, lab.systems.verdicts)
-    _append_spread(paths["table"], speed)
+    what = "measuring the systems rows again" if remeasure else "training and measuring"
+    wall = f"Wall time: {(time.perf_counter() - t0) / 60:.1f} min ({what}, {jobs} job(s) at a time)"
+    _append_spread(paths["table"], speed, wall)
     plots = write_plots(lab.out, suite, lab.mixers, records)
     if gradients:
         plots += _gradient_plot(lab.out, suite, lab.mixers, seed)
@@ -65,10 +67,11 @@ def compare(
     return paths
 
 
-def _append_spread(table: Path, speed: list[str]) -> None:
-    """Add the speed rows with their spreads, verdicts and load averages under table.md's tables."""
+def _append_spread(table: Path, speed: list[str], wall: str) -> None:
+    """Add the speed rows with their spreads, verdicts and load averages under table.md's tables, and the
+    compare's wall time."""
     text = table.read_text(encoding="utf-8").rstrip("\n")
-    block = ["", "## Timing spread", "", "```", *speed, "```", ""]
+    block = ["", "## Timing spread", "", "```", *speed, "```", "", wall, ""]
     table.write_text(text + "\n" + "\n".join(block), encoding="utf-8")
 
 
