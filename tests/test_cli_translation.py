@@ -127,6 +127,11 @@ def test_an_lm_checkpoint_cannot_translate(tmp_path, capsys):
     capsys.readouterr()
     assert main(["translate", "--checkpoint", str(out), "--text", "abc"]) == 2
     assert "translation needs an encoder–decoder" in capsys.readouterr().err
+    hyps = tmp_path / "hyps.txt"  # eval --hypotheses: translation only, said rather than ignored
+    assert main(["eval", "--checkpoint", str(out), "--hypotheses", str(hyps)]) == 2
+    assert "--hypotheses is for translation checkpoints" in capsys.readouterr().err and not hyps.exists()
+    assert main(["eval", "--checkpoint", str(out), "--hypotheses", str(text / "h.txt")]) == 2  # under a file
+    assert "t.txt is a file, not a folder" in capsys.readouterr().err
 
 
 def test_a_translation_model_on_an_lm_task_and_back(tmp_path, capsys):
@@ -221,3 +226,53 @@ def test_translate_inputs_are_checked_by_name(run, tmp_path, capsys):
         capsys.readouterr()
         assert main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
+    capsys.readouterr()
+    assert main([*base, "--text", "the cat \udcff"]) == 2  # a non-UTF-8 byte in argv, as Python decodes it
+    assert "--text is not valid UTF-8" in capsys.readouterr().err
+    for beam in ("1001", "1000000000"):  # refused by the parser, not allocated
+        with pytest.raises(SystemExit) as exc:
+            main([*base, "--text", "the cat", "--beam", beam])
+        assert exc.value.code == 2 and "a beam width from 1 to 1000" in capsys.readouterr().err
+
+
+def test_translate_file_lines_match_the_output_lines(run, tmp_path, capsys, monkeypatch):
+    """One line out per line in: blank lines stay blank, only newlines end a line (not U+2028 or a form feed),
+    a byte-order mark is not part of the first sentence, and '-' reads standard input."""
+    import io
+    import sys
+
+    out, _ = run
+    base = ["translate", "--checkpoint", str(out), "--beam", "1"]
+    assert main([*base, "--text", "the cat"]) == 0
+    alone = capsys.readouterr().out.strip()
+    text = "\ufeffthe cat\n\n  \nthe big dog\u2028sees a tree\r\nthe\x0cred house\n"
+    src = tmp_path / "in.txt"
+    src.write_text(text, encoding="utf-8")
+    assert main([*base, "--file", str(src)]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert lines[-1] == "" and len(lines[:-1]) == 5  # five lines in (the BOM line, 2 blank, 2 more)
+    assert lines[0] == alone and lines[1] == lines[2] == "" and lines[3] and lines[4]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8"))))
+    assert main([*base, "--file", "-"]) == 0
+    assert capsys.readouterr().out.split("\n") == lines
+
+
+def test_a_sentence_translates_the_same_whatever_shares_its_batch(run):
+    """The default length limit is the sentence's own, so an untrained model (which never stops by itself)
+    gives the same tokens for a sentence alone as beside a longer one."""
+    from seqlab.tasks.translation import default_max_new_tokens, translate
+    from seqlab.training.checkpoint import load_model, load_tokenizer
+
+    out, _ = run
+    model = load_model(out).eval()
+    torch = pytest.importorskip("torch")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p))  # no longer trained: no </s> in sight
+    tok = load_tokenizer(out, "", model)
+    short, long = "the cat", "the big red dog sees a small house and the tree runs"
+    for beam in (1, 3):
+        alone = translate(model, tok, [short], beam_size=beam)
+        beside = translate(model, tok, [long, short], beam_size=beam)
+        assert beside[1] == alone[0]
+    assert default_max_new_tokens(3) == 32 and default_max_new_tokens(11) == 48

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from seqlab.outfiles import add_out_file
-from seqlab.run import non_negative_int, positive_int
+from seqlab.outfiles import add_out_file, nearest_existing
+from seqlab.run import beam_width, positive_int
 
 __all__ = [
     "add_eval",
@@ -53,31 +54,44 @@ def _translator(checkpoint: str):
 
 
 def _texts(args: argparse.Namespace) -> list[str]:
+    """The sentences to translate: ``--text``, or ``--file``'s lines ('-': standard input), one per line as read,
+    blank ones kept (as "") so that the output lines match the input's."""
     if args.file is not None and args.text is not None:
         raise ValueError("give --text or --file, not both")
     if args.file is not None:
-        path = Path(args.file)
-        if not path.is_file():
+        name = "standard input" if args.file == "-" else args.file
+        if args.file == "-":
+            data = sys.stdin.buffer.read()
+        elif not (path := Path(args.file)).is_file():
             raise ValueError(f"--file {path}: {'No such file' if not path.exists() else 'not a file'}")
+        else:
+            data = path.read_bytes()
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            text = data.decode("utf-8-sig")  # a byte-order mark is not part of the first sentence
         except UnicodeDecodeError as e:
-            raise ValueError(f"--file {path} is not UTF-8 text (byte {e.start}); convert it first") from None
-        texts = [line for line in lines if line.strip()]
-        if not texts:
-            raise ValueError(f"{args.file} holds no text to translate")
-        return texts
+            raise ValueError(f"--file {name} is not UTF-8 text (byte {e.start}); convert it first") from None
+        lines = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]  # newlines only
+        if not any(line.strip() for line in lines):
+            raise ValueError(f"{name} holds no text to translate")
+        return [line if line.strip() else "" for line in lines]
     if not args.text or not args.text.strip():
         raise ValueError("give a sentence to translate: --text '...' (or --file FILE, one per line)")
+    try:
+        args.text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 arrive as lone surrogates
+        raise ValueError("--text is not valid UTF-8; give it in UTF-8 (or as a UTF-8 --file)") from None
     return [args.text]
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
     from seqlab.tasks.translation import translate
 
+    texts = _texts(args)  # read before the model loads
     model, tok, _ = _translator(args.checkpoint)
-    for line in translate(model, tok, _texts(args), beam_size=args.beam, max_new_tokens=args.max_new_tokens):
-        print(line)
+    given = [t for t in texts if t]
+    done = iter(translate(model, tok, given, beam_size=args.beam, max_new_tokens=args.max_new_tokens))
+    for text in texts:
+        print(next(done) if text else "")  # a blank line stays a blank line
     return 0
 
 
@@ -101,18 +115,22 @@ def _cmd_viz_alignment(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from seqlab.run import build_task
+    from seqlab.tasks.translation import TranslationTask
     from seqlab.training.checkpoint import load_model, resolve_checkpoint
     from seqlab.training.manifest import finite_or_none
     from seqlab.training.run_dir import check_same_data, saved_run
 
-    if args.hypotheses is not None and Path(args.hypotheses).exists():  # refused before the decoding
-        raise ValueError(f"--hypotheses {args.hypotheses} exists; seqlab does not overwrite files")
+    _check_hypotheses_file(args.hypotheses)  # refused before the decoding
     where = resolve_checkpoint(args.checkpoint)
     run = saved_run(where, ("task",), "evaluate it from Python with task.evaluate(model)")
     model = load_model(where).eval()
     announce(where)
     task = build_task(run)
     check_same_data(task, where)
+    if args.hypotheses is not None and not isinstance(task, TranslationTask):
+        raise ValueError(
+            f"--hypotheses is for translation checkpoints; {where} holds a {run['task']['name']!r} run"
+        )
     split = args.split or ("test" if hasattr(task, "score") else "val")
     metrics = task.evaluate(model, args.batches, split=split)
     if hasattr(task, "score") and args.beam > 0:
@@ -121,26 +139,47 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         others = {k: v for k, v in scored.items() if not isinstance(v, float) and k != "hypotheses"}
         if args.hypotheses is not None and "hypotheses" in scored:  # one decoded sentence per line
             Path(args.hypotheses).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.hypotheses).write_text(
-                "".join(f"{h}\n" for h in scored["hypotheses"]), encoding="utf-8"
-            )
+            with open(args.hypotheses, "x", encoding="utf-8") as f:  # "x": a file made meanwhile is kept
+                f.write("".join(f"{h}\n" for h in scored["hypotheses"]))
         metrics.update({("sacrebleu" if k == "signature" else k): v for k, v in others.items()})
     rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
     print(json.dumps(finite_or_none(rounded)))  # strict JSON: a metric with nothing to measure is null
     return 0
 
 
+def _check_hypotheses_file(name: str | None) -> None:
+    """``eval --hypotheses``: a new file in a folder that exists or can be made, found before minutes of decoding."""
+    if name is None:
+        return
+    path = Path(name)
+    if path.exists():
+        raise ValueError(f"--hypotheses {name} exists; seqlab does not overwrite files")
+    if not (parent := nearest_existing(path.parent)).is_dir():
+        raise ValueError(f"--hypotheses {name}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"--hypotheses {name}: the folder {parent} is not writable")
+
+
 def _add_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
-    p.add_argument("--beam", type=positive_int, default=5, help="beam size (1: greedy)")
+    p.add_argument("--beam", type=beam_width(), default=5, help="beam size (1: greedy)")
 
 
 def add_translate(sub) -> None:
     t = sub.add_parser("translate", help="translate sentences with a trained encoder–decoder")
     _add_decoding(t)
     t.add_argument("--text", help="the sentence to translate")
-    t.add_argument("--file", help="a text file, one sentence per line (instead of --text)")
-    t.add_argument("--max-new-tokens", type=positive_int, default=None, help="default: 2 x source + 10")
+    t.add_argument(
+        "--file",
+        help="a UTF-8 text file, one sentence per line, '-' for standard input (instead of --text); one line "
+        "out per line in, blank for blank",
+    )
+    t.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help="default, per sentence: 2 x (its source tokens + 1) + 10, rounded up to a multiple of 16",
+    )
     t.set_defaults(func=_cmd_translate)
 
 
@@ -160,7 +199,7 @@ def add_eval(sub) -> None:
     )
     e.add_argument(
         "--beam",
-        type=non_negative_int,
+        type=beam_width(0),
         default=5,
         help="translation, captioning: beam size; 0 skips decoding",
     )

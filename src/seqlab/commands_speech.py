@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from seqlab.outfiles import add_out_file
-from seqlab.run import non_negative_int, positive_int
+from seqlab.run import beam_width, non_negative_int
 
 __all__ = ["add_transcribe", "add_viz_speech", "compare_speech_command"]
 
@@ -92,7 +92,7 @@ def add_transcribe(sub) -> None:
         "--checkpoint", required=True, help="run directory or checkpoint directory of a speech model"
     )
     t.add_argument(
-        "--beam-size", type=positive_int, default=None, help="prefix beam search width (default: the task's)"
+        "--beam-size", type=beam_width(), default=None, help="prefix beam search width (default: the task's)"
     )
     t.add_argument(
         "--greedy", action="store_true", help="the best path (greedy decoding) instead of the beam"

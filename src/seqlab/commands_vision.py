@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from seqlab.outfiles import add_out_file, fresh_file, fresh_folder
-from seqlab.run import indices, non_negative_int, positive_int
+from seqlab.run import beam_width, indices, non_negative_int, positive_int
 
 __all__ = ["add_caption", "add_viz_attention", "add_viz_caption", "vit_attention_command"]
 
@@ -174,7 +174,7 @@ def _add_image_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
     p.add_argument("--image", help="an image file (PNG, JPEG, ...), fitted into the model's image size")
     p.add_argument("--scene", help="SPLIT:N, the N-th generated scene of a split (train, val, test, heldout)")
-    p.add_argument("--beam", type=positive_int, default=3, help="beam size (1: greedy)")
+    p.add_argument("--beam", type=beam_width(), default=3, help="beam size (1: greedy)")
     p.add_argument("--max-new-tokens", type=positive_int, default=24, help="the longest caption, in words")
 
 

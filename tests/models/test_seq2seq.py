@@ -110,6 +110,7 @@ def test_presets_build_and_count():
         ({"attention": "bahdanau", "score": "dot"}, "belong to attention='luong'"),
         ({"attention": "none", "input_feeding": False}, "belong to attention='luong'"),
         ({"encoder": "transformer-xl"}, "transformer-xl"),
+        ({"encoder": "attention"}, "one block never sees later tokens"),  # bidirectional, one block
         ({"d_model": 15}, "odd"),
         ({"encoder": "gru", "encoder_config": {"n_heads": 2}}, "encoder_config"),
         ({"pad_id": 1}, "distinct"),

@@ -96,6 +96,17 @@ def test_token_ids_out_of_range_are_refused_by_name():
         model(torch.tensor([[3, 9]]), torch.tensor([[1, -4]]))
 
 
+def test_left_padded_sources_are_refused():
+    """Positions count from each row's first slot: a left-padded source would be encoded at shifted positions
+    (its outputs differed by up to 1.2 from the sentence alone), so it is refused, as Seq2Seq refuses it."""
+    model = _model()
+    src = torch.tensor([[0, 0, 5, 6], [5, 6, 7, 0]])  # pad id 0 on the left of row 0
+    with pytest.raises(ValueError, match=r"right-padded.*row 0"):
+        model.generate(src, max_new_tokens=3)
+    with pytest.raises(ValueError, match="right-padded"):
+        model.encode(torch.tensor([[5, 6, 7]]), torch.tensor([[True, False, True]]))  # a hole in the middle
+
+
 def test_generation_past_the_position_table_is_refused_before_decoding():
     """The longest generation that fits runs; one more token is refused up front (it used to fail only after
     max_seq_len steps, and only when no hypothesis had ended first)."""

@@ -113,6 +113,11 @@ class Seq2SeqConfig:
             raise ValueError(
                 f"a bidirectional recurrent encoder gives each direction d_model / 2 units; d_model={self.d_model} is odd"
             )
+        if self.encoder not in RECURRENT and self.bidirectional and self.n_encoder_layers == 1:
+            raise ValueError(
+                f"a bidirectional {self.encoder!r} encoder reads backwards in every second block, so one block "
+                "never sees later tokens: set n_encoder_layers=2 (or more), or bidirectional=False"
+            )
         self.encoder_config = dataclasses.asdict(make_mixer_config(spec.name, self.encoder_config))
         check_special_ids(self, min(self.vocab_size, self.target_vocab), "both vocabularies")
 

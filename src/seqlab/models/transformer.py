@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.attention import KVCache, MultiheadAttention
-from seqlab.layers.masks import key_padding_mask
+from seqlab.layers.masks import check_padding_mask, key_padding_mask
 from seqlab.layers.positional import SinusoidalPositionalEncoding
 from seqlab.layers.transformer_blocks import DecoderState, TransformerDecoderLayer, TransformerEncoderLayer
 from seqlab.layers.vocab_head import VocabHead
@@ -158,8 +158,9 @@ class Transformer(nn.Module):
         return self.pos(table(ids) * math.sqrt(self.config.d_model), offset)  # (b, ·, d)
 
     def source_mask(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """Check src (b, s) and its mask (default ``src != pad_id``), returned. Attention reads any mask, so the
-        padding may sit anywhere, but every sentence needs a real token."""
+        """Check src (b, s) and its mask (default ``src != pad_id``), returned. The padding must be on the right
+        (positions count from each sentence's first slot, so a left-padded sentence would be encoded at shifted
+        positions), and every sentence needs a real token."""
         if not isinstance(src, Tensor) or src.dim() != 2 or src.size(1) == 0:
             got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
             raise ValueError(f"src must be token ids of shape (b, s) with s >= 1, got {got}")
@@ -175,6 +176,7 @@ class Transformer(nn.Module):
             raise ValueError(f"src_mask must be boolean {tuple(src.shape)}, True at real tokens; got {got}")
         if not bool(mask.any(1).all()):
             raise ValueError("every source sentence needs at least one real token (a mask row is all False)")
+        check_padding_mask(mask, *src.shape)  # right-padded: a real token after padding is refused
         return mask
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:

@@ -25,6 +25,7 @@ no smoothing), ``ppl`` and ``acc``. ``score`` translates a split and scores it w
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 from pathlib import Path
@@ -264,6 +265,7 @@ class TranslationTask(Task):
             "bleu": bleu.corpus_score(hyps, [refs]).score,
             "chrf": chrf.corpus_score(hyps, [refs]).score,
             "signature": str(bleu.get_signature()),
+            "chrf_signature": str(chrf.get_signature()),
             "sentences": len(pairs),
             "hypotheses": hyps,
         }
@@ -282,8 +284,10 @@ def translate(
     """Translate ``texts`` with ``model.generate``, batched by length; results in input order.
 
     The longest batch goes first, so a source longer than the model accepts is refused (by the model's own
-    check) before any other is decoded. ``max_new_tokens`` defaults to twice the batch's longest source plus
-    10. With ``return_attention`` also, per sentence, (source tokens, target tokens, attention (n_target,
+    check) before any other is decoded. ``max_new_tokens`` defaults, per sentence, to twice its source tokens
+    (</s> included) plus 10, rounded up to a multiple of 16 (and at most a Transformer's position table); a
+    batch holds sentences of one such limit, so what a sentence becomes never depends on the others beside it.
+    With ``return_attention`` also, per sentence, (source tokens, target tokens, attention (n_target,
     n_source)) for alignment pictures.
     """
     if isinstance(texts, str) or not all(isinstance(t, str) and t.strip() for t in texts):
@@ -293,12 +297,8 @@ def translate(
     out: list[str] = [""] * len(texts)
     maps: list = [None] * len(texts)
     dev = model_device(model)
-    for j in range(0, len(order), batch_size):
-        rows = order[j : j + batch_size]
+    for rows, n_new in _batches(model, order, ids, max_new_tokens, batch_size):
         src = _pad([[*ids[i], EOS] for i in rows]).to(dev)
-        n_new = max_new_tokens or 2 * src.size(1) + 10
-        if max_new_tokens is None:  # the default stops at a Transformer's position table (asked for: refused)
-            n_new = min(n_new, getattr(model.config, "max_seq_len", n_new))
         hyp = model.generate(
             src,
             src_mask=src != PAD,
@@ -313,6 +313,26 @@ def translate(
             if weights is not None:
                 maps[i] = _alignment(tokenizer, ids[i], tgt, weights[k])
     return (out, maps) if return_attention else out
+
+
+def default_max_new_tokens(n_source: int, model=None) -> int:
+    """The default length limit of one sentence's translation: 2 (n_source + 1) + 10 tokens (</s> counted in the
+    source), rounded up to a multiple of 16, at most a Transformer's position table (``max_seq_len``)."""
+    n = -(-(2 * (n_source + 1) + 10) // 16) * 16
+    return min(n, getattr(getattr(model, "config", None), "max_seq_len", n))
+
+
+def _batches(model, order: list[int], ids: list[list[int]], max_new_tokens: int | None, batch_size: int):
+    """(rows, max_new_tokens) of each batch: ``order``'s rows in runs of one length limit, ``batch_size`` at most
+    (``order`` is sorted by length, so equal limits are neighbours)."""
+
+    def limit(i: int) -> int:
+        return max_new_tokens or default_max_new_tokens(len(ids[i]), model)
+
+    for n_new, run in itertools.groupby(order, key=limit):
+        run = list(run)
+        for j in range(0, len(run), batch_size):
+            yield run[j : j + batch_size], n_new
 
 
 def _alignment(tokenizer: TranslationTokenizer, src: list[int], tgt: list[int], weights: Tensor):
