@@ -116,9 +116,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     import torch
 
     from seqlab.commands_doctor import require, suite_needs
-    from seqlab.lab import OTHER_SUITES, SUITES, compare, default_jobs
+    from seqlab.lab import OTHER_SUITES, SUITES, check_out_folder, compare, default_jobs
 
     require(suite_needs(args.suite, args.tasks), f"seqlab compare --suite {args.suite}")  # before any run
+    check_out_folder(args.out)  # a folder of the user's files is refused, not written over
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.remeasure and args.suite in OTHER_SUITES:

@@ -96,3 +96,31 @@ def test_a_task_subset_reports_only_the_tasks_it_ran(tmp_path):
     table = paths["table"].read_text(encoding="utf-8")
     assert "copy" in table and "adding" not in table
     assert not any("adding" in line for line in paths["summary"])
+
+
+@pytest.mark.parametrize("suite", ["quick", "timeseries", "translation"])
+def test_compare_never_writes_over_a_folder_of_the_users_files(tmp_path, capsys, suite):
+    """A folder holding files but no earlier compare (no runs/) is refused before any work, for every suite;
+    so is a file where the folder should be. A compare's own folder (runs/) is reused as before."""
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "table.md").write_text("USER DATA", encoding="utf-8")
+    extra = ["--minutes", "1"] if suite == "translation" else []
+    assert main(["compare", "--suite", suite, *extra, "--out", str(mine)]) == 2
+    assert "holds files but no earlier compare" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["table.md"]
+    assert (mine / "table.md").read_text(encoding="utf-8") == "USER DATA"
+    afile = tmp_path / "afile"
+    afile.write_text("mine", encoding="utf-8")
+    assert main(["compare", "--suite", suite, *extra, "--out", str(afile)]) == 2
+    assert "is a file" in capsys.readouterr().err and afile.read_text(encoding="utf-8") == "mine"
+
+
+def test_check_out_folder_accepts_new_empty_and_earlier_compare_folders(tmp_path):
+    from seqlab.lab.records import check_out_folder
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "earlier" / "runs").mkdir(parents=True)
+    (tmp_path / "earlier" / "table.md").write_text("an earlier compare's table", encoding="utf-8")
+    for name in ("new", "empty", "earlier"):
+        assert check_out_folder(tmp_path / name) == tmp_path / name

@@ -55,7 +55,30 @@ def test_a_library_cut_short_is_built_again(cached, caplog):
     library.write_bytes(data[: len(data) // 3])  # its ELF header intact: importing it would die of SIGBUS
     module = ext.load()
     assert module is not None and _works(module)
-    assert "not the library that was built there" in caplog.text
+    assert "not a library recorded as built there" in caplog.text
+    assert cache.recorded(library, library.stem)
+
+
+def test_a_library_cut_short_without_its_record_is_built_again_not_imported(cached, tmp_path):
+    """A copy of the cache cut short after the library but before its record: importing it killed every later
+    process with SIGBUS (ninja found it up to date). Loaded in a child process, so a regression fails the test
+    instead of killing the test session."""
+    import subprocess
+    import sys
+
+    _, library = cached
+    data = library.read_bytes()
+    library.write_bytes(data[: len(data) // 3])
+    library.with_name(library.name + ".record.json").unlink()
+    code = (
+        "import torch; from seqlab.kernels.layer_norm import EXTENSION as E; m = E.load(); "
+        "x = torch.randn(3, 8, dtype=torch.float64); w = torch.randn(8, dtype=torch.float64); "
+        "print(torch.allclose(m.forward(x, w, None, 1e-5)[0], torch.nn.functional.layer_norm(x, (8,), w)))"
+    )
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("True") and "its record is missing" in done.stderr
     assert cache.recorded(library, library.stem)
 
 
@@ -73,7 +96,64 @@ def test_a_lock_left_by_a_killed_build_is_cleared(cached, caplog):
     finally:
         signal.alarm(0)
     assert module is not None and _works(module)
-    assert "left 60 minutes ago by a build that did not finish" in caplog.text
+    assert "left 3600 s ago by a build that is not running" in caplog.text
+
+
+def test_a_young_lock_is_waited_on_while_a_build_runs_and_cleared_once_none_does(cached, caplog, monkeypatch):
+    """A lock younger than the 10 minutes is waited on only while some process works in the folder (ninja and
+    the compiler run there): a build killed seconds in no longer makes the next process wait forever."""
+    import subprocess
+
+    ext, library = cached
+    monkeypatch.setattr(cache, "LOCK_GRACE_SECONDS", 1.0)
+    library.unlink()  # nothing recorded: this process must build, under the lock
+    lock = library.parent / "lock"
+    lock.write_text("", encoding="utf-8")
+    builder = subprocess.Popen(["sleep", "3"], cwd=library.parent)  # "a build" working in the folder
+    start = time.perf_counter()
+    signal.alarm(120)
+    try:
+        module = ext.load()
+    finally:
+        signal.alarm(0)
+        builder.kill()
+        builder.wait()
+    assert module is not None and _works(module) and not lock.exists()
+    assert time.perf_counter() - start > 2.0  # it waited for the running "build"
+    assert (
+        "waiting for another process's build" in caplog.text and "a build that is not running" in caplog.text
+    )
+
+
+def test_a_library_another_process_built_while_this_one_waited_is_loaded_as_cached(cached, monkeypatch):
+    """After the wait, the library the other process built (and recorded) is imported, and reported cached."""
+    import threading
+
+    ext, library = cached
+    folder = library.parent
+    kept = folder.parent / "kept"
+    shutil.move(folder, kept)
+    folder.mkdir()
+    lock = folder / "lock"
+    lock.write_text("", encoding="utf-8")
+
+    def the_other_build():
+        time.sleep(1.0)
+        for path in kept.iterdir():
+            shutil.copy2(path, folder / path.name)
+        lock.unlink()
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built again after another process had built it")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", no_build)
+    other = threading.Thread(target=the_other_build)
+    other.start()
+    try:
+        module = ext.load()
+    finally:
+        other.join()
+    assert module is not None and _works(module) and ext.build_info()["cached"]
 
 
 def test_a_backward_runs_the_kernel_its_forward_ran_after_the_kernels_are_switched_off(monkeypatch):

@@ -146,9 +146,12 @@ def _compile(name: str, flags: list[str], folder: Path) -> None:
     if (reason := missing_tool()) is not None:
         raise _NoTool(reason)
     folder.mkdir(parents=True, exist_ok=True)
+    cache.wait_for_build(folder)  # another process may be building this very library
+    if state := cache.recorded(library, sources):
+        torch.ops.load_library(str(library))  # it was: loaded as any cached build
+        return
     if state is False:
         cache.discard_damaged(library)
-    cache.clear_stale_lock(folder)
     load(
         name=name,
         sources=[str(SOURCE)],

@@ -1,8 +1,8 @@
 """The kernel cache's own checks: a built library is recorded (its size and SHA-256 beside it), so that a later
 process can import it without writing to the cache (a read-only cache, a container image) and a damaged one (a
-copy cut short, a disk that filled) is rebuilt instead of crashing the process (a truncated shared object kills
-it with SIGBUS on import); a build lock that a killed build left behind is cleared instead of hanging every
-later process.
+copy cut short, a disk that filled, a library whose record is missing) is rebuilt instead of crashing the
+process (a truncated shared object kills it with SIGBUS on import); a build lock that a killed build left behind
+is cleared instead of hanging every later process.
 
 Both loaders use these: ``extension.CppExtension`` (the pybind kernels) and ``build`` (the selective scan's
 operator library), each naming a build by a digest of its sources and flags, so a recorded library is up to
@@ -14,15 +14,26 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
-__all__ = ["STALE_LOCK_SECONDS", "clear_stale_lock", "discard_damaged", "record", "recorded"]
+__all__ = [
+    "LOCK_GRACE_SECONDS",
+    "STALE_LOCK_SECONDS",
+    "discard_damaged",
+    "record",
+    "recorded",
+    "wait_for_build",
+]
 
 log = logging.getLogger("seqlab.kernels")
 
 # a first build takes seconds to a minute or two; a lock older than this is a dead build's
 STALE_LOCK_SECONDS = 600
+# where /proc shows that no process works in the build folder (ninja and the compiler run there), a lock older
+# than this is a dead build's (the grace covers the moments before ninja starts and after it ends)
+LOCK_GRACE_SECONDS = 30
 
 
 def _record_path(library: Path) -> Path:
@@ -46,41 +57,69 @@ def record(library: Path, sources: str) -> None:
 
 def recorded(library: Path, sources: str) -> bool | None:
     """True when ``library`` is the file its record describes, built from ``sources``: it can be imported as it
-    is. False when it differs from its record (damaged); None when there is no library or no record, or the
-    record is of other sources (then the build tool decides)."""
+    is. None when there is no library. False otherwise: a library that differs from its record, or has no
+    record of these sources (a copy cut short before its record, a build killed before it wrote one), is not
+    trusted, since importing a truncated one kills the process (SIGBUS); it is built again."""
     path = _record_path(library)
-    if not (library.is_file() and path.is_file()):
+    if not library.is_file():
         return None
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
         if saved.get("sources") != sources:
-            return None
+            return False
         return {k: saved.get(k) for k in ("bytes", "sha256")} == _digest(library)
     except (OSError, ValueError, AttributeError):
         return False
 
 
 def discard_damaged(library: Path) -> None:
-    """Remove ``library`` and its record, which :func:`recorded` found to differ (damaged), with a warning, so that
-    the build tool makes it again instead of importing a damaged file."""
+    """Remove ``library`` and its record, which :func:`recorded` found untrustworthy, with a warning, so that the
+    build tool makes it again instead of importing a damaged file (a read-only cache keeps them: the build then
+    fails there, and the kernel's PyTorch path runs)."""
     log.warning(
-        "%s is not the library that was built there (cut short or changed): building it again", library
+        "%s is not a library recorded as built there (cut short, changed, or its record is missing): building "
+        "it again",
+        library,
     )
     for path in (library, _record_path(library)):
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
-def clear_stale_lock(folder: Path) -> None:
-    """torch's build takes a ``lock`` file in the build folder and waits while one exists; a build that was
-    killed leaves it behind, and every later process would wait forever. A lock older than
-    ``STALE_LOCK_SECONDS`` is removed, with a warning; a younger one is another process's build, said once."""
-    lock = folder / "lock"
+def _builder_running(folder: Path) -> bool | None:
+    """True when a process works in ``folder`` (torch runs ninja, and ninja the compiler, there), False when
+    none does, None when /proc cannot tell (another OS, or other users' processes hidden)."""
     try:
-        age = time.time() - lock.stat().st_mtime
+        target, seen = folder.resolve(), False
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    seen = True
+                    if Path(os.readlink(f"/proc/{entry.name}/cwd")) == target:
+                        return True
+        return False if seen else None
     except OSError:
-        return
-    if age > STALE_LOCK_SECONDS:
-        log.warning("removing %s, left %.0f minutes ago by a build that did not finish", lock, age / 60)
-        lock.unlink(missing_ok=True)
-    else:
-        log.warning("waiting for another process's build in %s (if none is running, delete %s)", folder, lock)
+        return None
+
+
+def wait_for_build(folder: Path, poll: float = 0.5) -> None:
+    """Wait while another process builds in ``folder`` (it holds torch's ``lock`` there), said once. A lock that
+    no build holds any more is removed with a warning instead of waiting forever, as torch's own wait would: one
+    older than ``LOCK_GRACE_SECONDS`` when no process works in the folder, else one older than
+    ``STALE_LOCK_SECONDS``."""
+    lock, said = folder / "lock", False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except OSError:
+            return  # no lock: nobody is building
+        if age > STALE_LOCK_SECONDS or (age > LOCK_GRACE_SECONDS and _builder_running(folder) is False):
+            log.warning("removing %s, left %.0f s ago by a build that is not running", lock, age)
+            lock.unlink(missing_ok=True)
+            return
+        if not said:
+            log.warning(
+                "waiting for another process's build in %s (if none is running, delete %s)", folder, lock
+            )
+            said = True
+        time.sleep(poll)

@@ -156,9 +156,16 @@ class CppExtension:
         if (reason := missing_tool()) is not None:
             raise RuntimeError(reason)
         directory.mkdir(parents=True, exist_ok=True)
+        cache.wait_for_build(directory)  # another process may be building this very library
+        if state := cache.recorded(library, name):
+            module = _import_extension(name, library)  # it was: loaded as any cached build
+            return module, {
+                "seconds": time.perf_counter() - start,
+                "cached": True,
+                "directory": str(directory),
+            }
         if state is False:
             cache.discard_damaged(library)
-        cache.clear_stale_lock(directory)
         before = library.stat().st_mtime_ns if library.exists() else None
         module = load(
             name,

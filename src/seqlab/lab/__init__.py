@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from seqlab.lab.records import check_out_folder
 from seqlab.lab.suite import OTHER_SUITES, SUITES, Suite, suite_names
 
 
@@ -146,4 +147,12 @@ def default_jobs() -> int:
     return max(1, min(4, usable))
 
 
-__all__ = ["OTHER_SUITES", "SUITES", "compare", "default_jobs", "suite_names", "summary_lines"]
+__all__ = [
+    "OTHER_SUITES",
+    "SUITES",
+    "check_out_folder",
+    "compare",
+    "default_jobs",
+    "suite_names",
+    "summary_lines",
+]

@@ -194,6 +194,7 @@ __all__ = [
     "Record",
     "RunCache",
     "Spread",
+    "check_out_folder",
     "first_value",
     "interleave",
     "select",
@@ -227,6 +228,28 @@ def collect_logs(enabled: bool):
     finally:
         root.removeHandler(handler)
         logging.captureWarnings(False)
+
+
+def check_out_folder(out: str | Path) -> Path:
+    """``seqlab compare --out``: a new or empty folder, or one an earlier compare made (it holds ``runs/``: its
+    finished runs are reused). A folder of other files is refused before any work, since a compare writes
+    table.md, results.json, report.html and plots there; a file in the way is named."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"--out {out} is a file; a compare writes a folder (table.md, report.html, plots, runs/)"
+        )
+    from seqlab.outfiles import nearest_existing
+
+    if not (parent := nearest_existing(path)).is_dir():
+        raise ValueError(f"--out {out}: {parent} is a file, not a folder")
+    if path.is_dir() and any(path.iterdir()) and not (path / "runs").is_dir():
+        raise ValueError(
+            f"--out {out} holds files but no earlier compare (no runs/ folder); a compare writes table.md, "
+            "results.json, report.html and plots there, and seqlab never writes over a user's files: choose a "
+            f"new or empty folder (e.g. {path.with_name(path.name + '-compare')})"
+        )
+    return path
 
 
 def write_settings(
