@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from seqlab.outfiles import add_out_file, nearest_existing
-from seqlab.run import beam_width, positive_int
+from seqlab.run import positive_int
 
 __all__ = [
     "add_eval",
@@ -24,6 +24,24 @@ __all__ = [
     "announce",
     "compare_minutes_command",
 ]
+
+MAX_BEAM = 1000
+"""The widest beam the commands take: a search holds (sentences x beam) decoder states at once."""
+
+
+def beam_width(minimum: int = 1):
+    """A beam width from ``minimum`` (0: no decoding) to :data:`MAX_BEAM`, as an argparse type."""
+
+    def parse(text: str) -> int:
+        value = int(text) if text.strip().lstrip("+-").isdigit() else None
+        if value is None or not minimum <= value <= MAX_BEAM:
+            raise argparse.ArgumentTypeError(
+                f"must be a beam width from {minimum} to {MAX_BEAM} (the search holds sentences x beam decoder "
+                f"states), got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 def announce(where: Path) -> None:

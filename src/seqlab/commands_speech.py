@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
+from seqlab.commands import beam_width
 from seqlab.outfiles import add_out_file
-from seqlab.run import beam_width, non_negative_int
+from seqlab.run import non_negative_int
 
 __all__ = ["add_transcribe", "add_viz_speech", "compare_speech_command"]
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from seqlab.commands import beam_width
 from seqlab.outfiles import add_out_file, fresh_file, fresh_folder
-from seqlab.run import beam_width, indices, non_negative_int, positive_int
+from seqlab.run import indices, non_negative_int, positive_int
 
 __all__ = ["add_caption", "add_viz_attention", "add_viz_caption", "vit_attention_command"]
 

@@ -308,16 +308,6 @@ def positive_int(text: str) -> int:
     return _number(int, text, lambda v: v >= 1, "a positive integer")
 
 
-MAX_BEAM = 1000
-"""The widest beam the commands take: a search holds (sentences x beam) decoder states at once."""
-
-
-def beam_width(minimum: int = 1) -> Callable[[str], int]:
-    """A beam width from ``minimum`` (0: no decoding) to :data:`MAX_BEAM`."""
-    what = f"a beam width from {minimum} to {MAX_BEAM} (the search holds sentences x beam decoder states)"
-    return lambda text: _number(int, text, lambda v: minimum <= v <= MAX_BEAM, what)
-
-
 def non_negative_int(text: str) -> int:
     return int_at_least(0)(text)
 
