@@ -276,3 +276,21 @@ def test_a_sentence_translates_the_same_whatever_shares_its_batch(run):
         beside = translate(model, tok, [long, short], beam_size=beam)
         assert beside[1] == alone[0]
     assert default_max_new_tokens(3) == 32 and default_max_new_tokens(11) == 48
+
+
+@pytest.mark.parametrize("model", ["test-seq2seq", "test-transformer"])
+def test_a_sentence_longer_than_the_model_accepts_is_refused_before_step_1(tmp_path, capsys, model):
+    """task.max_len (96 by default) kept a pair longer than the model's max_src_len / max_seq_len (64): the run
+    failed at the step whose batch held it. Now refused before step 1, naming both settings."""
+    pairs = tmp_path / "pairs.tsv"
+    long = " ".join(EN[(i * 5) % len(EN)] for i in range(40))  # 66 tokens: within 96, past 64
+    pairs.write_text(_pairs(60) + f"{long}\t{long}\n", encoding="utf-8")
+    argv = ["train", f"--model.name={model}", "--task.name=translation", f"--task.source={pairs}"]
+    argv += ["--task.vocab_size=300", "--train.steps=2", "--train.progress=false"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "task.max_len=96 keeps sentences of up to" in err and "set task.max_len=64" in err
+    assert not (tmp_path / "a" / "checkpoints").exists() or not any(
+        (tmp_path / "a" / "checkpoints").iterdir()
+    )
+    assert main([*argv, "--task.max_len=64", "--out", str(tmp_path / "b")]) == 0

@@ -314,8 +314,9 @@ def _check_encdec(case) -> None:
     if left_pad:
         mask = mask.flip(1)
     ids_ok = s >= 1 and int(src.min()) >= 0 and int(src.max()) < 64
-    # the oracle: every sentence has a real token; the RNN encoders also need right padding (attention does not)
-    right = name == "transformer" or not left_pad or all(n in (0, s) for n in lengths)
+    # the oracle: every sentence has a real token, padded on the right (the Transformer's positions count from
+    # slot 0, so a left-padded sentence would be encoded at shifted positions)
+    right = not left_pad or all(n in (0, s) for n in lengths)
     mask_ok = s >= 1 and all(n >= 1 for n in lengths) and right
     if not (ids_ok and mask_ok):
         _refused(lambda: model(src, tgt, src_mask=mask))

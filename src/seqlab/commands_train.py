@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -258,9 +259,11 @@ def _train(args: argparse.Namespace, main: bool) -> int:
             json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}),
             flush=True,
         )
-    if summary.get("interrupted") and "TORCHELASTIC_RUN_ID" in os.environ:
-        return 0  # a saved stop, not a failure for torchrun to report: `--nproc` says it was interrupted
-    return 130 if summary.get("interrupted") else 0  # 128 + SIGINT, as a shell reports an interrupted command
+    if not summary.get("interrupted") or "TORCHELASTIC_RUN_ID" in os.environ:
+        return 0  # a rank's saved stop is not a failure for torchrun to report: `--nproc` says it was interrupted
+    return (
+        128 + signal.Signals[summary.get("signal", "SIGINT")]
+    )  # as a shell reports a command a signal stopped
 
 
 def add_train(sub) -> None:

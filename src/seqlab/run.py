@@ -155,10 +155,8 @@ def train_config(run: dict[str, Any]):
 
     train_fields = dict(run.get("train") or {})
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    if set(train_fields) - known:
-        raise ValueError(
-            f"unknown train field(s) {sorted(set(train_fields) - known)}; known: {sorted(known)}"
-        )
+    if unknown := set(train_fields) - known:
+        raise ValueError(f"unknown train field(s) {sorted(unknown)}; known: {sorted(known)}")
     return TrainConfig(**coerce_fields(TrainConfig, train_fields))
 
 
@@ -221,6 +219,8 @@ def build_run(run: dict[str, Any]):
 def _check_positions(model, task) -> None:
     """A model with a table of learned positions reads windows of at most max_seq_len tokens: said before step 1
     with the two settings to change (it failed in the first step, naming neither)."""
+    if hasattr(task, "check_model"):  # a task's own limits, e.g. translation's longest sentence
+        task.check_model(model)
     cfg, seq_len = getattr(model, "config", None), getattr(task, "seq_len", None)
     if getattr(cfg, "position", "none") == "none" or not isinstance(seq_len, int):
         return

@@ -57,3 +57,26 @@ def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path, capsys):
     fresh = tmp_path / "fresh"
     assert main([*ARGS, f"--train.steps={STEPS}", "--out", str(fresh)]) == 0
     assert _losses(out) == _losses(fresh)  # the interrupt left no trace in the log
+
+
+def test_sigterm_and_sighup_save_like_ctrl_c(tmp_path):
+    """kill, a job scheduler's cancel or a closed terminal: the steps since the last save are kept, the command
+    says so, and exits 128 + the signal's number."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        out = tmp_path / sig.name
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "seqlab.cli", *ARGS, f"--train.steps={STEPS}", "--out", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.time() + 120
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and len(_losses(out)) >= 3):
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        summary, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + sig, err
+        assert f"stopped by {sig.name} at step" in err and "--resume" in err and "Traceback" not in err
+        assert json.loads(summary.strip().splitlines()[-1])["signal"] == sig.name
+        step = int((out / "latest").read_text().strip().rsplit("-", 1)[1])
+        assert 9 <= step < STEPS  # saved there, not at the start (save_every is 100,000)

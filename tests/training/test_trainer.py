@@ -79,7 +79,9 @@ def test_interrupted_save_leaves_previous_checkpoint_loadable(text_file, tmp_pat
     def boom(*args, **kwargs):
         raise KeyboardInterrupt("killed mid-save")
 
-    monkeypatch.setattr(ckpt, "save_file", boom)
+    from seqlab.training import state_tree
+
+    monkeypatch.setattr(state_tree, "save_file", boom)
     with pytest.raises(KeyboardInterrupt):
         _run(text_file, tmp_path / "r", 10, resume=True)
     assert ckpt.resolve_checkpoint(tmp_path / "r") == before

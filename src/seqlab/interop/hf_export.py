@@ -162,7 +162,12 @@ def _context_limit(model: nn.Module) -> int | None:
 
 def _write(hf: nn.Module, tokenizer, tmp: Path, model: nn.Module) -> str | None:
     """Write the model (and the tokenizer, when it can be represented) into ``tmp``; the tokenizer's note."""
-    hf.save_pretrained(str(tmp), safe_serialization=True)
+    from safetensors import SafetensorError
+
+    try:
+        hf.save_pretrained(str(tmp), safe_serialization=True)
+    except SafetensorError as e:  # a full disk: an OSError naming the folder, not a bug
+        raise OSError(f"could not write the export beside {tmp.parent}: {e}") from None
     if tokenizer is None:
         return None
     hf_tok, why = hf_tokenizer(tokenizer, _context_limit(model))

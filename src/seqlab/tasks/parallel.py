@@ -49,6 +49,8 @@ __all__ = [
     "BIBLE_SPLIT",
     "Pair",
     "bible_pairs",
+    "check_eval_splits",
+    "check_fits",
     "freedict_pairs",
     "random_group_split",
     "read_pairs_tsv",
@@ -332,3 +334,36 @@ def random_group_split(
     for pair, key in zip(pairs, keys, strict=True):
         splits["test" if key in test else "val" if key in val else "train"].append(pair)
     return splits
+
+
+def check_fits(model, longest_source: int, longest_target: int, max_len: int) -> None:
+    """Before step 1: the task's longest sentences (</s> included) against what the model accepts, Seq2Seq's
+    ``max_src_len`` or a Transformer's ``max_seq_len`` (a batch holding a longer one failed mid-training)."""
+    config = getattr(model, "config", None)
+    limit, field = getattr(config, "max_src_len", None), "max_src_len"
+    longest = longest_source
+    if limit is None and getattr(model, "family", None) == "transformer":
+        limit, field, longest = config.max_seq_len, "max_seq_len", max(longest_source, longest_target)
+    if limit is not None and longest > limit:
+        raise ValueError(
+            f"task.max_len={max_len} keeps sentences of up to {longest} tokens (</s> included), longer than the "
+            f"model's {field}={limit}: set task.max_len={limit} (longer pairs are left out) or raise "
+            f"model.{field}"
+        )
+
+
+def check_eval_splits(source: str, splits: dict[str, list[Pair]], data: dict, max_len: int) -> None:
+    """Validation and test must hold pairs, or the first evaluation would fail after training had begun."""
+    for name in ("val", "test"):
+        if not splits[name]:
+            keys = {p.group or (p.source, p.target) for pairs in splits.values() for p in pairs}
+            raise ValueError(
+                f"the {name} split of {source!r} is empty: its pairs make {len(keys)} distinct groups (or "
+                f"ungrouped pairs), and train, validation and test need at least 3, one each; give more pairs "
+                f"or more groups"
+            )
+        if not data[name][0]:
+            raise ValueError(
+                f"no {name} pair of {source!r} has at most max_len={max_len} tokens per side (its "
+                f"{len(splits[name])} pairs are all longer); raise task.max_len"
+            )

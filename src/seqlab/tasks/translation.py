@@ -40,6 +40,8 @@ from seqlab.tasks.parallel import (
     BIBLE_SPLIT,
     Pair,
     bible_pairs,
+    check_eval_splits,
+    check_fits,
     freedict_pairs,
     random_group_split,
     read_pairs_tsv,
@@ -113,7 +115,13 @@ class TranslationTask(Task):
             )
         if not self.data["train"][0]:
             raise ValueError(f"no training pair of {source!r} has at most max_len={max_len} tokens per side")
-        _check_eval_splits(source, splits, self.data, max_len)
+        check_eval_splits(source, splits, self.data, max_len)
+
+    def check_model(self, model) -> None:
+        """Before step 1: the longest sentences against the model's limit (:func:`parallel.check_fits`)."""
+        check_fits(
+            model, *(max(len(s) for d in self.data.values() for s in d[i]) for i in (0, 1)), self.max_len
+        )
 
     # ---- settings reported by describe() ---------------------------------------------------------------
 
@@ -323,8 +331,7 @@ def default_max_new_tokens(n_source: int, model=None) -> int:
 
 
 def _batches(model, order: list[int], ids: list[list[int]], max_new_tokens: int | None, batch_size: int):
-    """(rows, max_new_tokens) of each batch: ``order``'s rows in runs of one length limit, ``batch_size`` at most
-    (``order`` is sorted by length, so equal limits are neighbours)."""
+    """(rows, max_new_tokens) of each batch: runs of one limit in ``order`` (sorted by length), batch_size at most."""
 
     def limit(i: int) -> int:
         return max_new_tokens or default_max_new_tokens(len(ids[i]), model)
@@ -357,23 +364,6 @@ def _strip(ids: list[int]) -> list[int]:
         if i != PAD:
             out.append(i)
     return out
-
-
-def _check_eval_splits(source: str, splits: dict[str, list[Pair]], data: dict, max_len: int) -> None:
-    """Validation and test must hold pairs, or the first evaluation would fail after training had begun."""
-    for name in ("val", "test"):
-        if not splits[name]:
-            keys = {p.group or (p.source, p.target) for pairs in splits.values() for p in pairs}
-            raise ValueError(
-                f"the {name} split of {source!r} is empty: its pairs make {len(keys)} distinct groups (or "
-                f"ungrouped pairs), and train, validation and test need at least 3, one each; give more pairs "
-                f"or more groups"
-            )
-        if not data[name][0]:
-            raise ValueError(
-                f"no {name} pair of {source!r} has at most max_len={max_len} tokens per side (its "
-                f"{len(splits[name])} pairs are all longer); raise task.max_len"
-            )
 
 
 def _read(source: str, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str, dict[str, list[Pair]]]:

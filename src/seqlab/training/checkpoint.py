@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from seqlab.training.manifest import (
@@ -54,7 +54,7 @@ from seqlab.training.manifest import (
     write_manifest,
     write_text_atomic,
 )
-from seqlab.training.state_tree import flatten, unflatten
+from seqlab.training.state_tree import flatten, save_tensors, unflatten
 
 log = logging.getLogger("seqlab.train")
 
@@ -124,14 +124,14 @@ def _write_files(tmp: Path, step: int, model, config, trainer_state, tokenizer_j
             continue
         seen[v.data_ptr()] = k
         state[k] = v.detach().contiguous().cpu()
-    save_file(state, str(tmp / "model.safetensors"))
+    save_tensors(state, tmp / "model.safetensors")
     (tmp / "config.json").write_text(json.dumps({**config, "step": step}, indent=2), encoding="utf-8")
     if tokenizer_json is not None:
         (tmp / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     if trainer_state is not None:
         tensors: dict[str, Tensor] = {}
         meta = flatten(trainer_state, "s", tensors)
-        save_file(tensors, str(tmp / "trainer_state.safetensors"))
+        save_tensors(tensors, tmp / "trainer_state.safetensors")
         (tmp / "trainer_state.json").write_text(json.dumps(meta), encoding="utf-8")
     for f in tmp.iterdir():
         with open(f, "rb") as fh:

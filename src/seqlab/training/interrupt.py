@@ -1,4 +1,5 @@
-"""Ctrl-C during training: finish the step, save, stop; a second Ctrl-C stops at once.
+"""Ctrl-C during training: finish the step, save, stop; a second Ctrl-C stops at once. SIGTERM and SIGHUP (kill,
+a job scheduler's cancel, a closed terminal) are taken the same way: the steps since the last save are kept.
 
 A KeyboardInterrupt raised in the middle of a step could land inside the optimizer's update and leave the
 weights half-updated, which no checkpoint should hold. So while :meth:`Trainer.fit` runs, the first SIGINT only
@@ -16,14 +17,32 @@ from collections.abc import Iterator
 
 log = logging.getLogger("seqlab.train")
 
-__all__ = ["StopFlag", "stop_on_interrupt"]
+__all__ = ["STOP_SIGNALS", "StopFlag", "stop_on_interrupt"]
+
+
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # the ones this platform has are handled
 
 
 class StopFlag:
-    """Set by the first Ctrl-C; read by the training loop between steps."""
+    """Set by the first stop signal; read by the training loop between steps."""
 
     def __init__(self) -> None:
         self.set = False
+        self.signum: int | None = None
+
+    @property
+    def name(self) -> str:
+        """How the stop is named to the user: 'Ctrl-C', 'SIGTERM', 'SIGHUP'."""
+        return "Ctrl-C" if self.signum in (None, signal.SIGINT) else signal.Signals(self.signum).name
+
+    def say_stopped(self, step: int, out_dir) -> None:
+        saved = f", saved in {out_dir}; continue with the same command and --resume" if out_dir else ""
+        log.warning("stopped by %s at step %d%s", self.name, step, saved)
+
+    def summary(self) -> dict:
+        """The run summary's fields: interrupted, and the signal unless Ctrl-C (the command exits 128 + its
+        number, as a shell reports a command a signal stopped)."""
+        return {"interrupted": True} | ({} if self.name == "Ctrl-C" else {"signal": self.name})
 
 
 @contextlib.contextmanager
@@ -32,15 +51,22 @@ def stop_on_interrupt() -> Iterator[StopFlag]:
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
-    previous = signal.getsignal(signal.SIGINT)
+    signums = [getattr(signal, n) for n in STOP_SIGNALS if hasattr(signal, n)]
+    previous = {s: signal.getsignal(s) for s in signums}
 
-    def first_interrupt(signum, frame) -> None:
-        flag.set = True
-        signal.signal(signal.SIGINT, previous)  # a second Ctrl-C interrupts at once
-        log.warning("Ctrl-C: finishing this step, then saving a checkpoint (Ctrl-C again to stop at once)")
+    def first_stop(signum, frame) -> None:
+        flag.set, flag.signum = True, signum
+        for s, handler in previous.items():  # a second signal stops at once
+            signal.signal(s, handler)
+        again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
+        log.warning(
+            f"{flag.name}: finishing this step, then saving a checkpoint ({again} again to stop at once)"
+        )
 
-    signal.signal(signal.SIGINT, first_interrupt)
+    for s in signums:
+        signal.signal(s, first_stop)
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

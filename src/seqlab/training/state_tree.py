@@ -1,16 +1,27 @@
 """Nested trainer state (optimizer moments, RNG states, carried recurrent states) as safetensors + JSON.
 
 ``flatten`` replaces every tensor in a nested dict/list/tuple by a reference into a flat tensor dict (saved as
-safetensors) and leaves a JSON-able structure; ``unflatten`` rebuilds it. Nothing is pickled.
+safetensors by ``save_tensors``) and leaves a JSON-able structure; ``unflatten`` rebuilds it. Nothing is pickled.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+from safetensors.torch import save_file
 from torch import Tensor
 
-__all__ = ["flatten", "unflatten"]
+__all__ = ["flatten", "save_tensors", "unflatten"]
+
+
+def save_tensors(tensors: dict[str, Tensor], path: Path) -> None:
+    """safetensors' save_file; its failure to write (a full disk) as an OSError naming the file, not a bug."""
+    try:
+        save_file(tensors, str(path))
+    except SafetensorError as e:
+        raise OSError(f"could not write {path}: {e}") from None
 
 
 def flatten(obj: Any, prefix: str, tensors: dict[str, Tensor]) -> Any:

@@ -290,19 +290,14 @@ class Trainer:
                 c.max_minutes,
             )
         if stop == "interrupted":
-            saved = (
-                f"saved in {self.out_dir}; continue with the same command and --resume"
-                if self.out_dir
-                else ""
-            )
-            log.warning("stopped by Ctrl-C at step %d%s", self.step, f", {saved}" if saved else "")
+            interrupted.say_stopped(self.step, self.out_dir)
         if bar is not None:
             bar.close()
         if self.tb is not None:
             self.tb.close()
         summary = {"step": self.step, "elapsed_s": self.elapsed, "stopped_early": stop == "budget", **last}
         if stop == "interrupted":
-            summary["interrupted"] = True
+            summary.update(interrupted.summary())
         return run_files.finite_or_none(summary)
 
     def _one_step(self, window, last: dict, bar, until: int | None, interrupted) -> str | None:
