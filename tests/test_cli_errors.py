@@ -185,3 +185,68 @@ def test_a_misspelt_kernel_switch_is_refused_before_anything_is_written(capsys, 
     msg = _error(capsys, [*BASE, "--out", str(tmp_path / "run")])
     assert "SEQLAB_DISABLE_KERNELS='bogus' names no kernel ['bogus']" in msg
     assert not (tmp_path / "run").exists()  # it was found at the first kernel, after the run folder was made
+
+
+def test_an_output_that_cannot_be_written_is_found_before_step_1(tmp_path, monkeypatch, capsys):
+    """A checkpoints/ folder that refuses new entries (immutable, read-only) or a folder named metrics.jsonl was
+    found by the first save or log line, after the work; now before step 1, and the run is not touched."""
+    import tempfile
+
+    from seqlab.training import trainer
+
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 200, encoding="utf-8")
+    argv = [
+        "train",
+        "--model.name=test-gru-lm",
+        "--task.name=text",
+        f"--task.source={text}",
+        "--task.seq_len=8",
+    ]
+    argv += ["--train.steps=4", "--train.progress=false"]
+
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0  # a run to resume, below
+    capsys.readouterr()
+
+    def never(*args, **kwargs):
+        raise AssertionError("a step ran")
+
+    monkeypatch.setattr(trainer.Trainer, "train_step", never)
+    real = tempfile.mkdtemp
+
+    def read_only(*args, dir=None, **kwargs):
+        if dir is not None and str(dir).endswith("checkpoints"):
+            raise PermissionError(1, "Operation not permitted", str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    msg = _error(capsys, [*argv, "--out", str(tmp_path / "a")])
+    assert (
+        "cannot write the run in" in msg and "Operation not permitted" in msg and "nothing was trained" in msg
+    )
+    monkeypatch.setattr(tempfile, "mkdtemp", real)
+    (tmp_path / "b" / "metrics.jsonl").unlink()
+    (tmp_path / "b" / "metrics.jsonl").mkdir()  # a folder where the resumed run's log goes
+    msg = _error(
+        capsys,
+        [*argv[:-2], "--train.steps=8", "--train.progress=false", "--out", str(tmp_path / "b"), "--resume"],
+    )
+    assert "cannot write the run in" in msg and "Is a directory" in msg
+
+
+def test_training_that_cannot_fit_in_memory_is_refused_before_step_1(tmp_path, monkeypatch, capsys):
+    """The weights fit, but not their gradients and AdamW's moments: said before step 1, not by the allocator."""
+    import seqlab.models as models
+
+    argv = [
+        "train",
+        "--model.name=test-lm-lstm",
+        "--task.name=adding",
+        "--train.steps=2",
+        "--train.progress=false",
+    ]
+    n = models.count_parameters("test-lm-lstm", d_input=2, d_output=1)
+    monkeypatch.setattr(models, "_available_bytes", lambda: 2 * 4 * n)  # room for the weights, not for 3 more
+    msg = _error(capsys, [*argv, "--out", str(tmp_path / "a")])
+    assert "needs" in msg and "for its gradients and AdamW's two moments" in msg and "available" in msg
+    assert not list((tmp_path / "a").glob("checkpoints/step-*"))

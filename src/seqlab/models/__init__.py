@@ -10,6 +10,7 @@ GPT, the char-RNN LMs, Mamba and S4D are its presets. For it, a mixer's own fiel
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 from pathlib import Path
@@ -47,7 +48,16 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: ("speech", fields) for name, fields in speech.PRESETS.items()},
 }
 
-__all__ = ["FAMILIES", "PRESETS", "build", "count_parameters", "create", "list_models", "make_config"]
+__all__ = [
+    "FAMILIES",
+    "PRESETS",
+    "build",
+    "check_can_train",
+    "count_parameters",
+    "create",
+    "list_models",
+    "make_config",
+]
 
 
 def list_models(pattern: str | None = None) -> list[str]:
@@ -108,14 +118,29 @@ def build(family: str, config, device=None, dtype=None) -> nn.Module:
 
 
 def _available_bytes() -> int | None:
-    try:
+    """The memory this process may still take: the least of the machine's available memory, the cgroup's limit
+    less its use (a container), and the address-space limit (``ulimit -v``); None where none can be read."""
+    found = []
+    with contextlib.suppress(OSError, ValueError, StopIteration):
         text = Path("/proc/meminfo").read_text(encoding="ascii")
-        return next(
-            int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("MemAvailable:")
+        found.append(
+            next(int(ln.split()[1]) * 1024 for ln in text.splitlines() if ln.startswith("MemAvailable:"))
         )
-    except (OSError, ValueError, StopIteration):
-        pass
-    return None  # not Linux: no check
+    with contextlib.suppress(OSError, ValueError):
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text(encoding="ascii").strip()
+        if limit != "max":
+            found.append(int(limit) - int((cgroup / "memory.current").read_text(encoding="ascii")))
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            used = (
+                int(Path("/proc/self/statm").read_text(encoding="ascii").split()[0]) * resource.getpagesize()
+            )
+            found.append(soft - used)
+    return min(found) if found else None
 
 
 def check_fits_in_memory(meta_model: nn.Module, what: str) -> None:
@@ -127,6 +152,20 @@ def check_fits_in_memory(meta_model: nn.Module, what: str) -> None:
         raise ValueError(
             f"a {what!r} model of {n:,} parameters needs {need / 2**30:,.1f} GiB for its weights alone; "
             f"this machine has {have / 2**30:,.1f} GiB available. Nothing was allocated: choose a smaller config"
+        )
+
+
+def check_can_train(model: nn.Module) -> None:
+    """Before step 1 on the CPU: a ValueError when the gradients and AdamW's two moments (three more copies of
+    the weights, activations on top) exceed the memory available now, rather than an allocator error later."""
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    need = 3 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    have = _available_bytes()
+    if have is not None and need > have:
+        raise ValueError(
+            f"training this model ({n:,} trained parameters) needs {need / 2**30:,.1f} GiB more for its gradients "
+            f"and AdamW's two moments, activations on top; {have / 2**30:,.1f} GiB are available: choose a "
+            "smaller config"
         )
 
 

@@ -5,6 +5,8 @@ checkpoint was trained on."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +28,30 @@ def open_run_dir(out_dir: Path, resume: bool | str | Path) -> int:
     lock = run_files.lock_run(out_dir)  # before anything here is moved or removed
     try:
         _refuse_mixing(out_dir, resume)
+        run_files.remove_leftovers(out_dir)
+        if not resume:  # never append to an earlier run's metrics, nor mix its events into this run's
+            run_files.set_aside(out_dir / "metrics.jsonl")
+            run_files.set_aside(out_dir / "tb")
+        _check_writable(out_dir)
     except BaseException:
         run_files.unlock_run(lock)
         raise
-    run_files.remove_leftovers(out_dir)
-    if not resume:  # never append to an earlier run's metrics, nor mix its events into this run's
-        run_files.set_aside(out_dir / "metrics.jsonl")
-        run_files.set_aside(out_dir / "tb")
     return lock
+
+
+def _check_writable(out_dir: Path) -> None:
+    """Before step 1: a checkpoint can be made in checkpoints/ and metrics.jsonl appended to (an immutable or
+    read-only folder, or a folder named metrics.jsonl, was found by the first save, after the work)."""
+    metrics = out_dir / "metrics.jsonl"
+    existed = metrics.exists()
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=out_dir / "checkpoints", prefix=".tmp-probe-"))
+        with open(metrics, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise OSError(f"cannot write the run in {out_dir} ({e}); nothing was trained") from None
+    if not existed:
+        metrics.unlink(missing_ok=True)
 
 
 def _refuse_mixing(out_dir: Path, resume: bool | str | Path) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from seqlab.models import check_can_train
 from seqlab.training import checkpoint as ckpt
 from seqlab.training import distributed
 from seqlab.training import manifest as run_files
@@ -332,6 +333,7 @@ class Trainer:
             distributed.cuda_precision(self.config.precision, self.device)
         elif self.device.type == "cpu":
             distributed.cpu_precision(self.config.precision)
+            check_can_train(self.model)  # gradients and optimizer state fit, or said before step 1
         if resume is not False:
             self.resume(None if resume is True else resume)
         if self.out_dir is not None and self.world.main:
