@@ -63,7 +63,8 @@ class TrainConfig:
     and on a CPU that multiplies bf16 matrices in hardware, AMX or AVX512-BF16; elsewhere bf16 matmuls are
     emulated, many times slower than fp32, and 'bf16' is refused)."""
     threads: int | None = None
-    """torch.set_num_threads for this run; None leaves PyTorch's default."""
+    """torch.set_num_threads for this run, pinned. None: PyTorch's default, fewer while other processes hold cores
+    on a CPU run of one process (``seqlab.training.threads``: a busy machine otherwise slows every step)."""
     progress: bool = True
     """A progress bar on the terminal."""
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])

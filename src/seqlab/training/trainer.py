@@ -50,6 +50,7 @@ from seqlab.training.interrupt import stop_on_interrupt
 from seqlab.training.loop_state import Window, detach_state, move_to, to_device
 from seqlab.training.optim import lr_at, make_optimizer
 from seqlab.training.run_dir import check_save_steps, open_run_dir
+from seqlab.training.threads import governor_for
 
 log = logging.getLogger("seqlab.train")
 
@@ -71,7 +72,7 @@ class Trainer:
         self.run_config = run_config or {}
         self.world = distributed.setup(config.strategy, config.resolved_device())
         self.device = distributed.local_device(config.resolved_device(), self.world)
-        self.model.to(self.device)
+        self._governor = governor_for(config.threads, self.device, self.world.size)  # fewer when busy
         if self.world.size > 1:  # before any work: the batch must split over the ranks
             distributed.check_divisible(task.get_batch("train", 0), self.world)
         self.net = distributed.wrap(model, self.world, config.strategy, self.device)  # what training calls
@@ -272,6 +273,7 @@ class Trainer:
         finally:
             run_files.unlock_run(self._lock)
             self._lock = None
+            self._governor.restore()
 
     def _fit(self, resume: bool | str | Path, until: int | None) -> dict[str, Any]:
         c = self.config
@@ -304,6 +306,7 @@ class Trainer:
     def _one_step(self, window, last: dict, bar, until: int | None, interrupted) -> str | None:
         """One optimizer step, then the logging, evaluation and saving it is due; the reason to stop, if any."""
         c = self.config
+        self._governor.tick()
         t0 = time.perf_counter()
         window.add(*self.train_step())
         self.elapsed += time.perf_counter() - t0
