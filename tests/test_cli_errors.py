@@ -133,6 +133,19 @@ def test_a_model_the_tasks_cannot_train_and_a_diverging_run(capsys, tmp_path):
     assert "loss is inf at step 2" in msg and "last good checkpoint is" in msg and "step-00000001" in msg
 
 
+def _text_run(tmp_path) -> list[str]:
+    """`seqlab train` of a tiny GRU LM on a small text file (the file written into ``tmp_path``)."""
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 200, encoding="utf-8")
+    return [
+        "train",
+        "--model.name=test-gru-lm",
+        "--task.name=text",
+        f"--task.source={text}",
+        "--task.seq_len=8",
+    ]
+
+
 def test_a_full_disk_during_a_save_loses_nothing(tmp_path, monkeypatch, capsys):
     """ENOSPC in the middle of writing a checkpoint: one error line, the previous checkpoint intact and still
     `latest`, no temporary directory left, and --resume (with space again) finishes the run."""
@@ -140,16 +153,8 @@ def test_a_full_disk_during_a_save_loses_nothing(tmp_path, monkeypatch, capsys):
 
     from seqlab.training import state_tree
 
-    text = tmp_path / "t.txt"
-    text.write_text("the quick brown fox jumps over the lazy dog\n" * 200, encoding="utf-8")
     run = tmp_path / "run"
-    argv = [
-        "train",
-        "--model.name=test-gru-lm",
-        "--task.name=text",
-        f"--task.source={text}",
-        "--task.seq_len=8",
-    ]
+    argv = _text_run(tmp_path)
     argv += ["--train.steps=6", "--train.save_every=3", "--train.progress=false", "--out", str(run)]
     real = state_tree.save_file
     calls = {"n": 0}
@@ -194,16 +199,7 @@ def test_an_output_that_cannot_be_written_is_found_before_step_1(tmp_path, monke
 
     from seqlab.training import trainer
 
-    text = tmp_path / "t.txt"
-    text.write_text("the quick brown fox jumps over the lazy dog\n" * 200, encoding="utf-8")
-    argv = [
-        "train",
-        "--model.name=test-gru-lm",
-        "--task.name=text",
-        f"--task.source={text}",
-        "--task.seq_len=8",
-    ]
-    argv += ["--train.steps=4", "--train.progress=false"]
+    argv = [*_text_run(tmp_path), "--train.steps=4", "--train.progress=false"]
 
     assert main([*argv, "--out", str(tmp_path / "b")]) == 0  # a run to resume, below
     capsys.readouterr()

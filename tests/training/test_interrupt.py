@@ -35,8 +35,8 @@ def _losses(out):
     return [(r["step"], r["loss"]) for r in rows if r["split"] == "train"]
 
 
-def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path, capsys):
-    out = tmp_path / "run"
+def _training(out):
+    """A `seqlab train` process into ``out``, returned once it has logged three train records."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "seqlab.cli", *ARGS, f"--train.steps={STEPS}", "--out", str(out)],
         stdout=subprocess.PIPE,
@@ -46,6 +46,12 @@ def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path, capsys):
     deadline = time.time() + 120
     while time.time() < deadline and not ((out / "metrics.jsonl").exists() and len(_losses(out)) >= 3):
         time.sleep(0.05)
+    return proc
+
+
+def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path, capsys):
+    out = tmp_path / "run"
+    proc = _training(out)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -64,15 +70,7 @@ def test_sigterm_and_sighup_save_like_ctrl_c(tmp_path):
     says so, and exits 128 + the signal's number."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         out = tmp_path / sig.name
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "seqlab.cli", *ARGS, f"--train.steps={STEPS}", "--out", str(out)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.time() + 120
-        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and len(_losses(out)) >= 3):
-            time.sleep(0.05)
+        proc = _training(out)
         proc.send_signal(sig)
         summary, err = proc.communicate(timeout=120)
         assert proc.returncode == 128 + sig, err
