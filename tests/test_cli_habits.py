@@ -64,10 +64,20 @@ def test_a_resume_may_raise_the_time_budget_and_change_the_device(tmp_path, capl
     assert (tmp_path / "run" / "checkpoints" / "step-00000006").is_dir()  # ran to the end in one resume
 
 
+def test_a_resume_that_leaves_out_a_setting_is_not_warned_about(tmp_path, caplog):
+    out = str(tmp_path / "run")
+    assert main([*RUN, "--train.steps=4", "--train.save_every=2", "--out", out]) == 0
+    with caplog.at_level(logging.WARNING, logger="seqlab"):
+        assert main([*RUN, "--train.steps=4", "--out", out, "--resume"]) == 0  # the saved save_every stands
+    assert "resuming with the settings saved" not in caplog.text
+
+
 def test_settings_diff_is_nested_and_names_unset_fields():
     saved = {"model": {"name": "a", "d_model": 8}, "train": {"lr": 0.1}}
     given = {"model": {"name": "a", "d_model": 16}, "train": {"lr": 0.1, "seed": 3}}
     assert settings_diff(saved, given) == ["model.d_model: 8 -> 16", "train.seed: '(unset)' -> 3"]
+    # a setting the first run gave and the resume does not is no contradiction: the saved value stands, unsaid
+    assert settings_diff({"train": {"lr": 0.1, "save_every": 10}}, {"train": {"lr": 0.1}}) == []
 
 
 def test_params_does_not_invent_per_token_flops_for_image_encoders(capsys):

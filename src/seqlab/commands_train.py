@@ -238,10 +238,10 @@ def _train(args: argparse.Namespace, main: bool) -> int:
         if saved != run:
             from seqlab.run import settings_diff
 
-            changes = "; ".join(settings_diff(saved, run))
-            logging.getLogger("seqlab").warning(
-                "resuming with the settings saved in %s, not (saved -> given) %s", out, changes
-            )
+            if changes := "; ".join(settings_diff(saved, run)):  # settings given that the saved ones override
+                logging.getLogger("seqlab").warning(
+                    "resuming with the settings saved in %s, not (saved -> given) %s", out, changes
+                )
             run = saved
             model, task, train = build_run(run)
         check_same_data(task, where)

@@ -388,10 +388,10 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def settings_diff(saved: dict[str, Any], given: dict[str, Any], prefix: str = "") -> list[str]:
-    """``section.field: saved -> given`` for every setting that differs between two run dicts (nested)."""
+    """``section.field: saved -> given`` for each setting given that differs from the saved one (nested)."""
     out = []
-    for key in sorted(set(saved) | set(given), key=str):
-        a, b = saved.get(key, "(unset)"), given.get(key, "(unset)")
+    for key in sorted(given, key=str):
+        a, b = saved.get(key, "(unset)"), given[key]
         name = f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
             out += settings_diff(a, b, f"{name}.")
