@@ -246,3 +246,18 @@ def test_training_that_cannot_fit_in_memory_is_refused_before_step_1(tmp_path, m
     msg = _error(capsys, [*argv, "--out", str(tmp_path / "a")])
     assert "needs" in msg and "for its gradients and AdamW's two moments" in msg and "available" in msg
     assert not list((tmp_path / "a").glob("checkpoints/step-*"))
+
+
+def test_an_error_is_printed_below_an_open_progress_bar(capsys):
+    """A run stopped by an error leaves its progress bar mid-line; the error line was printed at its end."""
+    import sys
+
+    from tqdm import tqdm
+
+    from seqlab.console import say
+
+    bar = tqdm(total=10, file=sys.stderr, desc="train")
+    bar.update(3)
+    say("error: boom")
+    err = capsys.readouterr().err
+    assert "\nerror: boom\n" in err and "3/10" in err.split("\nerror: boom")[0]

@@ -30,7 +30,7 @@ from seqlab.commands_speech import add_transcribe, add_viz_speech, compare_speec
 from seqlab.commands_train import add_train
 from seqlab.commands_video import add_viz_video, compare_video_command
 from seqlab.commands_vision import add_caption, add_viz_attention, add_viz_caption
-from seqlab.console import escape_unencodable, escapes_note
+from seqlab.console import escape_unencodable, escapes_note, say
 from seqlab.outfiles import add_out_file
 from seqlab.run import (
     config_fields,
@@ -352,12 +352,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # outside the training loop (which saves and returns 130 itself)
         if args.debug:
             raise
-        print("stopped by Ctrl-C", file=sys.stderr)
+        say("stopped by Ctrl-C")
         return 130
     except user_errors() as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         return 2
     except Exception as e:
         if args.debug:

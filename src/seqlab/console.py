@@ -4,6 +4,7 @@ A sample, a translation or a transcript may hold characters that stdout's encodi
 a latin-1 or cp1252 console). Printing would raise ``UnicodeEncodeError`` and lose the result that took the
 model its time. :func:`escape_unencodable` makes stdout write such characters as ``\\xf6``/``\\u2014`` escapes
 instead, and :func:`escapes_note` says afterwards, once, that it happened and how to get the characters.
+:func:`say` puts a closing line (an error) on a line of its own, below any progress bar still drawn.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import codecs
 import sys
 
-__all__ = ["escape_unencodable", "escapes_note"]
+__all__ = ["escape_unencodable", "escapes_note", "say"]
 
 _HANDLER = "seqlab-escape"
 _escaped: list[int] = [0]  # characters escaped so far in this process
@@ -46,3 +47,12 @@ def escapes_note() -> str | None:
         f"note: {_escaped[0]} character(s) of the output are written as \\x/\\u escapes: stdout's encoding "
         f"({encoding}) cannot show them; run with PYTHONIOENCODING=utf-8 (or a UTF-8 terminal) to see them"
     )
+
+
+def say(line: str) -> None:
+    """Print ``line`` on stderr below any tqdm progress bar still open (a run stopped by an error leaves its bar
+    mid-line, and the error was printed at its end)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or ()):
+        bar.close()  # ends the bar's line
+    print(line, file=sys.stderr)
