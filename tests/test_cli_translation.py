@@ -257,6 +257,15 @@ def test_translate_file_lines_match_the_output_lines(run, tmp_path, capsys, monk
     assert capsys.readouterr().out.split("\n") == lines
 
 
+def test_a_line_too_long_for_the_model_is_named_by_its_number(run, tmp_path, capsys):
+    out, _ = run
+    src = tmp_path / "in.txt"
+    src.write_text("the cat\n\n" + "the cat " * 40 + "\nthe dog\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(out), "--file", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert f"line 3 of {src} has" in err and "at most max_src_len=64" in err
+
+
 def test_a_sentence_translates_the_same_whatever_shares_its_batch(run):
     """The default length limit is the sentence's own, so an untrained model (which never stops by itself)
     gives the same tokens for a sentence alone as beside a longer one."""

@@ -106,11 +106,25 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 
     texts = _texts(args)  # read before the model loads
     model, tok, _ = _translator(args.checkpoint)
+    if args.file is not None:
+        _check_line_lengths(model, tok, texts, "standard input" if args.file == "-" else args.file)
     given = [t for t in texts if t]
     done = iter(translate(model, tok, given, beam_size=args.beam, max_new_tokens=args.max_new_tokens))
     for text in texts:
         print(next(done) if text else "")  # a blank line stays a blank line
     return 0
+
+
+def _check_line_lengths(model, tok, texts: list[str], name: str) -> None:
+    """A line longer than the model accepts, named by its number before any line is translated."""
+    limit = getattr(model.config, "max_src_len", None) or getattr(model.config, "max_seq_len", None)
+    for i, text in enumerate(texts, 1):
+        if text and limit and (n := len(tok.source.encode(text)) + 1) > limit:
+            field = "max_src_len" if hasattr(model.config, "max_src_len") else "max_seq_len"
+            raise ValueError(
+                f"line {i} of {name} has {n} tokens (</s> included); this model accepts at most {field}={limit}: "
+                "split it, or leave it out"
+            )
 
 
 def _cmd_viz_alignment(args: argparse.Namespace) -> int:
