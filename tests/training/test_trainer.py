@@ -212,3 +212,15 @@ def test_min_lr_above_lr_is_refused():
     with pytest.raises(ValueError, match=r"train\.min_lr=0\.01 is above train\.lr=0\.001"):
         TrainConfig(lr=1e-3, min_lr=1e-2)
     assert TrainConfig(lr=1e-3, min_lr=1e-3).min_lr == 1e-3
+
+
+def test_the_trainer_moves_the_model_to_its_device(text_file, monkeypatch):
+    """Trainer puts the model on the run's device before anything else (seen on the CPU through a spy: a CUDA
+    run trained a model left where it was built)."""
+    task = CharLMTask(source=str(text_file), seq_len=16, batch_size=4)
+    model = create("test-lstm-lm", vocab_size=task.tokenizer.vocab_size)
+    moved = []
+    real = model.to
+    monkeypatch.setattr(model, "to", lambda *a, **k: moved.append(a or k) or real(*a, **k))
+    Trainer(model, task, TrainConfig(steps=1, progress=False))
+    assert moved and torch.device(moved[0][0]) == torch.device("cpu")

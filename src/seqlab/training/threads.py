@@ -3,8 +3,8 @@
 torch runs each CPU operator on an OpenMP team of ``torch.get_num_threads()`` threads that meet at a barrier
 when it ends, and a thread that arrives first spins there. When another process holds one of the cores, a team
 member is off the CPU and every operator waits for the scheduler to bring it back: measured on a 2-core Intel
-Xeon with one busy process beside it (``benchmarks/bench_busy_machine.py``), training steps took 2.4-6.6× their
-quiet time on two threads, and 0.9-1.1× on one thread. A team no larger than the idle cores does not wait.
+Xeon with one busy process beside it (``benchmarks/bench_busy_machine.py``), steps took 3.6-17× their quiet
+time on two threads, and 0.9-1.1× on one thread. A team no larger than the idle cores does not wait.
 
 :class:`ThreadGovernor` watches, every ``interval`` seconds, how much CPU the *other* processes use (the
 machine's busy time from ``/proc/stat``, steal time included, less this process's own) and sets torch's thread

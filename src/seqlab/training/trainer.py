@@ -72,6 +72,7 @@ class Trainer:
         self.run_config = run_config or {}
         self.world = distributed.setup(config.strategy, config.resolved_device())
         self.device = distributed.local_device(config.resolved_device(), self.world)
+        self.model.to(self.device)
         self._governor = governor_for(config.threads, self.device, self.world.size)  # fewer when busy
         if self.world.size > 1:  # before any work: the batch must split over the ranks
             distributed.check_divisible(task.get_batch("train", 0), self.world)
