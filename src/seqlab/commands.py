@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from seqlab.outfiles import add_out_file, nearest_existing
-from seqlab.run import positive_int
+from seqlab.run import int_at_least, positive_int
 
 __all__ = [
     "add_eval",
@@ -32,9 +32,14 @@ MAX_BEAM = 1000
 def beam_width(minimum: int = 1):
     """A beam width from ``minimum`` (0: no decoding) to :data:`MAX_BEAM`, as an argparse type."""
 
+    at_least = int_at_least(minimum)
+
     def parse(text: str) -> int:
-        value = int(text) if text.strip().lstrip("+-").isdigit() else None
-        if value is None or not minimum <= value <= MAX_BEAM:
+        try:
+            value = at_least(text)
+        except argparse.ArgumentTypeError:
+            value = None
+        if value is None or value > MAX_BEAM:
             raise argparse.ArgumentTypeError(
                 f"must be a beam width from {minimum} to {MAX_BEAM} (the search holds sentences x beam decoder "
                 f"states), got {text!r}"
@@ -71,13 +76,17 @@ def _translator(checkpoint: str):
     return model.eval(), tok, where
 
 
+def _file_name(args: argparse.Namespace) -> str:
+    return "standard input" if args.file == "-" else args.file
+
+
 def _texts(args: argparse.Namespace) -> list[str]:
     """The sentences to translate: ``--text``, or ``--file``'s lines ('-': standard input), one per line as read,
     blank ones kept (as "") so that the output lines match the input's."""
     if args.file is not None and args.text is not None:
         raise ValueError("give --text or --file, not both")
     if args.file is not None:
-        name = "standard input" if args.file == "-" else args.file
+        name = _file_name(args)
         if args.file == "-":
             data = sys.stdin.buffer.read()
         elif not (path := Path(args.file)).is_file():
@@ -107,7 +116,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     texts = _texts(args)  # read before the model loads
     model, tok, _ = _translator(args.checkpoint)
     if args.file is not None:
-        _check_line_lengths(model, tok, texts, "standard input" if args.file == "-" else args.file)
+        _check_line_lengths(model, tok, texts, _file_name(args))
     given = [t for t in texts if t]
     done = iter(translate(model, tok, given, beam_size=args.beam, max_new_tokens=args.max_new_tokens))
     for text in texts:
@@ -117,10 +126,11 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 
 def _check_line_lengths(model, tok, texts: list[str], name: str) -> None:
     """A line longer than the model accepts, named by its number before any line is translated."""
-    limit = getattr(model.config, "max_src_len", None) or getattr(model.config, "max_seq_len", None)
+    from seqlab.tasks.parallel import source_limit
+
+    field, limit = source_limit(model)
     for i, text in enumerate(texts, 1):
         if text and limit and (n := len(tok.source.encode(text)) + 1) > limit:
-            field = "max_src_len" if hasattr(model.config, "max_src_len") else "max_seq_len"
             raise ValueError(
                 f"line {i} of {name} has {n} tokens (</s> included); this model accepts at most {field}={limit}: "
                 "split it, or leave it out"

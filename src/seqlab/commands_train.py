@@ -261,9 +261,8 @@ def _train(args: argparse.Namespace, main: bool) -> int:
         )
     if not summary.get("interrupted") or "TORCHELASTIC_RUN_ID" in os.environ:
         return 0  # a rank's saved stop is not a failure for torchrun to report: `--nproc` says it was interrupted
-    return (
-        128 + signal.Signals[summary.get("signal", "SIGINT")]
-    )  # as a shell reports a command a signal stopped
+    # as a shell reports a command a signal stopped
+    return 128 + signal.Signals[summary.get("signal", "SIGINT")]
 
 
 def add_train(sub) -> None:

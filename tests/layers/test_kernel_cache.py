@@ -209,3 +209,25 @@ def test_the_scans_record_covers_the_header_it_includes(tmp_path, monkeypatch):
     assert build.sources_digest(["-O3"]) != before  # an old library is not imported for a changed header
     # and the edited sources build under a name of their own: two seqlab versions do not rebuild over each other
     assert build._build_name_and_flags()[0] != name
+
+
+def test_the_scan_builds_in_an_empty_cache_and_a_later_process_loads_it_as_recorded(tmp_path):
+    """The selective scan's loader (kernels/build.py), end to end in child processes on a cache of its own."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json; from seqlab.kernels import build; ok = build.load_kernel(); i = build.build_info(); "
+        "print(json.dumps({'ok': ok, 'cached': i.cached, 'reason': i.reason}))"
+    )
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0] == {"ok": True, "cached": False, "reason": None}  # built here
+    assert runs[1] == {"ok": True, "cached": True, "reason": None}  # imported as recorded

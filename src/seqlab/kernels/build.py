@@ -135,29 +135,28 @@ def _compile(name: str, flags: list[str], folder: Path) -> None:
     """Load the operator library: as it is when the cache records it as built from these sources and flags
     (nothing written: a read-only cache works), else built (or found up to date) by torch's ``load``; raises on
     any failure."""
-    from torch.utils.cpp_extension import load
-
     library = folder / f"{name}.so"
     sources = sources_digest(flags)
-    state = cache.recorded(library, sources)
-    if state:
-        torch.ops.load_library(str(library))
-        return
-    if (reason := missing_tool()) is not None:
-        raise _NoTool(reason)
-    folder.mkdir(parents=True, exist_ok=True)
-    cache.wait_for_build(folder)  # another process may be building this very library
-    if state := cache.recorded(library, sources):
-        torch.ops.load_library(str(library))  # it was: loaded as any cached build
-        return
-    if state is False:
-        cache.discard_damaged(library)
+    if not cache.recorded(library, sources):
+        if (reason := missing_tool()) is not None:
+            raise _NoTool(reason)
+        folder.mkdir(parents=True, exist_ok=True)
+        if not cache.ready_after_wait(library, sources):  # else another process built it meanwhile
+            _torch_load(name, flags, library, sources)
+            return
+    torch.ops.load_library(str(library))
+
+
+def _torch_load(name: str, flags: list[str], library: Path, sources: str) -> None:
+    """torch's ``load``: builds the library under its lock (or finds it up to date) and loads it; recorded."""
+    from torch.utils.cpp_extension import load
+
     load(
         name=name,
         sources=[str(SOURCE)],
         extra_cflags=flags,
         extra_ldflags=["-fopenmp"],
-        build_directory=str(folder),
+        build_directory=str(library.parent),
         is_python_module=False,
         verbose=False,
     )

@@ -22,6 +22,7 @@ __all__ = [
     "LOCK_GRACE_SECONDS",
     "STALE_LOCK_SECONDS",
     "discard_damaged",
+    "ready_after_wait",
     "record",
     "recorded",
     "wait_for_build",
@@ -94,8 +95,9 @@ def _builder_running(folder: Path) -> bool | None:
         for entry in os.scandir("/proc"):
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
-                    seen = True
-                    if Path(os.readlink(f"/proc/{entry.name}/cwd")) == target:
+                    cwd = Path(os.readlink(f"/proc/{entry.name}/cwd"))
+                    seen = True  # a process whose folder this one may read
+                    if cwd == target:
                         return True
         return False if seen else None
     except OSError:
@@ -123,3 +125,14 @@ def wait_for_build(folder: Path, poll: float = 0.5) -> None:
             )
             said = True
         time.sleep(poll)
+
+
+def ready_after_wait(library: Path, sources: str) -> bool:
+    """What both loaders do before building: wait for another process's build in the library's folder
+    (:func:`wait_for_build`); True when that left ``library`` recorded (import it as it is), else False, after
+    discarding a library :func:`recorded` does not trust (the caller builds)."""
+    wait_for_build(library.parent)
+    state = recorded(library, sources)
+    if state is False:
+        discard_damaged(library)
+    return bool(state)

@@ -139,33 +139,24 @@ class CppExtension:
 
         A library recorded by the process that built it (``cache``) is imported as it is, writing nothing (a
         read-only cache works); otherwise torch's ``load`` builds it, or finds it up to date, under its lock."""
-        from torch.utils.cpp_extension import load  # imported here: it is slow and only needed once
-
         name, flags = self.name_and_flags()
         library = library_path(name)
         directory = library.parent
         start = time.perf_counter()
-        state = cache.recorded(library, name)  # the name holds the digest of the sources and flags
-        if state:
-            module = _import_extension(name, library)
-            return module, {
-                "seconds": time.perf_counter() - start,
-                "cached": True,
-                "directory": str(directory),
-            }
-        if (reason := missing_tool()) is not None:
-            raise RuntimeError(reason)
-        directory.mkdir(parents=True, exist_ok=True)
-        cache.wait_for_build(directory)  # another process may be building this very library
-        if state := cache.recorded(library, name):
-            module = _import_extension(name, library)  # it was: loaded as any cached build
-            return module, {
-                "seconds": time.perf_counter() - start,
-                "cached": True,
-                "directory": str(directory),
-            }
-        if state is False:
-            cache.discard_damaged(library)
+        if not cache.recorded(library, name):  # the name holds the digest of the sources and flags
+            if (reason := missing_tool()) is not None:
+                raise RuntimeError(reason)
+            directory.mkdir(parents=True, exist_ok=True)
+            if not cache.ready_after_wait(library, name):  # else another process built it meanwhile
+                return self._build(name, flags, library, start)
+        module = _import_extension(name, library)
+        return module, {"seconds": time.perf_counter() - start, "cached": True, "directory": str(directory)}
+
+    def _build(self, name: str, flags: list[str], library: Path, start: float) -> tuple[ModuleType, dict]:
+        """torch's ``load``: builds the library under its lock (or finds it up to date), imports it, and the
+        library is recorded."""
+        from torch.utils.cpp_extension import load  # imported here: it is slow and only needed once
+
         before = library.stat().st_mtime_ns if library.exists() else None
         module = load(
             name,
@@ -173,13 +164,16 @@ class CppExtension:
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"] if self.openmp else [],
             extra_include_paths=[str(HERE)],
-            build_directory=str(directory),
+            build_directory=str(library.parent),
             verbose=False,
         )
-        seconds = time.perf_counter() - start
         cached = before is not None and library.stat().st_mtime_ns == before
         cache.record(library, name)
-        return module, {"seconds": seconds, "cached": cached, "directory": str(directory)}
+        return module, {
+            "seconds": time.perf_counter() - start,
+            "cached": cached,
+            "directory": str(library.parent),
+        }
 
     def load(self, even_if_disabled: bool = False) -> ModuleType | None:
         """The compiled module, built on the first call of the process; None (after one warning) if it cannot be,

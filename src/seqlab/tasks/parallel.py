@@ -54,6 +54,7 @@ __all__ = [
     "freedict_pairs",
     "random_group_split",
     "read_pairs_tsv",
+    "source_limit",
     "split_pairs",
 ]
 
@@ -336,14 +337,21 @@ def random_group_split(
     return splits
 
 
-def check_fits(model, longest_source: int, longest_target: int, max_len: int) -> None:
-    """Before step 1: the task's longest sentences (</s> included) against what the model accepts, Seq2Seq's
-    ``max_src_len`` or a Transformer's ``max_seq_len`` (a batch holding a longer one failed mid-training)."""
+def source_limit(model) -> tuple[str, int | None]:
+    """(the config field, its value) that bounds a source sentence (</s> included): Seq2Seq's ``max_src_len``, a
+    Transformer's ``max_seq_len`` (which bounds the target too); (``max_src_len``, None) for a model with none."""
     config = getattr(model, "config", None)
-    limit, field = getattr(config, "max_src_len", None), "max_src_len"
-    longest = longest_source
-    if limit is None and getattr(model, "family", None) == "transformer":
-        limit, field, longest = config.max_seq_len, "max_seq_len", max(longest_source, longest_target)
+    for field in ("max_src_len", "max_seq_len"):
+        if (limit := getattr(config, field, None)) is not None:
+            return field, limit
+    return "max_src_len", None
+
+
+def check_fits(model, longest_source: int, longest_target: int, max_len: int) -> None:
+    """Before step 1: the task's longest sentences (</s> included) against what the model accepts
+    (:func:`source_limit`; a batch holding a longer one failed mid-training)."""
+    field, limit = source_limit(model)
+    longest = max(longest_source, longest_target) if field == "max_seq_len" else longest_source
     if limit is not None and longest > limit:
         raise ValueError(
             f"task.max_len={max_len} keeps sentences of up to {longest} tokens (</s> included), longer than the "

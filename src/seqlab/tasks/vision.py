@@ -215,9 +215,8 @@ class ImageClassificationTask(Task):
         b, _, h, w = x.shape
         s = self.shift
         if s:
-            padded = F.pad(
-                x, (s, s, s, s), value=0.0 if self.source in DARK_SOURCES else 1.0
-            )  # the background
+            background = 0.0 if self.source in DARK_SOURCES else 1.0  # the folder images' white canvas
+            padded = F.pad(x, (s, s, s, s), value=background)
             dy, dx = torch.randint(0, 2 * s + 1, (2, b), generator=g)
             x = torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(b)])
         if self.flip:
