@@ -124,3 +124,5 @@ def test_check_out_folder_accepts_new_empty_and_earlier_compare_folders(tmp_path
     (tmp_path / "earlier" / "table.md").write_text("an earlier compare's table", encoding="utf-8")
     for name in ("new", "empty", "earlier"):
         assert check_out_folder(tmp_path / name) == tmp_path / name
+    with pytest.raises(ValueError, match="--out is empty"):
+        check_out_folder(" ")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from seqlab.training.threads import ThreadGovernor, cpu_seconds, governor_for
@@ -61,6 +62,9 @@ def test_inactive_where_there_is_nothing_to_give_up_or_nothing_to_read(monkeypat
         for _ in range(4):
             m.run(3.0, others=2.0)
             assert g.tick() == g.most
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be a positive integer or None"):
+            ThreadGovernor(threads=bad, sample=m.sample, clock=lambda: m.t)
     cpu, gpu = torch.device("cpu"), torch.device("meta")
     assert not governor_for(4, cpu, 1).active  # train.threads pins the count
     assert not governor_for(None, gpu, 1).active and not governor_for(None, cpu, 2).active

@@ -234,6 +234,8 @@ def check_out_folder(out: str | Path) -> Path:
     """``seqlab compare --out``: a new or empty folder, or one an earlier compare made (it holds ``runs/``: its
     finished runs are reused). A folder of other files is refused before any work, since a compare writes
     table.md, results.json, report.html and plots there; a file in the way is named."""
+    if not str(out).strip():
+        raise ValueError("--out is empty: give a folder, e.g. runs/compare")
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ValueError(

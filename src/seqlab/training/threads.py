@@ -55,6 +55,10 @@ class ThreadGovernor:
         sample: Callable[[], tuple[float, float] | None] = cpu_seconds,
         clock: Callable[[], float] = time.monotonic,
     ):
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(
+                f"threads must be a positive integer or None (torch's count now), got {threads!r}"
+            )
         self.most = threads or torch.get_num_threads()
         self.now, self.interval, self.sample, self.clock = self.most, interval, sample, clock
         self.last = (clock(), sample())
