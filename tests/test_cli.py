@@ -279,7 +279,9 @@ def test_eval_of_a_text_lm_on_heldout_is_refused(text_file, tmp_path, capsys):
     _train(text_file, tmp_path / "run")
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--split", "heldout"]) == 2
-    assert "a text task evaluates on 'val'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--split heldout is the captioning scenes' split of unseen pairs" in err
+    assert "'text' run: use --split val or --split test" in err
 
 
 def test_an_override_followed_by_an_option_has_no_value(tmp_path, capsys):

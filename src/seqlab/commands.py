@@ -165,6 +165,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     _check_hypotheses_file(args.hypotheses)  # refused before the decoding
     where = resolve_checkpoint(args.checkpoint)
     run = saved_run(where, ("task",), "evaluate it from Python with task.evaluate(model)")
+    if args.split == "heldout" and run["task"].get("name") != "captioning":
+        raise ValueError(
+            f"--split heldout is the captioning scenes' split of unseen pairs; {where} holds a "
+            f"{run['task'].get('name')!r} run: use --split val or --split test"
+        )
     model = load_model(where).eval()
     announce(where)
     task = build_task(run)

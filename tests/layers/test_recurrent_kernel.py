@@ -167,7 +167,11 @@ def test_kernel_matches_its_ref(mode, dtype, hidden_size, tol):
         got, want = recurrent_layer(*args, mode, reverse), recurrent_layer_ref(*args, mode, reverse)
         grads = [torch.autograd.grad(out[0].sum() + out[1].square().sum(), args) for out in (got, want)]
         for mine, ref in zip([*got, *grads[0]], [*want, *grads[1]], strict=True):
-            torch.testing.assert_close(mine, ref, atol=tol, rtol=tol)
+            # rounding scales with the terms summed, not with their (possibly cancelling) sum: the tolerance is
+            # relative to each tensor's largest entry (a float32 ReLU gradient near 0.07 among entries up to 800
+            # differed by one rounding of the large terms on an AMD EPYC)
+            scale = ref.detach().abs().max().clamp(min=1).item()
+            torch.testing.assert_close(mine, ref, atol=tol * scale, rtol=tol)
 
 
 @needs_compiler

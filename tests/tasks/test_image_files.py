@@ -4,6 +4,7 @@ installed Tux Paint stamps."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +208,16 @@ def test_an_image_past_pillows_pixel_limit_is_a_value_error(tmp_path, monkeypatc
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
     with pytest.raises(ValueError, match=r"huge\.png is too large to read safely .* downscale it first"):
         image_files._open_rgb(path)
+
+
+def test_an_image_past_pillows_warning_loads_with_a_warning_naming_it(tmp_path, monkeypatch, caplog, recwarn):
+    """Between MAX_IMAGE_PIXELS and twice it Pillow only warns (DecompressionBombWarning, printed raw); seqlab
+    reads the image and says which file it was, once, in its own log."""
+    path = tmp_path / "big.png"
+    Image.new("RGB", (15, 10)).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 150 pixels: past the warning, under the error
+    with caplog.at_level(logging.WARNING, logger="seqlab.tasks"):
+        image = image_files._open_rgb(path)
+    assert image.size == (15, 10)
+    assert not [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)]
+    assert "big.png is 15x10 (" in caplog.text and "past Pillow's" in caplog.text

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 
 import pytest
@@ -145,12 +146,26 @@ def test_overwritten_weights_are_detected_not_loaded(train, tmp_path):
         ckpt.load_config(out)
 
 
-def test_a_checkpoint_no_manifest_names_loads_unverified(tmp_path, caplog):
+def test_a_run_without_its_manifest_loads_unverified_and_says_so_once(tmp_path, caplog):
     model = create("test-lstm-lm", vocab_size=7)
     ckpt.save_checkpoint(tmp_path, 1, model, {"family": model.family, "model": vars(model.config)})
-    (tmp_path / "checkpoints" / "manifest.json").unlink()  # as an older seqlab wrote it
+    (tmp_path / "checkpoints" / "manifest.json").unlink()  # deleted, or a run of seqlab 0.1
     with caplog.at_level(logging.DEBUG, logger="seqlab.train"):
         loaded = ckpt.load_model(tmp_path)
+        ckpt.load_config(tmp_path)
+    assert torch.equal(loaded.head.weight, model.head.weight)
+    said = [r for r in caplog.records if "without checking its files' sha256" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "there is no" in said[0].getMessage() and "manifest.json" in said[0].getMessage()
+
+
+def test_a_checkpoint_copied_out_of_its_run_loads_unverified_at_debug_level(tmp_path, caplog):
+    model = create("test-lstm-lm", vocab_size=7)
+    ckpt.save_checkpoint(tmp_path / "run", 1, model, {"family": model.family, "model": vars(model.config)})
+    copy = tmp_path / "kept" / "step-1"
+    shutil.copytree(ckpt.resolve_checkpoint(tmp_path / "run"), copy)
+    with caplog.at_level(logging.DEBUG, logger="seqlab.train"):
+        loaded = ckpt.load_model(copy)
     assert torch.equal(loaded.head.weight, model.head.weight)
     assert any(
         "no checksum to verify" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records

@@ -39,7 +39,27 @@ def test_a_torn_last_line_is_dropped_on_resume(train, records, die_before_saving
         f.write(b'{"step": 9, "split": "tr\xc3')  # a kill in the middle of a line and of a character
     train(out, 12, resume=True)
     assert records(out) == records(tmp_path / "a")
-    assert "dropped 1 unreadable line(s)" in caplog.text
+    assert "dropped its last line, torn by an interrupted write" in caplog.text
+    assert not list(out.glob("metrics.jsonl.unreadable-*"))
+
+
+def test_lines_that_are_not_records_are_copied_aside_before_a_resume_leaves_them_out(
+    train, records, die_before_saving, tmp_path, caplog
+):
+    train(tmp_path / "a", 12)
+    out = tmp_path / "b"
+    killed = die_before_saving(8)
+    with pytest.raises(KeyboardInterrupt):
+        train(out, 12)
+    killed.undo()
+    before = (out / "metrics.jsonl").read_bytes()
+    lines = before.splitlines(keepends=True)
+    edited = b"".join([*lines[:2], b"my note about this run\n", *lines[2:]])
+    (out / "metrics.jsonl").write_bytes(edited)
+    train(out, 12, resume=True)
+    assert records(out) == records(tmp_path / "a")
+    assert (out / "metrics.jsonl.unreadable-1").read_bytes() == edited  # nothing the user wrote is lost
+    assert "1 line(s) are not seqlab records (line 3; not a torn write" in caplog.text
 
 
 def test_a_pause_between_two_records_keeps_the_logging_window(train, records, tmp_path):

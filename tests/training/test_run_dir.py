@@ -146,3 +146,51 @@ def test_each_rank_restores_its_own_cuda_generator():
     }
     older = {"rng_cuda": ["a", "b", "c"]}  # a checkpoint without per-rank states, from a machine with 3 GPUs
     assert cuda_rng_to_restore(older, World(), torch.device("cpu"), 2) == {0: "a", 1: "b"}
+
+
+def _free(monkeypatch, free: int) -> None:
+    from seqlab.training import run_dir
+
+    real = run_dir.shutil.disk_usage
+    monkeypatch.setattr(run_dir.shutil, "disk_usage", lambda p: real(p)._replace(free=free))
+
+
+def test_a_checkpoint_estimate_covers_what_a_save_writes(corpus, tmp_path):
+    from seqlab.training.run_dir import checkpoint_bytes
+
+    trainer = _trainer(corpus, tmp_path / "r", steps=2)
+    trainer.fit()
+    ckpt_dir = ckpt.resolve_checkpoint(tmp_path / "r")
+    written = sum(p.stat().st_size for p in ckpt_dir.rglob("*") if p.is_file())
+    estimate = checkpoint_bytes(trainer.model)
+    assert written <= estimate <= written + 2**20  # within the 1 MiB allowed for configs and state
+
+
+def test_a_disk_without_room_for_one_checkpoint_is_refused_before_step_1(corpus, tmp_path, monkeypatch):
+    _free(monkeypatch, 10_000)
+    with pytest.raises(
+        ValueError,
+        match=r"disk has 0\.0 MiB free; one checkpoint of this model .* takes about 1\.\d MiB: .*nothing was",
+    ):
+        _trainer(corpus, tmp_path / "r").fit()
+    assert not ckpt.holds_run(tmp_path / "r")
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()  # no step ran
+
+
+def test_a_disk_that_will_fill_at_a_later_save_is_warned_about(corpus, tmp_path, monkeypatch, caplog):
+    from seqlab.training.run_dir import checkpoint_bytes
+
+    one = checkpoint_bytes(_trainer(corpus, tmp_path / "probe").model)
+    _free(monkeypatch, int(1.5 * one))  # room for one checkpoint; keeping 2 holds 3 at once
+    with caplog.at_level(logging.WARNING, logger="seqlab.train"):
+        _trainer(corpus, tmp_path / "r", steps=6).fit()
+    assert "the 3 checkpoint(s) this run will hold at once" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="seqlab.train"):
+        _trainer(corpus, tmp_path / "s", steps=6, keep_checkpoints=1).fit()
+    assert "checkpoint(s) this run will hold at once" in caplog.text  # 2 at once with 1 kept
+    caplog.clear()
+    _free(monkeypatch, 10 * one)
+    with caplog.at_level(logging.WARNING, logger="seqlab.train"):
+        _trainer(corpus, tmp_path / "t", steps=6).fit()
+    assert "will hold at once" not in caplog.text

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -50,6 +52,7 @@ TUXPAINT_DIR = "/usr/share/tuxpaint/stamps"
 TUXPAINT_INSTALL = "apt-get install -y --no-install-recommends tuxpaint-stamps-default"
 WHITE = (255, 255, 255)
 MAX_NAMED = 5  # missing images named in an error message; the rest are counted
+log = logging.getLogger("seqlab.tasks")
 
 
 def _open_rgb(path: Path):
@@ -59,9 +62,13 @@ def _open_rgb(path: Path):
             f"image file {path} does not exist" if not path.exists() else f"{path} is not a file"
         )
     try:
-        with Image.open(path) as opened:
-            opened.load()
-            image = ImageOps.exif_transpose(opened)
+        with (
+            warnings.catch_warnings()
+        ):  # Pillow's warning past MAX_IMAGE_PIXELS: said below in seqlab's words
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as opened:
+                opened.load()
+                image = ImageOps.exif_transpose(opened)
     except UnidentifiedImageError as e:
         raise ValueError(f"{path} is not an image Pillow can read ({e})") from e
     except Image.DecompressionBombError as e:  # past Pillow's pixel limit (about 179 megapixels)
@@ -70,6 +77,16 @@ def _open_rgb(path: Path):
         raise ValueError(f"{path} could not be read as an image: {e}") from e
     if image.width == 0 or image.height == 0:
         raise ValueError(f"{path} holds an empty image of size {image.width}x{image.height}")
+    if Image.MAX_IMAGE_PIXELS and image.width * image.height > Image.MAX_IMAGE_PIXELS:
+        log.warning(
+            "%s is %dx%d (%.0f megapixels, past Pillow's %.0f-megapixel warning): read in full, then resized; "
+            "downscale such images once to make every epoch faster",
+            path,
+            image.width,
+            image.height,
+            image.width * image.height / 1e6,
+            Image.MAX_IMAGE_PIXELS / 1e6,
+        )
     if image.mode.startswith("I;16"):
         scaled = np.asarray(image, dtype=np.float32) / 257.0  # 0..65535 -> 0..255
         image = Image.fromarray(np.rint(scaled).astype(np.uint8), mode="L")

@@ -21,7 +21,7 @@ Guarantees:
 - A checkpoint the manifest names is verified file by file against it (:func:`verify`): a file that is
   missing, truncated or overwritten raises :class:`CorruptCheckpointError` (a ValueError) naming it. A checkpoint the
   manifest does not name (written by seqlab 0.1, or copied out of its run directory) has nothing to be
-  verified against and loads as it is (said at debug level).
+  verified against and loads as it is (a warning in a run's ``checkpoints/``, debug level elsewhere).
 """
 
 from __future__ import annotations
@@ -159,9 +159,7 @@ def verify(ckpt_dir: Path, names: tuple[str, ...] | None = None) -> bool:
     ckpt_dir = Path(ckpt_dir)
     entry = read_manifest(ckpt_dir.parent).get(ckpt_dir.name)
     if entry is None:
-        log.debug(
-            "%s is not named in a seqlab manifest (an older seqlab wrote it): no checksum to verify", ckpt_dir
-        )
+        _say_unverified(ckpt_dir)
         return False
     for name in names if names is not None else tuple(entry["files"]):
         file = ckpt_dir / name
@@ -175,6 +173,30 @@ def verify(ckpt_dir: Path, names: tuple[str, ...] | None = None) -> bool:
                 f"after seqlab wrote it (overwritten, truncated or corrupted on disk)"
             )
     return True
+
+
+_SAID_UNVERIFIED: set[Path] = set()
+
+
+def _say_unverified(ckpt_dir: Path) -> None:
+    """Say once per process that ``ckpt_dir`` loads without a checksum: a warning where it sits in a run's
+    ``checkpoints/`` (whose manifest was deleted or edited, or a run of seqlab 0.1, which wrote none), at debug
+    level for a checkpoint copied out of its run (nothing there could record it)."""
+    key = ckpt_dir.resolve()
+    if key in _SAID_UNVERIFIED:
+        return
+    _SAID_UNVERIFIED.add(key)
+    if ckpt_dir.parent.name != "checkpoints":
+        log.debug("%s is outside a run's checkpoints/: no manifest, no checksum to verify", ckpt_dir)
+        return
+    file = ckpt_dir.parent / MANIFEST
+    why = f"{file} does not name it" if file.is_file() else f"there is no {file}"
+    log.warning(
+        "%s loads without checking its files' sha256: %s (seqlab 0.1 wrote no manifest; a deleted or edited "
+        "manifest loses the check)",
+        ckpt_dir,
+        why,
+    )
 
 
 def remove_leftovers(run_dir: Path) -> list[str]:
@@ -224,21 +246,43 @@ def cut_metrics(file: Path, step: int) -> list[dict[str, Any]]:
     """Cut a ``metrics.jsonl`` back to ``step`` (atomically) and return the records kept.
 
     Records of later steps (written by an interrupted run after its checkpoint) and lines that are not
-    records (torn by a kill: warned about) go; the kept lines stay byte for byte.
+    records go, with a warning: a last line torn by a kill; other unreadable lines (not seqlab's writing) after a
+    copy of the file as it was, ``metrics.jsonl.unreadable-N``. The kept lines stay byte for byte.
     """
     if not file.is_file():
         return []
-    kept, lines, torn = [], [], 0
-    for raw in file.read_bytes().splitlines():
+    kept, lines, unreadable = [], [], []
+    raws = [raw for raw in file.read_bytes().splitlines() if raw.strip()]
+    for i, raw in enumerate(raws):
         rec = _parse_record(raw)
-        torn += rec is None and bool(raw.strip())
-        if rec is not None and rec["step"] <= step:
+        if rec is None:
+            unreadable.append(i)
+        elif rec["step"] <= step:
             kept.append(rec)
             lines.append(raw.decode("utf-8") + "\n")
-    if torn:
-        log.warning("%s: dropped %d unreadable line(s), torn by an interrupted write", file, torn)
+    if unreadable == [len(raws) - 1]:  # seqlab only appends: a kill can tear the last line, no other
+        log.warning("%s: dropped its last line, torn by an interrupted write", file)
+    elif unreadable:
+        aside = _copy_aside(file, "unreadable")
+        log.warning(
+            "%s: %d line(s) are not seqlab records (line %s; not a torn write, which leaves only the last line "
+            "unreadable): left out of the run's metrics; the file as it was is kept as %s",
+            file,
+            len(unreadable),
+            ", ".join(str(i + 1) for i in unreadable[:5]) + (", ..." if len(unreadable) > 5 else ""),
+            aside.name,
+        )
     write_text_atomic(file, "".join(lines))
     return kept
+
+
+def _copy_aside(file: Path, tag: str) -> Path:
+    """A copy of ``file`` as ``FILE.TAG-N``, the first free N; returns the copy's path."""
+    n = 1
+    while (aside := file.with_name(f"{file.name}.{tag}-{n}")).exists():
+        n += 1
+    shutil.copy2(file, aside)
+    return aside
 
 
 def set_aside(file: Path) -> Path | None:

@@ -5,7 +5,9 @@ checkpoint was trained on."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,17 @@ from typing import Any
 from seqlab.training import checkpoint as ckpt
 from seqlab.training import manifest as run_files
 
-__all__ = ["check_same_data", "check_same_description", "check_save_steps", "open_run_dir", "saved_run"]
+log = logging.getLogger("seqlab.train")
+
+__all__ = [
+    "check_disk_room",
+    "check_same_data",
+    "check_same_description",
+    "check_save_steps",
+    "check_saves",
+    "open_run_dir",
+    "saved_run",
+]
 
 
 def open_run_dir(out_dir: Path, resume: bool | str | Path) -> int:
@@ -89,6 +101,57 @@ def check_save_steps(out_dir: Path, first: int, steps: int, save_every: int) -> 
             f"{ckpt_root} holds {', '.join(strays[:3])}, which seqlab did not write (its manifest does not name "
             "it), where this run will save a checkpoint; move it out of checkpoints/ first (nothing is overwritten)"
         )
+
+
+def checkpoint_bytes(model) -> int:
+    """About what one checkpoint of ``model`` takes on disk: its state (each tensor once, tied weights too) and
+    AdamW's two moments of every trained parameter, plus 1 MiB for the configs, trainer state and tokenizer."""
+    state = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    moments = 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return state + moments + 2**20
+
+
+def check_saves(out_dir: Path, first: int, config, model) -> None:
+    """Before training from step ``first`` with ``config`` (a TrainConfig): :func:`check_save_steps` and
+    :func:`check_disk_room`."""
+    check_save_steps(out_dir, first, config.steps, config.save_every)
+    check_disk_room(out_dir, first, config.steps, config.save_every, config.keep_checkpoints, model)
+
+
+def check_disk_room(out_dir: Path, first: int, steps: int, save_every: int, keep: int, model) -> None:
+    """Before training from step ``first``: a ValueError when the run's disk has no room for one checkpoint (the
+    first save would fail after the work), a warning when it has too little for the checkpoints the run will keep
+    (a later save fails then; the previous checkpoint stays)."""
+    saves = len(
+        {s for s in range(first + 1, steps + 1) if (save_every and s % save_every == 0) or s == steps}
+    )
+    if not saves:
+        return
+    one = checkpoint_bytes(model)
+    present = sum(1 for p in (out_dir / "checkpoints").glob(f"{ckpt.STEP_PREFIX}*") if p.is_dir())
+    peak = (
+        saves if not keep else min(saves, max(keep + 1 - present, 1))
+    )  # written before the oldest is pruned
+    free = shutil.disk_usage(out_dir).free
+    if free < one:
+        raise ValueError(
+            f"{out_dir}'s disk has {_size(free)} free; one checkpoint of this model (weights and AdamW's two "
+            f"moments) takes about {_size(one)}: free some space or train into another disk (nothing was trained)"
+        )
+    if free < peak * one:
+        log.warning(
+            "%s's disk has %s free; the %d checkpoint(s) this run will hold at once take about %s: a later save "
+            "will fail (the one before it stays); free space, or lower train.keep_checkpoints",
+            out_dir,
+            _size(free),
+            peak,
+            _size(peak * one),
+        )
+
+
+def _size(n: int) -> str:
+    """Bytes for a message: '3.2 MiB', '1.50 GiB'."""
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
 def check_same_data(task, where: str | Path) -> None:

@@ -49,7 +49,7 @@ from seqlab.training.config import TrainConfig
 from seqlab.training.interrupt import stop_on_interrupt
 from seqlab.training.loop_state import Window, detach_state, move_to, to_device
 from seqlab.training.optim import lr_at, make_optimizer
-from seqlab.training.run_dir import check_save_steps, open_run_dir
+from seqlab.training.run_dir import check_saves, open_run_dir
 from seqlab.training.threads import governor_for
 
 log = logging.getLogger("seqlab.train")
@@ -341,7 +341,7 @@ class Trainer:
         if resume is not False:
             self.resume(None if resume is True else resume)
         if self.out_dir is not None and self.world.main:
-            check_save_steps(self.out_dir, self.step, self.config.steps, self.config.save_every)
+            check_saves(self.out_dir, self.step, self.config, self.model)  # no stray folder there; disk room
         if "tensorboard" in self.config.loggers and self.out_dir is not None and self.world.main:
             from seqlab.training.tensorboard import TensorBoardLog
 
