@@ -92,7 +92,9 @@ def test_token_ids_segments_and_sizes_are_checked_by_name():
         model(ids, token_type_ids=torch.zeros(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match=r"token ids as an int64 \(or int32\) tensor, got torch\.bool"):
         model(ids.bool())
-    with pytest.raises(ValueError, match=r"attention_mask must be \(b, t\) = \(2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"attention_mask must be a tensor of hidden's \(b, t\) shape \(2, 3\), got \(2, 4\)"
+    ):
         model.pool(model(ids), torch.ones(2, 4), how="mean")
     base = dataclasses.asdict(model.config)
     for field, bad in (("type_vocab_size", -1), ("pad_token_id", v), ("pad_token_id", -1)):

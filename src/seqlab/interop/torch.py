@@ -10,7 +10,8 @@ The result has the source's sizes, its ``batch_first`` (passed explicitly, since
 its device and dtype, its train/eval mode and each parameter's ``requires_grad``; the weights are copied,
 not shared. Supported now: nn.RNN, nn.LSTM, nn.GRU and nn.RNNCell, nn.LSTMCell, nn.GRUCell;
 nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (see their converters for
-masks and batch layout: seqlab's attention is always batch-first). An LSTM with
+masks and batch layout: seqlab's attention is always batch-first, and converting a ``batch_first=False`` source
+warns so). An LSTM with
 ``proj_size > 0`` (Sak et al. 2014) is rejected: seqlab's LSTM has no projection.
 
 Converters live in ``CONVERTERS``, a dict from torch.nn type to a function ``module -> seqlab module``;
@@ -20,6 +21,7 @@ base (its parameters are the base's; any behaviour it overrides is not carried o
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch.nn.functional as F
@@ -129,6 +131,18 @@ def _recurrent_cell(module: nn.RNNCellBase) -> nn.Module:
 # converts a pair of torch masks into the one seqlab mask.
 
 
+def _say_batch_first(module: nn.Module, layout: nn.Module) -> None:
+    """A UserWarning when ``layout`` (the source, or its attention) is ``batch_first=False``: the converted module
+    takes (b, t, d), so the source's (t, b, d) call would run without error and compute something else."""
+    if not getattr(layout, "batch_first", True):
+        warnings.warn(
+            f"{type(module).__name__} has batch_first=False (inputs (t, b, d)); seqlab's attention is batch-first: "
+            "call the converted module on (b, t, d), e.g. x.transpose(0, 1), or the same call computes other numbers",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def _load_renamed(
     ours: nn.Module, theirs: nn.Module, rename: dict[str, str] | Callable[[str], str]
 ) -> nn.Module:
@@ -164,6 +178,7 @@ def _multihead_attention(module: nn.MultiheadAttention) -> nn.Module:
         )
     if module.bias_k is not None or module.add_zero_attn:
         raise ValueError("add_bias_kv and add_zero_attn have no seqlab equivalent; only the defaults convert")
+    _say_batch_first(module, module)
     ours = MultiheadAttention(
         module.embed_dim,
         module.num_heads,
@@ -208,6 +223,7 @@ def _encoder_layer(module: nn.TransformerEncoderLayer) -> nn.Module:
     """
     sa = module.self_attn
     ours = TransformerEncoderLayer(sa.embed_dim, sa.num_heads, **_block_kwargs(module, sa))
+    _say_batch_first(module, sa)
     return _load_renamed(ours, module, _MLP_NAMES)
 
 
@@ -220,6 +236,7 @@ def _decoder_layer(module: nn.TransformerDecoderLayer) -> nn.Module:
     """
     sa = module.self_attn
     ours = TransformerDecoderLayer(sa.embed_dim, sa.num_heads, causal=False, **_block_kwargs(module, sa))
+    _say_batch_first(module, sa)
     return _load_renamed(ours, module, {**_MLP_NAMES, "multihead_attn.": "cross_attn."})
 
 
@@ -264,6 +281,7 @@ def _transformer(module: nn.Transformer) -> nn.Module:
     sa = first.self_attn
     kw = _block_kwargs(first, sa)
     _check_same_settings(module, kw, sa.num_heads)
+    _say_batch_first(module, module)
     ours = Transformer(sa.embed_dim, sa.num_heads, len(enc.layers), len(dec.layers), causal=False, **kw)
 
     def rename(name: str) -> str:

@@ -61,13 +61,21 @@ def _kernel_takes(x: Tensor) -> bool:
     return cpu_float_reason(x, bf16=True) is None and x.is_contiguous() and EXTENSION.unbuilt_reason() is None
 
 
+def _check_floating(owner: str, x) -> None:
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{owner}: x must be a floating tensor, got {got}")
+
+
 def gelu_tanh(x: Tensor) -> Tensor:
-    """½ x (1 + tanh(√(2/π) (x + 0.044715 x³))), elementwise, any shape."""
+    """½ x (1 + tanh(√(2/π) (x + 0.044715 x³))), elementwise, any shape; x floating (else a ValueError)."""
+    _check_floating("gelu_tanh", x)
     return _Gelu.apply(x, True) if _kernel_takes(x) else F.gelu(x, approximate="tanh")
 
 
 def gelu(x: Tensor) -> Tensor:
-    """x Φ(x), Φ the standard normal CDF, elementwise, any shape."""
+    """x Φ(x), Φ the standard normal CDF, elementwise, any shape; x floating (else a ValueError)."""
+    _check_floating("gelu", x)
     return _Gelu.apply(x, False) if _kernel_takes(x) else F.gelu(x)
 
 

@@ -62,6 +62,12 @@ def why_not_kernel(x: Tensor) -> str | None:
 
 def causal_conv_silu(x: Tensor, state: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """silu(causal depthwise conv) of x (b, t, c) after state (b, k-1, c), weight (k, c), bias (c,) -> (b, t, c)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(
+            f"causal_conv_silu: x must be a floating tensor (the kernel takes float32 or float64, other floating "
+            f"dtypes run torch's conv1d), got {got}"
+        )
     if x.dim() == 3 and x.size(1) == 0:
         raise ValueError(
             f"causal_conv_silu needs x (b, t, c) with t >= 1 positions, got shape {tuple(x.shape)}"

@@ -13,6 +13,8 @@ to torch, which is as fast there inside a whole training step.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -75,7 +77,15 @@ def why_not_kernel(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> str
 
 
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
-    """(x − mean) / sqrt(var + eps) ⊙ weight + bias over the last dimension of x; any leading shape."""
+    """(x − mean) / sqrt(var + eps) ⊙ weight + bias over the last dimension of x; any leading shape. x is
+    floating with at least one dimension, eps a finite number > 0 (else a ValueError)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() == 0:
+        got = f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(
+            f"layer_norm: x must be a floating tensor (..., n) of at least one dimension, got {got}"
+        )
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"layer_norm: eps must be a positive finite number, got {eps!r}")
     if why_not_kernel(x, weight, bias) is not None:
         return F.layer_norm(x, (x.size(-1),), weight, bias, eps)
     return _LayerNorm.apply(x, weight.contiguous(), None if bias is None else bias.contiguous(), float(eps))

@@ -133,15 +133,55 @@ void rnn_backward_row(const T* __restrict__ go, const T* __restrict__ h, const T
   }
 }
 
+// The forward's arguments, before any buffer is sized from them: every row the loops read must exist (an h0 of
+// another batch, a w_hh of another width or a missing b_hh would otherwise be read out of bounds).
 void check(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
-           int64_t mode) {
-  TORCH_CHECK(x.device().is_cpu(), "seqlab's recurrent kernel runs on CPU tensors only");
-  TORCH_CHECK(x.dim() == 3 && h0.dim() == 2, "expected x (t, b, in) and h0 (b, H)");
-  TORCH_CHECK(mode == kTanh || mode == kRelu || mode == kGru, "mode must be 0 (tanh), 1 (relu) or 2 (GRU)");
-  const int64_t G = (mode == kGru ? 3 : 1) * h0.size(1);
-  TORCH_CHECK(w_ih.size(0) == G && w_hh.size(0) == G && w_ih.size(1) == x.size(2), "weight shapes");
-  for (const auto* t : {&h0, &w_ih, &w_hh})
-    TORCH_CHECK(t->scalar_type() == x.scalar_type(), "x, h0 and the weights must share one dtype");
+           const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh, int64_t mode) {
+  TORCH_CHECK(mode == kTanh || mode == kRelu || mode == kGru, "mode must be 0 (tanh), 1 (relu) or 2 (GRU), got ",
+              mode);
+  TORCH_CHECK(x.dim() == 3 && h0.dim() == 2, "expected x (t, b, in) and h0 (b, H), got x ", x.sizes(), " and h0 ",
+              h0.sizes());
+  TORCH_CHECK(h0.size(0) == x.size(1), "h0 must be (b, H) with x's batch b = ", x.size(1), ", got ", h0.sizes());
+  const int64_t H = h0.size(1), G = (mode == kGru ? 3 : 1) * H;
+  TORCH_CHECK(w_ih.dim() == 2 && w_ih.size(0) == G && w_ih.size(1) == x.size(2), "w_ih must be (G, in) = (", G,
+              ", ", x.size(2), "), got ", w_ih.sizes());
+  TORCH_CHECK(w_hh.dim() == 2 && w_hh.size(0) == G && w_hh.size(1) == H, "w_hh must be (G, H) = (", G, ", ", H,
+              "), got ", w_hh.sizes());
+  TORCH_CHECK(b_ih.has_value() == b_hh.has_value(), "give both biases b_ih and b_hh or neither");
+  for (const auto* b : {&b_ih, &b_hh})
+    if (b->has_value())
+      TORCH_CHECK((*b)->dim() == 1 && (*b)->size(0) == G, "the biases must be (G,) = (", G, ",), got ",
+                  (*b)->sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              "seqlab's recurrent kernel takes float32 or float64, got ", x.scalar_type());
+  std::vector<const at::Tensor*> all = {&x, &h0, &w_ih, &w_hh};
+  if (b_ih.has_value()) all.insert(all.end(), {&*b_ih, &*b_hh});
+  for (const auto* t : all) {
+    TORCH_CHECK(t->device().is_cpu(), "seqlab's recurrent kernel runs on CPU tensors only, got ", t->device());
+    TORCH_CHECK(t->scalar_type() == x.scalar_type(), "x, h0, the weights and the biases must share one dtype, got ",
+                t->scalar_type(), " and x ", x.scalar_type());
+  }
+}
+
+// The backward's arguments: what the forward returned for these inputs, and gradients of out's and h_n's shapes.
+void check_backward(const std::optional<at::Tensor>& grad_out, const std::optional<at::Tensor>& grad_hn,
+                    const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                    const at::Tensor& out, const at::Tensor& ws, int64_t mode) {
+  check(x, h0, w_ih, w_hh, std::nullopt, std::nullopt, mode);
+  const int64_t T = x.size(0), B = x.size(1), H = h0.size(1);
+  TORCH_CHECK(out.sizes() == at::IntArrayRef({T, B, H}) && out.is_contiguous() &&
+                  out.scalar_type() == x.scalar_type(),
+              "out must be the forward's contiguous (t, b, H) = (", T, ", ", B, ", ", H, "), got ", out.sizes());
+  const int64_t saved = mode == kGru ? T : 0;
+  TORCH_CHECK(ws.sizes() == at::IntArrayRef({saved, B, 4 * H}) && ws.is_contiguous() &&
+                  ws.scalar_type() == x.scalar_type(),
+              "ws must be the forward's saved gates (", saved, ", ", B, ", ", 4 * H, "), got ", ws.sizes());
+  TORCH_CHECK(!grad_out.has_value() ||
+                  (grad_out->sizes() == out.sizes() && grad_out->scalar_type() == x.scalar_type()),
+              "grad_out must have out's shape ", out.sizes(), " and dtype");
+  TORCH_CHECK(!grad_hn.has_value() ||
+                  (grad_hn->sizes() == h0.sizes() && grad_hn->scalar_type() == x.scalar_type()),
+              "grad_hn must have h0's shape ", h0.sizes(), " and dtype");
 }
 
 // A fresh buffer for O(t*b*H) data. Above a few MB the allocator hands out newly mapped memory, and on Linux
@@ -201,7 +241,7 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
                                           const at::Tensor& w_hh, const std::optional<at::Tensor>& b_ih,
                                           const std::optional<at::Tensor>& b_hh, int64_t mode, bool reverse) {
   seqlab_vec::FlushDenormals flush;  // the gate loops run on this thread: subnormals flushed (vec_math.h)
-  check(x_, h0_, w_ih, w_hh, mode);
+  check(x_, h0_, w_ih, w_hh, b_ih, b_hh, mode);
   const at::Tensor x = contiguous_buffer(x_), h0 = h0_.contiguous();
   const int64_t T = x.size(0), B = x.size(1), H = h0.size(1), G = w_hh.size(0);
   const bool gru = mode == kGru, has_bias = b_ih.has_value();
@@ -278,6 +318,7 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
                                            const at::Tensor& out, const at::Tensor& ws, int64_t mode, bool reverse,
                                            bool has_bias, bool need_dx) {
   seqlab_vec::FlushDenormals flush;  // as in recurrent_forward
+  check_backward(grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, mode);
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
   const at::Tensor go = grad_out.has_value() ? contiguous_scratch(kGo, *grad_out) : at::zeros_like(out);
   at::Tensor dh = grad_hn.has_value() ? grad_hn->contiguous().clone() : at::zeros({B, H}, out.options());

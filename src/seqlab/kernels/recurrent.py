@@ -33,7 +33,14 @@ from seqlab.kernels.extension import CppExtension
 if TYPE_CHECKING:
     from types import ModuleType
 
-__all__ = ["MODES", "build_info", "load_recurrent_kernel", "recurrent_layer", "recurrent_layer_ref"]
+__all__ = [
+    "MODES",
+    "build_info",
+    "check_layer_args",
+    "load_recurrent_kernel",
+    "recurrent_layer",
+    "recurrent_layer_ref",
+]
 
 MODES = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2}  # the layer's mode -> the kernel's
 EXTENSION = CppExtension(
@@ -103,6 +110,51 @@ def _backward_through_ref(ctx, inputs, grad_out, grad_hn):
     return (*(next(grads) if need else None for need in ctx.needs_input_grad[:6]), None, None)
 
 
+def _shape(v) -> str:
+    return str(tuple(v.shape)) if isinstance(v, Tensor) else type(v).__name__
+
+
+def check_layer_args(x, h0, w_ih, w_hh, b_ih, b_hh, mode) -> None:
+    """A ValueError naming the expected and the given unless the arguments are what :func:`recurrent_layer`'s
+    kernel reads: ``mode`` one of :data:`MODES`; x (t, b, in) with t >= 1, float32 or float64 on the CPU; h0
+    (b, H); w_ih (G, in), w_hh (G, H) with G = 3H for the GRU and H for the RNN; both biases (G,) or both None;
+    all of x's dtype and device. Shapes and dtypes only: no value is read."""
+    if mode not in MODES:
+        raise ValueError(f"recurrent_layer: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.size(0) == 0:
+        raise ValueError(f"recurrent_layer needs x (t, b, in) with t >= 1 steps, got shape {_shape(x)}")
+    if x.dtype not in (torch.float32, torch.float64) or x.device.type != "cpu":
+        raise ValueError(
+            f"recurrent_layer: x must be float32 or float64 on the CPU, got {x.dtype} on {x.device}"
+        )
+    if (b_ih is None) != (b_hh is None):
+        given, missing = ("b_ih", "b_hh") if b_hh is None else ("b_hh", "b_ih")
+        raise ValueError(
+            f"recurrent_layer: give both biases b_ih and b_hh or neither, got {given} and {missing}=None"
+        )
+    b = x.size(1)
+    if not isinstance(h0, Tensor) or h0.dim() != 2 or h0.size(0) != b:
+        raise ValueError(f"recurrent_layer: h0 must be (b, H) with x's batch b = {b}, got {_shape(h0)}")
+    H = h0.size(1)
+    G = (3 if mode == "GRU" else 1) * H
+    expected = {"w_ih": (G, x.size(2)), "w_hh": (G, H), "b_ih": (G,), "b_hh": (G,)}
+    for name, v in zip(expected, (w_ih, w_hh, b_ih, b_hh), strict=True):
+        if v is None:
+            continue
+        if not isinstance(v, Tensor) or tuple(v.shape) != expected[name]:
+            layout = "(G, in)" if name == "w_ih" else "(G, H)" if name == "w_hh" else "(G,)"
+            raise ValueError(
+                f"recurrent_layer: {name} must be {layout} = {expected[name]} for {mode} with H = {H} "
+                f"(h0's width), got {_shape(v)}"
+            )
+    for name, v in (("h0", h0), ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih), ("b_hh", b_hh)):
+        if v is not None and (v.dtype != x.dtype or v.device != x.device):
+            raise ValueError(
+                f"recurrent_layer: {name} must have x's dtype and device ({x.dtype}, {x.device}), "
+                f"got {v.dtype} on {v.device}"
+            )
+
+
 def recurrent_layer(
     x: Tensor,
     h0: Tensor,
@@ -121,8 +173,7 @@ def recurrent_layer(
     ``create_graph=True`` (double backward) recomputes the layer with :func:`recurrent_layer_ref` instead, so
     second derivatives are exact too, at the reference's speed.
     """
-    if x.dim() != 3 or x.size(0) == 0:
-        raise ValueError(f"recurrent_layer needs x (t, b, in) with t >= 1 steps, got shape {tuple(x.shape)}")
+    check_layer_args(x, h0, w_ih, w_hh, b_ih, b_hh, mode)
     if load_recurrent_kernel() is None:
         raise RuntimeError(f"seqlab's recurrent kernel is not available: {build_info()['error']}")
     return _RecurrentLayer.apply(x, h0, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)

@@ -36,31 +36,62 @@ or 8 float64 channels: 128 KiB at n = 16); the saved states (b, t / chunk, n, d)
 
 
 def check_scan_shapes(
-    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_state: Tensor | None = None
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    initial_state: Tensor | None = None,
+    *,
+    D: Tensor | None = None,
+    z: Tensor | None = None,
+    delta_bias: Tensor | None = None,
+    owner: str = "selective_scan",
 ) -> None:
-    """A ValueError naming the expected and the given shape unless u, delta (b, t, d), A (d, n), B, C (b, t, n)
-    and initial_state (b, d, n) agree, all floating: the contract of every selective scan (reference, chunked,
-    kernels)."""
+    """A ValueError naming the expected and the given shape unless u, delta (b, t, d), A (d, n), B, C (b, t, n),
+    initial_state (b, d, n) and, where given, D (d,), z (b, t, d) and delta_bias (d,) agree, all floating: the
+    contract of every selective scan (reference, chunked, kernels). D, z and delta_bias may also be any shape
+    that broadcasts to (b, t, d) without changing it, as the reference computes them (the fused kernels take
+    the exact shapes only: :func:`unsupported_shapes`). ``owner`` starts the message."""
     named = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "initial_state": initial_state}
+    named |= {"D": D, "z": z, "delta_bias": delta_bias}
     for name, x in named.items():
         if x is not None and not (isinstance(x, Tensor) and x.is_floating_point()):
             got = x.dtype if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(
-                f"{name} must be a floating tensor (the scan's outputs take u's dtype), got {got}"
+                f"{owner}: {name} must be a floating tensor (the scan's outputs take u's dtype), got {got}"
             )
     if u.dim() != 3:
-        raise ValueError(f"u must be (b, t, d), got shape {tuple(u.shape)}")
+        raise ValueError(f"{owner}: u must be (b, t, d), got shape {tuple(u.shape)}")
     b, t, d = u.shape
     if delta.shape != u.shape:
-        raise ValueError(f"delta must have u's shape {tuple(u.shape)}, got {tuple(delta.shape)}")
+        raise ValueError(f"{owner}: delta must have u's shape {tuple(u.shape)}, got {tuple(delta.shape)}")
     if A.dim() != 2 or A.size(0) != d:
-        raise ValueError(f"A must be (d, n) = ({d}, n), got {tuple(A.shape)}")
+        raise ValueError(f"{owner}: A must be (d, n) = ({d}, n), got {tuple(A.shape)}")
     n = A.size(1)
     for name, m in (("B", B), ("C", C)):
         if tuple(m.shape) != (b, t, n):
-            raise ValueError(f"{name} must be (b, t, n) = {(b, t, n)}, got {tuple(m.shape)}")
+            raise ValueError(f"{owner}: {name} must be (b, t, n) = {(b, t, n)}, got {tuple(m.shape)}")
     if initial_state is not None and tuple(initial_state.shape) != (b, d, n):
-        raise ValueError(f"initial_state must be (b, d, n) = {(b, d, n)}, got {tuple(initial_state.shape)}")
+        raise ValueError(
+            f"{owner}: initial_state must be (b, d, n) = {(b, d, n)}, got {tuple(initial_state.shape)}"
+        )
+    expected = {
+        "D": f"(d,) = ({d},) (or broadcast to u's shape {(b, t, d)})",
+        "z": f"shaped like u, (b, t, d) = {(b, t, d)} (or broadcast to it)",
+        "delta_bias": f"(d,) = ({d},) (or broadcast to delta's shape {(b, t, d)})",
+    }
+    for name, want in expected.items():
+        x = named[name]
+        if x is not None and not _broadcasts_to(tuple(x.shape), (b, t, d)):
+            raise ValueError(f"{owner}: {name} must be {want}, got {tuple(x.shape)}")
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether a tensor of ``shape`` broadcasts against one of ``target`` to ``target`` itself."""
+    return len(shape) <= len(target) and all(
+        s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False)
+    )
 
 
 def unsupported_shapes(
@@ -192,13 +223,22 @@ def selective_scan_kernel(
 
     Shapes: u, delta, z (b, t, d); A (d, n); B, C (b, t, n); D, delta_bias (d,); initial_state (b, d, n).
     Returns y (b, t, d), and the last state (b, d, n) when ``return_last_state``. ``chunk_size``: positions
-    between the states saved for backward (None: :data:`DEFAULT_CHUNK`). Raises RuntimeError when the kernel
-    cannot be built; :func:`why_not_kernel` says beforehand whether it takes the inputs.
+    between the states saved for backward (None: :data:`DEFAULT_CHUNK`). Raises ValueError for inputs it never
+    takes (:func:`check_scan_shapes`, then :func:`unsupported_shapes` and CPU tensors only), RuntimeError when
+    the kernel cannot be built; :func:`why_not_kernel` says beforehand whether it takes the inputs.
     """
+    check_scan_shapes(
+        u, delta, A, B, C, initial_state, D=D, z=z, delta_bias=delta_bias, owner="selective_scan_kernel"
+    )
+    inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
+    reason = unsupported_shapes(u, D, z, delta_bias)
+    if reason is None and any(x is not None and x.device.type != "cpu" for x in inputs):
+        reason = "the inputs are not all on the CPU"
+    if reason is not None:
+        raise ValueError(f"selective_scan_kernel cannot take these inputs: {reason}")
     chunk = checked_chunk(chunk_size, DEFAULT_CHUNK, u.size(1))
     if (reason := kernel_unavailable()) is not None:
         raise RuntimeError(f"the selective-scan kernel is unavailable: {reason}")
-    inputs = (u, delta, A, B, C, D, z, delta_bias, initial_state)
     y, h = _KernelScan.apply(*widened(inputs, views=(3, 4, 6)), bool(delta_softplus), chunk)
     y = y.to(u.dtype)
     return (y, h) if return_last_state else y

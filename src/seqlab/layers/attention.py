@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from seqlab.kernels import attention as attention_kernel
 from seqlab.kernels.extension import matmul_dtype
-from seqlab.layers.checks import check_attention_call, check_causal_step, check_input
+from seqlab.layers.checks import check_attention_call, check_batch_size, check_causal_step, check_input
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.kv_cache import KVBuffer, KVCache, append_kv
 from seqlab.layers.masks import causal_mask, check_padding_mask, combine_masks, sliding_window_mask
@@ -172,6 +172,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> KVCache:
         """An empty KV cache: k, v (b, g, 0, k), pos 0; ``device`` and ``dtype`` default to the parameters'."""
+        check_batch_size(type(self).__name__, batch_size)
         w = self.in_proj_weight
         device, dtype = device or w.device, dtype or w.dtype
         empty = torch.zeros(batch_size, self.n_kv_heads, 0, self.head_dim, device=device, dtype=dtype)
@@ -351,8 +352,8 @@ class SelfAttention(MultiheadAttention):
         *,
         attn_mask: Tensor | None = None,
     ):
-        x, attn_mask = self._padding(x, state, mask, attn_mask)
-        return super().forward(x, mask=attn_mask, state=state, need_weights=need_weights)
+        x, attn_mask, padded = self._padding(x, state, mask, attn_mask)
+        return _mark(super().forward(x, mask=attn_mask, state=state, need_weights=need_weights), padded)
 
     def forward_ref(
         self,
@@ -364,20 +365,26 @@ class SelfAttention(MultiheadAttention):
         attn_mask: Tensor | None = None,
     ):
         """``forward`` through :func:`scaled_dot_product_attention_ref`, whatever ``fast_path`` says."""
-        x, attn_mask = self._padding(x, state, mask, attn_mask)
-        return super().forward_ref(x, mask=attn_mask, state=state, need_weights=need_weights)
+        x, attn_mask, padded = self._padding(x, state, mask, attn_mask)
+        return _mark(super().forward_ref(x, mask=attn_mask, state=state, need_weights=need_weights), padded)
 
     def _padding(self, x: Tensor, state: KVCache | None, mask: Tensor | None, attn_mask: Tensor | None):
-        """x with padded positions zeroed, and the attention mask with the padded keys masked out."""
+        """x with padded positions zeroed, the attention mask with the padded keys masked out, and whether any
+        position was padding."""
         if mask is None:
-            return x, attn_mask
+            return x, attn_mask, False
         check_input(type(self).__name__, x, self.d_model, self.in_proj_weight)
         b, t, _ = x.shape
         mask = check_padding_mask(mask, b, t, x.device)
         if mask is None:
-            return x, attn_mask
+            return x, attn_mask, False
         x = x.masked_fill(~mask[..., None], 0.0)  # padded inputs (even NaN) never reach a real output
         t_c = 0 if state is None else state.k.size(2)
         if t_c:
             mask = torch.cat([mask.new_ones(b, t_c), mask], dim=1)  # the cached keys are real: (b, t_c + t)
-        return x, combine_masks(attn_mask, mask[:, None, None, :])  # keys: (b, 1, 1, t_c + t)
+        return x, combine_masks(attn_mask, mask[:, None, None, :]), True  # keys: (b, 1, 1, t_c + t)
+
+
+def _mark(out: tuple, padded: bool) -> tuple:
+    """A forward's (y, cache, ...) with the cache marked ``padded`` when the batch held padding (KVCache)."""
+    return (out[0], out[1]._replace(padded=True), *out[2:]) if padded else out

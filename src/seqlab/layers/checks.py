@@ -22,6 +22,7 @@ from seqlab.layers.kv_cache import KVCache
 
 __all__ = [
     "check_attention_call",
+    "check_batch_size",
     "check_causal_step",
     "check_dtype",
     "check_input",
@@ -38,6 +39,19 @@ def _got(v) -> str:
 def dtype_checked(x: Tensor) -> bool:
     """Whether x's dtype must equal the parameters' (False inside ``torch.autocast`` for x's device)."""
     return not torch.is_autocast_enabled(x.device.type)
+
+
+def check_batch_size(owner: str, batch_size) -> None:
+    """``init_state``'s batch_size is an integer >= 0 (not a bool), before it reaches ``torch.zeros``.
+
+    ``owner`` is the layer's name; the message reads "<owner>.init_state: batch_size must be an integer >= 0,
+    got 1.5", worded as ``LM.init_state``'s. A size that torch.compile traces (a ``torch.SymInt``, from
+    ``x.size(0)``) comes from a tensor's shape and passes unchecked.
+    """
+    if isinstance(batch_size, torch.SymInt):
+        return
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+        raise ValueError(f"{owner}.init_state: batch_size must be an integer >= 0, got {batch_size!r}")
 
 
 def check_input(owner: str, x, d: int, param: Tensor, *, step: bool = False, what: str = "x") -> None:
@@ -139,6 +153,12 @@ def check_attention_call(layer, query, key, value, mask, state) -> None:
         check_state(name, (state.k, state.v), {"k": shape, "v": shape}, query, query.dtype)
         if state.v.size(2) != state.k.size(2) or not isinstance(state.pos, Tensor):
             raise ValueError(f"{name} state: k and v must hold the same positions and pos must be a tensor")
+        if state.padded and key is None:
+            raise ValueError(
+                f"{name} state is the KV cache of a right-padded batch (a forward with a padding mask): continuing "
+                "it would let the next tokens attend to the padded keys, at the wrong positions for the shorter "
+                "rows; continue from a cache built without padding (each row alone, or rows of one length)"
+            )
 
 
 def check_causal_step(layer) -> None:

@@ -48,14 +48,16 @@ class KVCache(NamedTuple):
 
     After a forward with a padding mask the cache holds all t positions of every row, padded ones too, and
     ``pos`` counts all of them: the padding law holds for k and v at each row's real positions, which equal
-    those of the row run alone. (Continuing a padded batch from its cache would let later tokens see the
-    padded keys and give short rows the wrong positions: decode from a cache built without padding.)
+    those of the row run alone. Continuing from it would let later tokens see the padded keys and give short
+    rows the wrong positions, so such a cache is marked ``padded`` and refused as a state to continue from:
+    decode from a cache built without padding (each row alone, or rows of one length).
     """
 
     k: Tensor
     v: Tensor
     pos: Tensor
     buffer: KVBuffer | None = None
+    padded: bool = False
 
 
 def append_kv(state: KVCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, KVBuffer | None]:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.layers.checks import check_causal_step, check_input, check_state
+from seqlab.layers.checks import check_batch_size, check_causal_step, check_input, check_state
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
@@ -42,6 +42,37 @@ def _elu1(x: Tensor) -> Tensor:
     return F.elu(x) + 1.0  # φ(x) = elu(x) + 1 > 0, so the normalizer φ(q)ᵀz is positive
 
 
+def _shape(x) -> str:
+    return str(tuple(x.shape)) if isinstance(x, Tensor) else type(x).__name__
+
+
+def _check_causal_args(q, k, v, state, chunk_size) -> None:
+    """:func:`linear_attention_causal`'s arguments: q, k (b, h, t, k) and v (b, h, t, e), floating; a state
+    (S (b, h, k, e), z (b, h, k)) or None; chunk_size an integer >= 1. Shapes and dtypes only."""
+    owner = "linear_attention_causal"
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{owner}: chunk_size must be a positive integer, got {chunk_size!r}")
+    if not isinstance(q, Tensor) or q.dim() != 4:
+        raise ValueError(f"{owner} expects q of shape (b, h, t, k), got {_shape(q)}")
+    b, h, t, kd = q.shape
+    if not isinstance(k, Tensor) or k.shape != q.shape:
+        raise ValueError(f"{owner} expects k of q's shape (b, h, t, k) = {tuple(q.shape)}, got {_shape(k)}")
+    if not isinstance(v, Tensor) or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"{owner} expects v of shape (b, h, t, e) = ({b}, {h}, {t}, e), got {_shape(v)}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not x.is_floating_point():
+            raise ValueError(f"{owner} expects floating q, k and v, got {name} of {x.dtype}")
+    if state is None:
+        return
+    e = v.size(-1)
+    if not (isinstance(state, tuple | list) and len(state) == 2):
+        raise ValueError(f"{owner}: state must be a pair (S, z) or None, got {type(state).__name__}")
+    for name, x, want in (("S", state[0], (b, h, kd, e)), ("z", state[1], (b, h, kd))):
+        if not isinstance(x, Tensor) or tuple(x.shape) != want:
+            layout = "(b, h, k, e)" if name == "S" else "(b, h, k)"
+            raise ValueError(f"{owner}: state {name} must be {layout} = {want}, got {_shape(x)}")
+
+
 def linear_attention_causal(
     q: Tensor,
     k: Tensor,
@@ -53,14 +84,17 @@ def linear_attention_causal(
     """Chunked parallel causal linear attention. q, k: features φ(·) (b, h, t, k); v (b, h, t, e).
 
     state: (S (b, h, k, e), z (b, h, k)) carried in from earlier positions, or None (zeros).
-    Returns y (b, h, t, e) and the state after the last position.
+    Returns y (b, h, t, e) and the state after the last position. ``chunk_size``: positions per chunk, >= 1.
     """
+    _check_causal_args(q, k, v, state, chunk_size)
     b, h, t, kd = q.shape
     if state is None:
         S = q.new_zeros(b, h, kd, v.size(-1))
         z = q.new_zeros(b, h, kd)
     else:
         S, z = state
+    if t == 0:  # no position: no output, the state unchanged
+        return v.new_zeros(b, h, 0, v.size(-1)), (S, z)
     outs = []
     for start in range(0, t, chunk_size):
         qc, kc, vc = (x[:, :, start : start + chunk_size] for x in (q, k, v))  # (b, h, c, ·)
@@ -175,6 +209,7 @@ class LinearAttention(FastPathMixin, nn.Module):
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> tuple[Tensor, Tensor]:
         """Zeros: S (b, h, k, k), z (b, h, k); ``device`` and ``dtype`` default to the parameters'."""
+        check_batch_size("LinearAttention", batch_size)
         w = self.in_proj_weight
         kw = {"device": device or w.device, "dtype": dtype or w.dtype}
         h, kd = self.n_heads, self.head_dim

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from seqlab.kernels.causal_conv import causal_conv_silu
 from seqlab.kernels.causal_conv import why_not_kernel as why_not_conv_kernel
-from seqlab.layers.checks import check_input, check_state
+from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _log_uniform, _wide
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
@@ -126,6 +126,7 @@ class Mamba(FastPathMixin, nn.Module):
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> tuple[Tensor, Tensor]:
         """Zeros: conv_state (b, d_inner, d_conv), ssm_state (b, d_inner, n); defaults: the parameters'."""
+        check_batch_size("Mamba", batch_size)
         kw = {"device": device or self.D.device, "dtype": dtype or self.D.dtype}
         return (
             torch.zeros(batch_size, self.d_inner, self.d_conv, **kw),

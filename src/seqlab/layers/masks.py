@@ -39,6 +39,9 @@ __all__ = [
 
 def _band(t_q: int, t_k: int, lo: int | None, hi: int | None, device=None) -> Tensor:
     """True where ``lo <= (j - i - (t_k - t_q)) <= hi``: a band around the bottom-right-aligned diagonal."""
+    for name, n in (("t_q", t_q), ("t_k", t_k)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{name} must be an integer >= 0 (a number of positions), got {n!r}")
     i = torch.arange(t_q, device=device).unsqueeze(1) + (
         t_k - t_q
     )  # (t_q, 1): the query's position among keys
@@ -78,8 +81,26 @@ def sliding_window_mask(
 def padding_mask(lengths: Tensor | list[int], max_len: int | None = None, device=None) -> Tensor:
     """(b, t) boolean, True at real positions ``t < lengths[b]`` and False at the (right) padding."""
     lengths = torch.as_tensor(lengths, device=device)
-    if lengths.dim() != 1:
-        raise ValueError(f"lengths must be 1-D (b,), got shape {tuple(lengths.shape)}")
+    if not lengths.numel() and lengths.is_floating_point():  # torch.as_tensor([]) is float32
+        lengths = lengths.long()
+    if (
+        lengths.dim() != 1
+        or lengths.dtype == torch.bool
+        or lengths.is_floating_point()
+        or lengths.is_complex()
+    ):
+        raise ValueError(
+            f"lengths must be integers of shape (b,), got {lengths.dtype} of shape {tuple(lengths.shape)}"
+        )
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0):
+        raise ValueError(f"max_len must be an integer >= 0 or None, got {max_len!r}")
+    if max_len is None and not lengths.numel():
+        raise ValueError("padding_mask of no lengths needs max_len (the t of the (0, t) mask)")
+    if lengths.numel():
+        low, high = (int(x) for x in lengths.aminmax())
+        if low < 0 or (max_len is not None and high > max_len):
+            bound = "be >= 0" if max_len is None else f"lie in [0, max_len={max_len}]"
+            raise ValueError(f"lengths must {bound}, got values from {low} to {high}")
     t = int(lengths.max()) if max_len is None else max_len
     return torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)  # (b, t)
 

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.layers.checks import check_input, check_state
+from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _wide  # float32 for half precision, as the SSM scans
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
@@ -81,14 +81,37 @@ def _log_g(u: Tensor) -> Tensor:
     return torch.where(u >= 0, torch.log(F.relu(u) + 0.5), F.logsigmoid(u))
 
 
+def _check_scan_args(owner: str, log_a, log_b, h0, chunk_size) -> None:
+    """log_a, log_b floating (b, t, e) of one shape, h0 floating (b, e), chunk_size an integer >= 1: a
+    ValueError naming the expected and the given otherwise (shapes and dtypes only)."""
+    got = {
+        n: tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        for n, x in (("a", log_a), ("b", log_b))
+    }
+    if not isinstance(log_a, Tensor) or log_a.dim() != 3:
+        raise ValueError(f"{owner} expects log_a of shape (b, t, e), got {got['a']}")
+    if not isinstance(log_b, Tensor) or log_b.shape != log_a.shape:
+        raise ValueError(f"{owner} expects log_b of log_a's shape (b, t, e) = {got['a']}, got {got['b']}")
+    b, _, e = log_a.shape
+    if not isinstance(h0, Tensor) or tuple(h0.shape) != (b, e):
+        h0_got = tuple(h0.shape) if isinstance(h0, Tensor) else type(h0).__name__
+        raise ValueError(f"{owner} expects h0 of shape (b, e) = {(b, e)}, got {h0_got}")
+    for name, x in (("log_a", log_a), ("log_b", log_b), ("h0", h0)):
+        if not x.is_floating_point():
+            raise ValueError(f"{owner} expects floating log_a, log_b and h0, got {name} of {x.dtype}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{owner}: chunk_size must be a positive integer, got {chunk_size!r}")
+
+
 def log_space_scan(log_a: Tensor, log_b: Tensor, h0: Tensor, chunk_size: int = 64) -> Tensor:
     r"""h_t = a_t ⊙ h_{t-1} + b_t for every t at once, from log a_t <= 0 and log b_t (so b_t > 0).
 
     log_a, log_b (b, t, e); h0 (b, e), any sign (zeros for a fresh state) -> h (b, t, e).
     Per chunk of l positions: h_s = exp(A_s) h_in + exp(A_s + logcumsumexp_{r≤s}(log b_r - A_r)),
     A_s = Σ_{r≤s} log a_r within the chunk; h_in, the state entering the chunk, is carried by a loop over the
-    m = ⌈t / l⌉ chunks (see the module docstring for why chunks).
+    m = ⌈t / l⌉ chunks (see the module docstring for why chunks). ``chunk_size``: l, an integer >= 1.
     """
+    _check_scan_args("log_space_scan", log_a, log_b, h0, chunk_size)
     b, t, e = log_a.shape
     l = max(1, min(chunk_size, t))
     m = math.ceil(t / l)
@@ -108,7 +131,8 @@ def log_space_scan(log_a: Tensor, log_b: Tensor, h0: Tensor, chunk_size: int = 6
 
 
 def log_space_scan_ref(log_a: Tensor, log_b: Tensor, h0: Tensor, chunk_size: int = 64) -> Tensor:
-    """The same recurrence as a loop over t in linear space (``chunk_size`` is accepted and unused)."""
+    """The same recurrence as a loop over t in linear space (``chunk_size`` is checked and unused)."""
+    _check_scan_args("log_space_scan_ref", log_a, log_b, h0, chunk_size)
     h, hs = h0, []
     for a_t, b_t in zip(log_a.exp().unbind(1), log_b.exp().unbind(1), strict=True):  # t x (b, e)
         h = a_t * h + b_t
@@ -168,6 +192,7 @@ class MinGRU(FastPathMixin, nn.Module):
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> Tensor:
         """h_0 = 0, (b, e)."""
+        check_batch_size("MinGRU", batch_size)
         w = self.in_proj.weight
         return torch.zeros(batch_size, self.d_inner, device=device or w.device, dtype=dtype or w.dtype)
 

@@ -90,6 +90,9 @@ def interpolate_grid_positions(table: Tensor, old_grid: tuple[int, int], new_gri
     as Hugging Face's ``interpolate_pos_encoding``); the same grid returns the table unchanged.
     """
     (gh, gw), (nh, nw) = old_grid, new_grid
+    for name, grid in (("old_grid", old_grid), ("new_grid", new_grid)):
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in grid):
+            raise ValueError(f"{name} must be two positive integers (rows, columns) of patches, got {grid!r}")
     if table.size(0) != gh * gw:
         raise ValueError(f"a table of {table.size(0)} rows is not a {gh}×{gw} grid")
     if (gh, gw) == (nh, nw):

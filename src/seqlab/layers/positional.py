@@ -43,6 +43,9 @@ __all__ = [
 
 def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
     """(n_positions, d_model) float32: PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(same angle)."""
+    for name, n in (("n_positions", n_positions), ("d_model", d_model)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"sinusoidal_table: {name} must be an integer >= 0, got {n!r}")
     if d_model % 2:
         raise ValueError(f"d_model must be even for sinusoidal positions, got {d_model}")
     pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (t, 1)
@@ -82,6 +85,33 @@ def _check_positions(owner: str, x: Tensor, d: int, offset) -> int:
             f"{owner}: offset must be an int >= 0 (the position of x's first row), got {offset!r}"
         )
     return x.size(-2)
+
+
+def _check_rope_offset(x: Tensor, offset, positions) -> None:
+    """RotaryEmbedding's offset: an int or a 0-d integer tensor, >= 0 (a tensor's value is read only on the CPU,
+    where it costs no device sync: a KV cache's position); positions: integers of shape (t,) or (b, t)."""
+    is_int_tensor = isinstance(offset, Tensor) and offset.dim() == 0 and not offset.is_floating_point()
+    if isinstance(offset, bool) or not (isinstance(offset, int) or is_int_tensor):
+        got = f"{offset.dtype} of shape {tuple(offset.shape)}" if isinstance(offset, Tensor) else repr(offset)
+        raise ValueError(f"RotaryEmbedding: offset must be an int or a 0-d integer tensor >= 0, got {got}")
+    if (isinstance(offset, int) or offset.device.type == "cpu") and offset < 0:
+        raise ValueError(f"RotaryEmbedding: offset must be a position >= 0, got {offset!r}")
+    if positions is None:
+        return
+    b, t = (x.size(0) if x.dim() == 4 else None), x.size(-2)
+    ok = isinstance(positions, Tensor) and not positions.is_floating_point() and positions.dtype != torch.bool
+    ok = ok and (
+        tuple(positions.shape) == (t,) or (positions.dim() == 2 and tuple(positions.shape) == (b, t))
+    )
+    if not ok:
+        got = (
+            f"{positions.dtype} of shape {tuple(positions.shape)}"
+            if isinstance(positions, Tensor)
+            else type(positions).__name__
+        )
+        raise ValueError(
+            f"RotaryEmbedding: positions must be integers of shape (t,) = ({t},) or (b, t) = ({b}, {t}), got {got}"
+        )
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -182,10 +212,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"RotaryEmbedding expects floats with head dim {self.head_dim} in the last axis, got {got}"
             )
-        # a tensor offset is checked where reading it costs no device sync (a CPU KV cache's position)
-        cpu_tensor = isinstance(offset, Tensor) and offset.device.type == "cpu"
-        if isinstance(offset, bool) or ((isinstance(offset, int) or cpu_tensor) and offset < 0):
-            raise ValueError(f"RotaryEmbedding: offset must be a position >= 0, got {offset!r}")
+        _check_rope_offset(x, offset, positions)
         t = x.size(-2)
         if positions is None:
             positions = torch.arange(t, device=x.device) + offset  # (t,)

@@ -21,7 +21,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from seqlab.kernels.recurrent import MODES, load_recurrent_kernel, recurrent_layer
 from seqlab.layers import fastpath
-from seqlab.layers.checks import check_dtype, check_input, check_state
+from seqlab.layers.checks import check_batch_size, check_dtype, check_input, check_state
 from seqlab.layers.cudnn_weights import flatten_cudnn_weights
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
@@ -120,6 +120,7 @@ class RNNBase(FastPathMixin, nn.Module):
 
         ``device`` and ``dtype`` default to the parameters'.
         """
+        check_batch_size(type(self).__name__, batch_size)
         p = self.weight_ih_l0
         shape = (self.num_layers * self.num_directions, batch_size, self.hidden_size)
         h = torch.zeros(shape, device=device or p.device, dtype=dtype or p.dtype)

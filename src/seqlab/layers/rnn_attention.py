@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from seqlab.layers.checks import check_dtype
+from seqlab.validation import check_positive_ints
 
 __all__ = ["AdditiveAttention", "AttentionalHidden", "LuongAttention"]
 
@@ -97,6 +98,8 @@ class AdditiveAttention(nn.Module):
 
     def __init__(self, d_query: int, d_key: int, d_attn: int, device=None, dtype=None):
         super().__init__()
+        self.d_query, self.d_key, self.d_attn = d_query, d_key, d_attn
+        check_positive_ints(self, ("d_query", "d_key", "d_attn"), "AdditiveAttention: ")
         kw = {"device": device, "dtype": dtype}
         self.query_proj = nn.Linear(d_query, d_attn, bias=False, **kw)
         self.key_proj = nn.Linear(d_key, d_attn, bias=True, **kw)
@@ -144,6 +147,8 @@ class LuongAttention(nn.Module):
     ):
         super().__init__()
         d_key = d_query if d_key is None else d_key
+        self.d_query, self.d_key = d_query, d_key
+        check_positive_ints(self, ("d_query", "d_key"), "LuongAttention: ")
         if score not in ("dot", "general"):
             raise ValueError(f"score must be 'dot' or 'general', got {score!r}")
         if score == "dot" and d_key != d_query:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.layers.checks import check_input, check_state
+from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _log_uniform, discretize
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_padding_mask
@@ -155,6 +155,7 @@ class S4D(FastPathMixin, nn.Module):
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> Tensor:
         """Zeros (b, d, n/2), complex: ``dtype`` (real or complex) and ``device`` default to the parameters'."""
+        check_batch_size("S4D", batch_size)
         dtype = _complex(dtype or self.D.dtype)
         return torch.zeros(
             batch_size, self.d_model, self.d_state // 2, dtype=dtype, device=device or self.D.device

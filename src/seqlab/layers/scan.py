@@ -67,9 +67,12 @@ from seqlab.kernels.triton_scan import selective_scan_triton, why_not_triton
 __all__ = ["auto_chunk_size", "selective_scan", "selective_scan_ref"]
 
 
-def _widened(u, delta, A, B, C, delta_bias, delta_softplus, initial_state) -> tuple[Tensor, ...]:
-    """The checked inputs in float32 at least, delta with its bias and softplus; and h0 (b, d, n)."""
-    check_scan_shapes(u, delta, A, B, C, initial_state)
+def _widened(
+    u, delta, A, B, C, delta_bias, delta_softplus, initial_state, *, D, z, owner: str
+) -> tuple[Tensor, ...]:
+    """The checked inputs in float32 at least, delta with its bias and softplus; and h0 (b, d, n). D and z
+    are only checked here (``_finish`` applies them); ``owner`` names the scan in an error."""
+    check_scan_shapes(u, delta, A, B, C, initial_state, D=D, z=z, delta_bias=delta_bias, owner=owner)
     wide = torch.promote_types(u.dtype, torch.float32)
     u, delta, A, B, C = (x.to(wide) for x in (u, delta, A, B, C))
     if delta_bias is not None:
@@ -108,7 +111,9 @@ def selective_scan_ref(
     half-precision inputs; y has u's dtype.
     """
     dtype = u.dtype
-    u, delta, A, B, C, h = _widened(u, delta, A, B, C, delta_bias, delta_softplus, initial_state)
+    u, delta, A, B, C, h = _widened(
+        u, delta, A, B, C, delta_bias, delta_softplus, initial_state, D=D, z=z, owner="selective_scan_ref"
+    )
     b, t, d = u.shape
     ys = []
     for i in range(t):
@@ -247,7 +252,7 @@ def selective_scan(
     if impl not in ("auto", "kernel", "triton", "chunked"):
         raise ValueError(f"impl must be 'auto', 'kernel', 'triton' or 'chunked', got {impl!r}")
     if impl != "chunked":
-        check_scan_shapes(u, delta, A, B, C, initial_state)
+        check_scan_shapes(u, delta, A, B, C, initial_state, D=D, z=z, delta_bias=delta_bias)
     rest = (delta_softplus, initial_state, return_last_state, chunk_size)
     if impl in ("auto", "triton") and (u.device.type != "cpu" or impl == "triton"):
         if (reason := why_not_triton(*args, initial_state)) is None:
@@ -260,7 +265,9 @@ def selective_scan(
         if impl == "kernel":
             raise RuntimeError(f"selective_scan(impl='kernel'): {reason}")
     dtype = u.dtype
-    u, delta, A, B, C, h0 = _widened(u, delta, A, B, C, delta_bias, delta_softplus, initial_state)
+    u, delta, A, B, C, h0 = _widened(
+        u, delta, A, B, C, delta_bias, delta_softplus, initial_state, D=D, z=z, owner="selective_scan"
+    )
     if chunk_size is None:
         chunk_size = auto_chunk_size(u.size(0), A.size(1), u.size(2))
     if chunk_size < 1:

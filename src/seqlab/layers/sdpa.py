@@ -64,8 +64,17 @@ def _prepare_mask(
     return mask, is_causal
 
 
-def _check_shapes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
-    """q (b, h, t_q, k), k and v (b, g, t_k, k) with h a multiple of g; a boolean mask broadcastable to them."""
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> None:
+    """q (b, h, t_q, k), k and v (b, g, t_k, k) with h a multiple of g, floating, of one dtype; a boolean mask
+    broadcastable to them; 0 <= dropout_p < 1."""
+    if not all(isinstance(x, Tensor) for x in (q, k, v)):
+        raise TypeError(f"q, k and v must be tensors, got {', '.join(type(x).__name__ for x in (q, k, v))}")
+    if not (q.is_floating_point() and k.dtype == q.dtype and v.dtype == q.dtype):
+        raise TypeError(
+            f"q, k and v must be floating tensors of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if not (isinstance(dropout_p, (int, float)) and 0 <= dropout_p < 1):
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
     if q.dim() < 3 or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(
             f"expected q (b, h, t_q, k), k and v (b, g, t_k, k); got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -108,7 +117,7 @@ def scaled_dot_product_attention(
     the *end* of the keys when t_q < t_k (KV-cache decoding; torch aligns to the start), and may be combined
     with ``mask``; grouped-query k/v (g < h) need no flag; a fully masked query row returns zeros, not NaN.
     """
-    _check_shapes(q, k, v, mask)
+    _check_shapes(q, k, v, mask, dropout_p)
     if attention_kernel.why_not_kernel(q, k, v, mask, dropout_p, is_causal) is None:  # seqlab's CPU kernel
         keys = None if mask is None else attention_kernel.key_mask(mask, q.size(0), k.size(-2))
         return attention_kernel.attention(q, k, v, is_causal, scale, keys, dropout_p)
@@ -141,7 +150,7 @@ def scaled_dot_product_attention_ref(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The same as :func:`scaled_dot_product_attention`, written out; ``return_weights`` also returns the
     attention weights (b, h, t_q, t_k) before dropout. The softmax runs in float32 at least."""
-    _check_shapes(q, k, v, mask)
+    _check_shapes(q, k, v, mask, dropout_p)
     mask, is_causal = _prepare_mask(q, k, v, mask, is_causal)
     t_q, t_k = q.size(-2), k.size(-2)
     if is_causal:

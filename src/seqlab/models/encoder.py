@@ -153,11 +153,8 @@ class Encoder(nn.Module):
             check_token_ids(token_type_ids, self.config.type_vocab_size)
         mask = None
         if attention_mask is not None:
-            if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
-                raise ValueError(
-                    f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}"
-                )
-            mask = key_padding_mask(attention_mask.bool())  # (b, 1, 1, t): True at real keys
+            real = real_tokens(attention_mask, tuple(input_ids.shape), "input_ids")
+            mask = key_padding_mask(real)  # (b, 1, 1, t): True at real keys
         h = self.embed(input_ids, token_type_ids)  # (b, t, d)
         for layer in self.layers:
             h = layer(h, mask=mask)
@@ -173,15 +170,11 @@ class Encoder(nn.Module):
         if how == "mean":
             if attention_mask is None:
                 return hidden.mean(1)
-            if not isinstance(attention_mask, Tensor) or attention_mask.shape != hidden.shape[:2]:
-                got = (
-                    tuple(attention_mask.shape)
-                    if isinstance(attention_mask, Tensor)
-                    else type(attention_mask).__name__
-                )
-                raise ValueError(f"attention_mask must be (b, t) = {tuple(hidden.shape[:2])}, got {got}")
-            m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (b, t, 1)
-            return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)  # (b, d)
+            m = real_tokens(attention_mask, tuple(hidden.shape[:2]), "hidden's (b, t)")
+            if not m.any(1).all():
+                raise ValueError("pool('mean'): a row of attention_mask has no real token, so it has no mean")
+            m = m.to(hidden.dtype).unsqueeze(-1)  # (b, t, 1)
+            return (hidden * m).sum(1) / m.sum(1)  # (b, d)
         raise ValueError(f"pooling must be 'cls' or 'mean', got {how!r}")
 
     @classmethod
@@ -190,6 +183,30 @@ class Encoder(nn.Module):
         from seqlab.interop.hf_bert import load_bert_folder
 
         return load_bert_folder(path, device=device, dtype=dtype)
+
+
+def real_tokens(attention_mask, shape: tuple[int, ...], against: str) -> Tensor:
+    """``attention_mask`` (b, t) as booleans, True at real tokens: bool, or numbers that are all 0 or 1 (what
+    tokenizers give). Hugging Face's additive form (0 to attend, a large negative number at padding) would turn
+    into the opposite mask under ``.bool()``, so it is refused by name."""
+    if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != shape:
+        got = (
+            tuple(attention_mask.shape)
+            if isinstance(attention_mask, Tensor)
+            else type(attention_mask).__name__
+        )
+        raise ValueError(f"attention_mask must be a tensor of {against} shape {shape}, got {got}")
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    if attention_mask.is_complex() or (
+        attention_mask.numel() and not ((attention_mask == 0) | (attention_mask == 1)).all()
+    ):
+        raise ValueError(
+            f"attention_mask must be 1 or True at real tokens and 0 or False at padding; this {attention_mask.dtype} "
+            "mask holds other values (an additive mask, 0 to attend and large negatives at padding? pass "
+            "attention_mask=(mask == 0))"
+        )
+    return attention_mask != 0
 
 
 class MaskedLMHead(nn.Module):

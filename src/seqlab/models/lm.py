@@ -257,7 +257,8 @@ class LM(nn.Module):
     def _offset(self, state: list | None) -> int:
         """Positions already in the state: only learned positions need it, and attention's cache counts them
         (LMConfig refuses learned positions with a mixer whose state does not: MixerSpec.counts_positions)."""
-        return int(state[0].pos) if self.pos_embed is not None and state else 0
+        first = state[0] if self.pos_embed is not None and state else None  # None: a fresh state, position 0
+        return int(getattr(first, "pos", 0))  # (a state that is no KV cache: its mixer's check names it)
 
     def forward(
         self, x: Tensor, state: list | None = None, return_state: bool = False, mask: Tensor | None = None
@@ -270,8 +271,8 @@ class LM(nn.Module):
             raise ValueError(
                 f"expected inputs of shape (b, t){'' if self.config.d_input is None else ' + (d_input,)'}, got {tuple(x.shape)}"
             )
-        h = self._embed(x, self._offset(state))  # (b, t, d)
         states = [None] * len(self.blocks) if state is None else self._check_state(state)
+        h = self._embed(x, self._offset(state))  # (b, t, d)
         new = []
         for block, s in zip(self.blocks, states, strict=True):
             h, s = block(h, s, mask)
