@@ -194,3 +194,17 @@ def test_a_disk_that_will_fill_at_a_later_save_is_warned_about(corpus, tmp_path,
     with caplog.at_level(logging.WARNING, logger="seqlab.train"):
         _trainer(corpus, tmp_path / "t", steps=6).fit()
     assert "will hold at once" not in caplog.text
+
+
+def test_a_gradient_norm_that_is_not_finite_stops_before_the_update(corpus, tmp_path):
+    """The loss was finite, the norm inf: clipping made every gradient NaN and the update wrote NaN into the
+    weights, which the final save kept, with exit status 0."""
+    trainer = _trainer(corpus, tmp_path / "r", steps=2, grad_clip=1.0)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    first = next(iter(trainer.model.parameters()))
+    first.register_hook(lambda g: torch.full_like(g, float("inf")))
+    with pytest.raises(
+        FloatingPointError, match=r"the gradient norm is inf at step 1 \(the loss was finite\)"
+    ):
+        trainer.fit()
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -61,3 +62,16 @@ def lr_at(step: int, max_lr: float, total_steps: int, warmup_steps: int, min_lr:
         return min_lr
     progress = (step + 1 - warmup_steps) / max(1, total_steps - warmup_steps)  # the peak is not trained twice
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def clip_gradients(model: nn.Module, max_norm: float, step: int, last_good: Callable[[], str]) -> float:
+    """Clip the gradients' global norm to ``max_norm`` and return the norm before clipping (gathered from a
+    DTensor under FSDP). A FloatingPointError, before the update, when it is not finite: clipping by an infinite
+    norm gives NaN gradients, and the update would write NaN into every weight (and the last save keep them)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if not math.isfinite(norm):
+        raise FloatingPointError(
+            f"the gradient norm is {norm} at step {step + 1} (the loss was finite); lower train.lr. {last_good()}"
+        )
+    return norm

@@ -19,7 +19,7 @@ The run directory (``out_dir``):
 - Every start first removes what an interrupted save left behind (seqlab's own temporary names only,
   ``seqlab.training.manifest.remove_leftovers``).
 - A resume starts from the newest complete, verified checkpoint (``checkpoint.resumable_checkpoint``) and cuts
-  ``metrics.jsonl`` back to its step: lines torn by a kill and records written after the checkpoint go.
+  ``metrics.jsonl`` back to its step: records written after the checkpoint go (``manifest.cut_metrics``).
 - A fresh start never appends to the ``metrics.jsonl`` of an earlier run: it moves that file aside to
   ``metrics.jsonl.stale-N`` (the first free N) with a warning. Nothing is deleted.
 - A fresh start into a directory that holds a run's checkpoints (a ``latest`` file or a manifest) is refused:
@@ -48,7 +48,7 @@ from seqlab.training import manifest as run_files
 from seqlab.training.config import TrainConfig
 from seqlab.training.interrupt import stop_on_interrupt
 from seqlab.training.loop_state import Window, detach_state, move_to, to_device
-from seqlab.training.optim import lr_at, make_optimizer
+from seqlab.training.optim import clip_gradients, lr_at, make_optimizer
 from seqlab.training.run_dir import check_saves, open_run_dir
 from seqlab.training.threads import governor_for
 
@@ -255,9 +255,8 @@ class Trainer:
             self.carry = detach_state(new_state) if task.stateful else None
             total += loss.item()
             tokens += task.tokens_in(batch)
-        if c.grad_clip is not None:  # the norm before clipping, for the records (a DTensor under FSDP)
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
-            self.grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if c.grad_clip is not None:  # the norm before clipping, for the records; refused when not finite
+            self.grad_norm = clip_gradients(self.model, c.grad_clip, self.step, self._last_good)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
