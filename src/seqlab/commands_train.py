@@ -256,7 +256,8 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     summary = trainer.fit(resume=where or False)
     if main:
         print(
-            json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}),
+            # 4 significant digits: a series in units of 1e-5 keeps its MAE (4 decimals printed 0.0)
+            json.dumps({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in summary.items()}),
             flush=True,
         )
     if not summary.get("interrupted") or "TORCHELASTIC_RUN_ID" in os.environ:

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from seqlab.outfiles import nearest_existing
+from seqlab.run_overrides import is_text_hint, parse_overrides, parse_value  # noqa: F401 (seqlab.run's API)
 
 SECTIONS = ("model", "task", "train")
 DEFAULT_RUN: dict[str, Any] = {
@@ -32,18 +33,6 @@ DEFAULT_RUN: dict[str, Any] = {
     "train": {},
     "out": None,
 }
-
-
-def parse_value(text: str) -> Any:
-    """YAML scalar, with numbers like ``3e-4`` (which YAML 1.1 reads as strings) read as floats."""
-    value = yaml.safe_load(text) if text != "" else ""
-    if isinstance(value, str):
-        for conv in (int, float):
-            try:
-                return conv(value)
-            except ValueError:
-                pass
-    return value
 
 
 def load_run_file(path: str | Path) -> dict[str, Any]:
@@ -94,31 +83,11 @@ def merge_run(base: dict[str, Any], *updates: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
-def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """``['--model.n_layers=2', '--train.lr', '3e-3']`` -> ``{'model': {'n_layers': 2}, 'train': {'lr': 0.003}}``."""
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
-            raise ValueError(f"unrecognised argument {arg!r}; overrides look like --model.n_layers=2")
-        key, eq, value = arg[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise ValueError(f"override {arg!r} has no value (write {arg}=VALUE)")
-            value, i = args[i + 1], i + 1
-        section, _, field = key.partition(".")
-        if section not in SECTIONS or not field or "." in field:
-            raise ValueError(
-                f"override {arg!r} must name a field of one of {list(SECTIONS)}, e.g. --train.steps=100"
-            )
-        out.setdefault(section, {})[field] = parse_value(value)
-        i += 1
-    return out
-
-
 def _coerce(value: Any, hint: Any) -> Any:
-    """Numbers written as strings (YAML's '3e-4') become the number a field annotated int/float expects."""
+    """Numbers written as strings (YAML's '3e-4') become the number a field annotated int/float expects, and a
+    number the text a field annotated str expects (a run file's ``source: 1984``, a file of that name)."""
+    if is_text_hint(hint) and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
     names = str(hint)
     if isinstance(value, str) and ("float" in names or "int" in names):
         try:
@@ -277,7 +246,10 @@ def resolve_run(run_file: str | None, overrides: list[str], out: str | None) -> 
     """(run, its directory): the defaults, then the run file, then dotted overrides; the directory is
     ``out``, else the run's own 'out', else runs/MODEL-TASK (written into the run)."""
     file_run = load_run_file(run_file) if run_file else {}
-    run = merge_run(DEFAULT_RUN, file_run, parse_overrides(overrides))
+    task_name = (merge_run(DEFAULT_RUN, file_run).get("task") or {}).get(
+        "name"
+    )  # unless an override names one
+    run = merge_run(DEFAULT_RUN, file_run, parse_overrides(overrides, task_name))
     given = out or run.get("out")
     if given is not None and not isinstance(given, str):
         raise ValueError(f"out must be a path (a string), got {given!r}")

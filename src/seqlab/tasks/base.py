@@ -116,6 +116,21 @@ def check_int(name: str, value: Any, minimum: int) -> int:
     return value
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """True or False (what YAML and the overrides read from true/false); a string like 'nope' is refused,
+    not taken as True."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """A number strictly between 0 and 1 (a split's share)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+    return float(value)
+
+
 def check_index(index: Any) -> int:
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"batch index must be a non-negative integer, got {index!r}")

@@ -7,8 +7,9 @@ Layout:
                          ``EVENTS``, separated by spaces); other columns are ignored
     FOLDER/NAME.npy      the frames of clip NAME: (t, h, w) or (t, h, w, c) with c 1 or 3; uint8, or float
                          in [0, 1] (scaled by 255 and rounded)
-    FOLDER/NAME/         or a folder of frame images (.png, .jpg, ...), in filename order, read with
-                         ``seqlab.tasks.image_files`` (transparency composited on white)
+    FOLDER/NAME/         or a folder of frame images (.png, .jpg, ...), in natural filename order (numbers
+                         compared as numbers: frame2 before frame10, as ffmpeg's ``%d`` names them), read
+                         with ``seqlab.tasks.image_files`` (transparency composited on white)
 
 Notation: ``n`` clips, ``t`` frames per clip, ``c`` channels, ``s`` frame side.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +115,17 @@ def _load_npy(path: Path) -> list[np.ndarray]:
     return list(array)
 
 
+def _natural_key(name: str) -> tuple[list, str]:
+    """A sort key that compares runs of digits as numbers: frame2 < frame10 (plain sorting puts 10 first).
+    re.split with a group alternates text and digits, so a position holds the same kind in every key."""
+    parts = re.split(r"(\d+)", name)
+    return [int(part) if i % 2 else part for i, part in enumerate(parts)], name
+
+
 def _load_image_folder(path: Path) -> list[np.ndarray]:
-    """The frame images of a clip folder, in filename order, as uint8 RGB (h, w, 3) arrays."""
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    """The frame images of a clip folder, in natural filename order, as uint8 RGB (h, w, 3) arrays."""
+    files = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    files.sort(key=lambda p: _natural_key(p.name))
     if not files:
         raise ValueError(f"clip folder {path} holds no frame images (expected one of {IMAGE_SUFFIXES})")
     return [np.asarray(_open_rgb(p), dtype=np.uint8) for p in files]

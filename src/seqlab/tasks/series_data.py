@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from seqlab.tasks.base import SPLITS, MissingDependencyError
+from seqlab.tasks.base import SPLITS, MissingDependencyError, check_fraction
+from seqlab.tasks.series_baselines import LinearAR, naive_forecast, seasonal_naive_forecast
 
 log = logging.getLogger("seqlab.tasks")
 
@@ -50,6 +51,7 @@ __all__ = [
     "Series",
     "forecast_scores",
     "load_series",
+    "majority_class",
     "naive_forecast",
     "seasonal_naive_forecast",
     "seasonal_scale",
@@ -163,14 +165,19 @@ def _numeric(frame, name: str, source: str) -> np.ndarray:
     return _finite(values, name, source)
 
 
+MAX_ABS = 1e150
+"""The largest magnitude a series may hold: its statistics square it, and float64 overflows near 1.3e154."""
+
+
 def _finite(values: np.ndarray, name: str, source: str) -> np.ndarray:
-    """``values`` if none is infinite (NaN marks a gap); an infinity is an error naming its row and column."""
-    bad = np.flatnonzero(np.isinf(values))
+    """``values`` if none is infinite or above MAX_ABS (NaN marks a gap); else an error naming its row and column."""
+    bad = np.flatnonzero(np.abs(values) > MAX_ABS)  # an infinity too; NaN compares False
     if len(bad):
         i = int(bad[0])
+        why = "not a finite number" if np.isinf(values[i]) else f"beyond ±{MAX_ABS:g}, too large to square"
         raise ValueError(
             f"{source}: column {name!r} holds {values[i]} at data row {i + 1} (line {i + 2} of the file), "
-            f"which is not a finite number ({len(bad)} such value(s)); fix the file or choose another column"
+            f"which is {why} ({len(bad)} such value(s)); fix or rescale the file, or choose another column"
         )
     return values
 
@@ -217,6 +224,19 @@ def _labels(frame, label: str, source: str) -> tuple[np.ndarray, list[str]]:
     return np.array([lookup[x] for x in text], dtype=np.int64), classes
 
 
+def majority_class(labels: np.ndarray, classes: list[str], span: tuple[int, int], where: str) -> int:
+    """The most frequent class id in the training span [a, b), which must hold at least two classes (with one,
+    every loss and score would be trivially perfect)."""
+    a, b = span
+    present = [classes[i] for i in np.unique(labels[a:b])]
+    if len(present) < 2:
+        raise ValueError(
+            f"{where}: the training span (data rows {a + 1}-{b}) holds only the class(es) {present}; "
+            f"classification needs at least 2 classes there (all classes: {classes})"
+        )
+    return int(np.bincount(labels[a:b], minlength=len(classes)).argmax())
+
+
 def load_series(
     source: str,
     column: str | None = None,
@@ -251,9 +271,7 @@ def load_series(
 def split_spans(n_points: int, val_frac: float, test_frac: float) -> dict[str, tuple[int, int]]:
     """Chronological spans [start, end) of train, val and test: the last ``test_frac`` of the series is the
     test span, the ``val_frac`` before it the validation span, the rest the training span."""
-    for name, frac in (("val_frac", val_frac), ("test_frac", test_frac)):
-        if not 0 < frac < 1:
-            raise ValueError(f"{name} must be in (0, 1), got {frac!r}")
+    val_frac, test_frac = check_fraction("val_frac", val_frac), check_fraction("test_frac", test_frac)
     n_test, n_val = round(n_points * test_frac), round(n_points * val_frac)
     n_train = n_points - n_val - n_test
     if min(n_test, n_val, n_train) < 1:
@@ -329,55 +347,6 @@ def forecast_scores(pred: np.ndarray, truth: np.ndarray, scale: float) -> dict[s
     err = pred - truth
     mae = float(np.abs(err).mean())
     return {"mae": mae, "rmse": float(np.sqrt((err**2).mean())), "mase": mae / scale}
-
-
-# ---- baselines ------------------------------------------------------------------------------------------
-
-
-def naive_forecast(target: np.ndarray, origins: np.ndarray, horizon: int) -> np.ndarray:
-    """(n, H): ŷ_{o+h} = y_{o-1}, the last observed value, for forecast origins o (the first forecast index)."""
-    return np.repeat(target[origins - 1][:, None], horizon, axis=1)
-
-
-def seasonal_naive_forecast(target: np.ndarray, origins: np.ndarray, horizon: int, m: int) -> np.ndarray:
-    """(n, H): ŷ_{o+h} = y_{o+h-m(⌊h/m⌋+1)}, the value one season before (h = 0 ... H-1); m = 1 is naive."""
-    h = np.arange(horizon)
-    lag = m * (h // m + 1)  # (H,)
-    return target[origins[:, None] + h[None, :] - lag[None, :]]
-
-
-class LinearAR:
-    r"""Direct linear autoregression fitted by least squares: one linear map from the last p values to all H.
-
-        [ŷ_o, ..., ŷ_{o+H-1}] = [y_{o-p}, ..., y_{o-1}, 1] W,    W (p + 1, H) = argmin Σ_o ‖Y_o - X_o W‖²
-
-    over the training windows' origins. For H = 1 this is an AR(p) with intercept fitted by ordinary least
-    squares, which recovers the coefficients of an AR(p) process; ``lag_coefficients[h, k - 1]`` is the
-    weight of y_{o-k} in the forecast of step h.
-    """
-
-    def __init__(self, order: int, horizon: int):
-        self.order, self.horizon = order, horizon
-        self.coef: np.ndarray | None = None  # (p + 1, H)
-
-    def _lags(self, target: np.ndarray, origins: np.ndarray) -> np.ndarray:
-        idx = origins[:, None] + np.arange(-self.order, 0)[None, :]  # (n, p), oldest first
-        return np.concatenate([target[idx], np.ones((len(origins), 1))], axis=1)  # (n, p + 1)
-
-    def fit(self, target: np.ndarray, origins: np.ndarray) -> LinearAR:
-        if len(origins) <= self.order:
-            log.warning("linear baseline: %d training windows for %d lags", len(origins), self.order)
-        y = target[origins[:, None] + np.arange(self.horizon)[None, :]]  # (n, H)
-        self.coef = np.linalg.lstsq(self._lags(target, origins), y, rcond=None)[0]
-        return self
-
-    def predict(self, target: np.ndarray, origins: np.ndarray) -> np.ndarray:
-        return self._lags(target, origins) @ self.coef  # (n, p + 1) x (p + 1, H) -> (n, H)
-
-    @property
-    def lag_coefficients(self) -> np.ndarray:
-        """(H, p): the weight of y_{o-1}, y_{o-2}, ... (most recent first) in each step's forecast."""
-        return self.coef[:-1][::-1].T
 
 
 def macro_f1(pred: np.ndarray, truth: np.ndarray, n_classes: int) -> float:

@@ -53,6 +53,7 @@ from seqlab.tasks.base import (
     model_device,
 )
 from seqlab.tasks.speech_data import Features, Utterances, read_speech_folder, split_by_speaker
+from seqlab.tasks.speech_decode import ctc_frames_needed, decode_ids, transcribe_batch
 
 __all__ = ["CHARACTERS", "KeywordTask", "SpeechCTCTask", "decode_ids", "transcribe_batch"]
 
@@ -317,6 +318,34 @@ class SpeechCTCTask(SpeechTask):
         targets = torch.nn.utils.rnn.pad_sequence(labels, batch_first=True)  # (b, L), padded with the blank
         return {"targets": targets, "target_lengths": torch.tensor([len(y) for y in labels])}
 
+    def check_model(self, model) -> None:
+        """Before step 1: CTC reads a transcript of L labels (r of them repeats of the one before) from at least
+        L + r output frames. A split where none has them: refused; some: a warning with the count (they add
+        nothing to the loss, and a batch of only such utterances stops the run)."""
+        short, example = {}, ""
+        for split, utts in self.data.items():
+            have = model.output_lengths(utts.lengths)  # (n,) output frames t'
+            need = torch.tensor([ctc_frames_needed(self.encode(t)) for t in utts.texts])  # (n,)
+            short[split] = int((have < need).sum())
+            if short[split] and not example:
+                i = int((have < need).nonzero()[0])
+                example = f"e.g. {utts.texts[i]!r} needs {int(need[i])} and has {int(have[i])}"
+        hint = "use shorter transcripts (units='words'), longer recordings or a model that subsamples less"
+        for split, k in short.items():
+            if k == len(self.data[split]):
+                raise ValueError(
+                    f"speech_ctc: none of the {k} {split} utterances has as many output frames as its "
+                    f"transcript needs (its labels plus their repeats): {example}; {hint}"
+                )
+        if any(short.values()):
+            log.warning(
+                "speech_ctc: %s utterance(s) have fewer output frames than their transcripts need (%s): they "
+                "add nothing to the loss, and a batch of only such utterances stops the run; %s",
+                ", ".join(f"{k} of {len(self.data[s])} {s}" for s, k in short.items() if k),
+                example,
+                hint,
+            )
+
     def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
         dev = model_device(model)
         x, mask = batch["x"].to(dev), batch["mask"].to(dev)
@@ -325,14 +354,27 @@ class SpeechCTCTask(SpeechTask):
         shape = (x.size(0), int(lengths.max()), len(self.vocabulary))
         logits = check_output("speech_ctc", logits, shape, "per-frame logits (b, t', v)")
         log_probs = logits.float().log_softmax(-1)  # (b, t', v)
+        targets, target_lengths = batch["targets"].to(dev), batch["target_lengths"].to(dev)
         nll = F.ctc_loss(
             log_probs.transpose(0, 1),  # (t', b, v), as torch wants
-            batch["targets"].to(dev),
+            targets,
             lengths,
-            batch["target_lengths"].to(dev),
+            target_lengths,
             blank=0,
-            zero_infinity=True,  # an utterance too short for its label (t' < L + repeats) adds nothing
+            reduction="none",
+            zero_infinity=True,  # an utterance too short for its label (t' < L + repeats): no loss, no gradient
+        )  # (b,)
+        fits = torch.tensor(
+            [ctc_frames_needed(y[:n].tolist()) for y, n in zip(targets, target_lengths, strict=True)]
         )
+        fits = fits.to(dev) <= lengths
+        if not fits.any():  # its loss would read 0, a perfect score
+            raise ValueError(
+                f"speech_ctc: no utterance of this batch has as many output frames as its transcript needs "
+                f"(output frames {lengths.tolist()}, transcript lengths {target_lengths.tolist()}); shorten the "
+                "transcripts or lengthen the recordings"
+            )
+        nll = (nll / target_lengths.clamp_min(1))[fits].mean()  # torch's "mean", over the utterances that fit
         return nll, {"loss": nll.item()}, None
 
     @torch.no_grad()
@@ -348,26 +390,3 @@ class SpeechCTCTask(SpeechTask):
         if self.beam_size > 1:
             out.update({f"beam_{k}": v for k, v in error_rates(texts, [b for _, b in predictions]).items()})
         return out
-
-
-def decode_ids(ids: list[int], vocabulary: list[str], units: str) -> str:
-    """CTC label ids (no blanks) -> the normalized transcript."""
-    tokens = [vocabulary[i] for i in ids]
-    return " ".join(("".join(tokens) if units == "chars" else " ".join(tokens)).split())
-
-
-@torch.no_grad()
-def transcribe_batch(
-    model, x: Tensor, mask: Tensor, vocabulary: list[str], units: str, beam_size: int = 8
-) -> list[tuple[str, str]]:
-    """Features (b, t, m) and mask -> (greedy, prefix-beam-search) transcripts of a CTC model."""
-    from seqlab.tasks.speech_decode import beam_search, greedy_decode
-
-    dev = model_device(model)
-    log_probs = model(x.to(dev), mask=mask.to(dev)).float().log_softmax(-1).cpu()  # (b, t', v)
-    lengths = model.output_lengths(mask.sum(1)).cpu()
-    greedy = [decode_ids(ids, vocabulary, units) for ids in greedy_decode(log_probs, lengths)]
-    if beam_size <= 1:
-        return list(zip(greedy, greedy, strict=True))
-    beam = [decode_ids(ids, vocabulary, units) for ids in beam_search(log_probs, lengths, beam_size)]
-    return list(zip(greedy, beam, strict=True))

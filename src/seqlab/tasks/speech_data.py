@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -269,7 +270,7 @@ def _read_transcripts(folder: Path) -> list[tuple[str, str, str, str]]:
             f"{path} does not exist: a speech folder needs {TRANSCRIPTS}, one line per WAV file: "
             "FILE.wav<TAB>transcript[<TAB>speaker]"
         )
-    rows = []
+    rows, first = [], {}
     for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -280,6 +281,13 @@ def _read_transcripts(folder: Path) -> list[tuple[str, str, str, str]]:
                 f"{where}: expected FILE.wav<TAB>transcript[<TAB>speaker], got {line!r} "
                 "(the separators are tab characters)"
             )
+        key = os.path.normpath(cells[0])  # ./u0.wav is u0.wav
+        if key in first:  # a second row would make a second sample, which the split could part
+            raise ValueError(
+                f"{where}: {cells[0]!r} is named again (first at line {first[key]}); {TRANSCRIPTS} takes one "
+                "line per WAV file"
+            )
+        first[key] = number
         rows.append((cells[0], normalize_text(cells[1]), cells[2] if len(cells) == 3 else "", where))
     if not rows:
         raise ValueError(f"{path} names no utterances")

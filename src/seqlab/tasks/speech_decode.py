@@ -28,9 +28,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from seqlab.tasks.base import MissingDependencyError
+from seqlab.tasks.base import MissingDependencyError, model_device
 
-__all__ = ["beam_search", "error_rates", "greedy_decode"]
+__all__ = [
+    "beam_search",
+    "ctc_frames_needed",
+    "decode_ids",
+    "error_rates",
+    "greedy_decode",
+    "transcribe_batch",
+]
 
 BLANK = 0
 
@@ -121,3 +128,29 @@ def error_rates(references: list[str], hypotheses: list[str]) -> dict[str, float
         raise ValueError("error rates need a non-empty reference transcript for every utterance")
     hyps = [h if h.strip() else "" for h in hypotheses]
     return {"cer": float(jiwer.cer(references, hyps)), "wer": float(jiwer.wer(references, hyps))}
+
+
+def ctc_frames_needed(ids: list[int]) -> int:
+    """The fewest frames CTC can emit the labels ``ids`` from: one each, and a blank between equal neighbours."""
+    return len(ids) + sum(a == b for a, b in itertools.pairwise(ids))
+
+
+def decode_ids(ids: list[int], vocabulary: list[str], units: str) -> str:
+    """CTC label ids (no blanks) -> the normalized transcript."""
+    tokens = [vocabulary[i] for i in ids]
+    return " ".join(("".join(tokens) if units == "chars" else " ".join(tokens)).split())
+
+
+@torch.no_grad()
+def transcribe_batch(
+    model, x: Tensor, mask: Tensor, vocabulary: list[str], units: str, beam_size: int = 8
+) -> list[tuple[str, str]]:
+    """Features (b, t, m) and mask -> (greedy, prefix-beam-search) transcripts of a CTC model."""
+    dev = model_device(model)
+    log_probs = model(x.to(dev), mask=mask.to(dev)).float().log_softmax(-1).cpu()  # (b, t', v)
+    lengths = model.output_lengths(mask.sum(1)).cpu()
+    greedy = [decode_ids(ids, vocabulary, units) for ids in greedy_decode(log_probs, lengths)]
+    if beam_size <= 1:
+        return list(zip(greedy, greedy, strict=True))
+    beam = [decode_ids(ids, vocabulary, units) for ids in beam_search(log_probs, lengths, beam_size)]
+    return list(zip(greedy, beam, strict=True))

@@ -21,7 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import Batch, Task, check_choice, check_int, generator_for, ids_to_decode
+from seqlab.tasks.base import (
+    Batch,
+    Task,
+    check_choice,
+    check_fraction,
+    check_int,
+    generator_for,
+    ids_to_decode,
+)
 
 
 class CharTokenizer:
@@ -86,8 +94,7 @@ class CharLMTask(Task):
         check_int("seq_len", seq_len, 1)
         check_int("batch_size", batch_size, 1)
         check_choice("sampling", sampling, Sampling)
-        if not 0.0 < val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        check_fraction("val_fraction", val_fraction)
         from seqlab.tasks import corpus
 
         if source == "shakespeare" and encoding != "utf-8":  # it would be ignored: the corpus ships decoded

@@ -345,9 +345,9 @@ class SeriesClassificationTask(_SeriesTask):
         self.features, self.classes = ",".join(series.columns), list(series.classes)
         self.offset = self.context if target == "next" else self.context - 1  # the labelled day in the window
         self._prepare(series, self.offset + 1, f"the window ({self.offset + 1} days)", val_frac, test_frac)
-        a, b = self.spans["train"]
+        where = f"{source}, label column {self.label!r}"
+        self.majority_id = sd.majority_class(series.labels, self.classes, self.spans["train"], where)
         self.labels = torch.from_numpy(series.labels)  # (T,)
-        self.majority_id = int(np.bincount(series.labels[a:b], minlength=len(self.classes)).argmax())
 
     @property
     def majority(self) -> str:

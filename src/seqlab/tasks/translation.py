@@ -35,7 +35,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqlab.tasks.base import SPLIT_SEED, Batch, Task, check_index, check_int, check_split, model_device
+from seqlab.tasks.base import (
+    SPLIT_SEED,
+    Batch,
+    Task,
+    check_bool,
+    check_index,
+    check_int,
+    check_split,
+    model_device,
+)
 from seqlab.tasks.parallel import (
     BIBLE_SPLIT,
     Pair,
@@ -84,7 +93,7 @@ class TranslationTask(Task):
     ):
         self.source, self.seed = source, seed
         self.vocab_size = check_int("vocab_size", vocab_size, 256 + len(TranslationTokenizer.SPECIALS))
-        self.shared_vocab = bool(shared_vocab)
+        self.shared_vocab = check_bool("shared_vocab", shared_vocab)
         self.max_len = check_int("max_len", max_len, 2)
         self.batch_size = check_int("batch_size", batch_size, 1)
         if not 0.0 <= label_smoothing < 1.0:

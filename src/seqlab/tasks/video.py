@@ -9,7 +9,8 @@ Sources (nothing is downloaded):
                and ``n_eval`` validation and test clips, each split from its own seed; ``setting='long'`` makes
                the action the direction of the first frames only, so that the families' memory shows
     folder     a user's clips and ``labels.csv`` (``seqlab.tasks.clip_files``), split 80/10/10 by clip (the same
-               split for every seed: ``base.SPLIT_SEED``)
+               split for every seed: ``base.SPLIT_SEED``); colour unless every frame is grey (``channels``
+               1 or 3 converts)
 
 Labels (``label``), one task per shape of the lecture's table:
 
@@ -27,6 +28,7 @@ Pixels are scaled to [0, 1] and standardized per channel with the training clips
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import lru_cache
 from typing import Any, Literal
@@ -55,6 +57,8 @@ from seqlab.tasks.captioning import (
 )
 
 __all__ = ["VideoTask"]
+
+log = logging.getLogger("seqlab.tasks")
 
 Label = Literal["action", "frames", "caption"]
 Setting = Literal["short", "long"]
@@ -85,7 +89,7 @@ class VideoTask(Task):
         path: str | None = None,
         n_frames: int | None = None,
         frame_size: int | None = None,
-        channels: int = 1,
+        channels: int | None = None,
         n_objects: int = 1,
         sprites: Literal["shapes", "digits"] = "shapes",
         event_prob: float = 0.3,
@@ -106,7 +110,9 @@ class VideoTask(Task):
             "frame_size", (32 if generated else 8) if frame_size is None else frame_size, 8
         )
         self._sizes = (n_frames, frame_size)
-        self.channels, self.n_objects, self.sprites = channels, n_objects, sprites
+        # generated clips are grey unless set; a folder keeps its frames' colour unless set
+        self.channels = 1 if channels is None and generated else channels
+        self.n_objects, self.sprites = n_objects, sprites
         self.event_prob = event_prob
         self.n_train, self.n_eval = check_int("n_train", n_train, 1), check_int("n_eval", n_eval, 1)
         self.batch_size, self.seed = check_int("batch_size", batch_size, 1), check_int("seed", seed, 0)
@@ -156,6 +162,7 @@ class VideoTask(Task):
                 f"the clips in {self.path} have {clips.frames.size(1)} frames, not task.n_frames={n_frames}"
             )
         self.n_frames, self.frame_size = clips.frames.size(1), clips.frames.size(-1)
+        self.channels = clips.frames.size(2)  # as read: 1 if every frame is grey, else 3 (unless set)
         order = torch.randperm(len(clips), generator=torch.Generator().manual_seed(SPLIT_SEED))
         cut_val, cut_test = int(0.8 * len(clips)), int(0.9 * len(clips))
         parts = {"train": order[:cut_val], "val": order[cut_val:cut_test], "test": order[cut_test:]}
@@ -163,6 +170,20 @@ class VideoTask(Task):
 
     def _check_labels(self) -> None:
         train = self.clips["train"]
+        if self.label == "action":  # a blank action cell: the clip is in no loss and no score
+            blank = {split: int((c.actions < 0).sum()) for split, c in self.clips.items()}
+            for split, n in blank.items():
+                if n == len(self.clips[split]):
+                    raise ValueError(
+                        f"label='action' needs an action (column 'action' in labels.csv) for some clip of "
+                        f"every split, but none of the {n} {split} clips has one; label more clips"
+                    )
+            if any(blank.values()):
+                log.warning(
+                    "%d of %d clips have no action (a blank 'action' cell): they count in no loss or score",
+                    sum(blank.values()),
+                    sum(len(c) for c in self.clips.values()),
+                )
         if self.label == "frames" and bool((train.events < 0).any()):
             raise ValueError(
                 "label='frames' needs an event for every frame (an 'events' column in labels.csv)"
@@ -262,9 +283,12 @@ class VideoTask(Task):
         else:
             logits = check_output("video frames", model(clips), (b, t, self.n_classes), "logits (b, t, K)")
         flat, target = logits.reshape(-1, self.n_classes).float(), y.reshape(-1)
+        real = target >= 0
+        if not real.any():  # every clip unlabelled: cross_entropy's mean over none is NaN; nothing to learn
+            nll = flat.sum() * 0.0
+            return nll, {"loss": 0.0, "acc": 0.0}, None
         nll = F.cross_entropy(flat, target, ignore_index=-1)
         with torch.no_grad():
-            real = target >= 0
             acc = (flat.argmax(-1)[real] == target[real]).float().mean().item()
         return nll, {"loss": nll.item(), "acc": acc}, None
 

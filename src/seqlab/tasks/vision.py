@@ -42,6 +42,7 @@ from seqlab.tasks.base import (
     Batch,
     MissingDependencyError,
     Task,
+    check_bool,
     check_choice,
     check_index,
     check_int,
@@ -126,10 +127,9 @@ class ImageClassificationTask(Task):
         check_choice("source", source, Source)
         self.source, self.seed = source, check_int("seed", seed, 0)
         self.batch_size = check_int("batch_size", batch_size, 1)
-        self.augment, self.shift = bool(augment), check_int("shift", shift, 0)
-        self.flip = (
-            source == "fashion_mnist" if flip is None else bool(flip)
-        )  # digits are not mirror-symmetric
+        self.augment, self.shift = check_bool("augment", augment), check_int("shift", shift, 0)
+        # digits are not mirror-symmetric
+        self.flip = source == "fashion_mnist" if flip is None else check_bool("flip", flip)
         if source == "folder" and data_dir is None:
             raise ValueError("source='folder' needs data_dir=PATH, a folder with one sub-folder per class")
         if source == "digits" and data_dir is not None:  # it would be ignored: the digits are generated
@@ -140,6 +140,11 @@ class ImageClassificationTask(Task):
         self.data_dir = data_dir or (FASHION_MNIST_DIR if source == "fashion_mnist" else None)
         train, test = self._load(source, image_size)
         self.image_size = train[0].shape[-1] if source != "folder" else image_size
+        if self.shift > self.image_size // 2:  # a shift past the image leaves only the background
+            raise ValueError(
+                f"shift={shift} must be at most half the image side ({self.image_size} // 2 = "
+                f"{self.image_size // 2} pixels): a larger shift blanks many training images"
+            )
         if given_size not in (None, self.image_size):  # it would be ignored: these images have their own size
             raise ValueError(
                 f"image_size sizes source='folder' images; source={source!r} has {self.image_size}x"

@@ -161,7 +161,7 @@ def check_same_data(task, where: str | Path) -> None:
     the scores other data)."""
     tok = getattr(task, "tokenizer", None)
     saved = ckpt.load_tokenizer_json(where)
-    source = getattr(task, "source", None)
+    source = next((s for s in (getattr(task, k, None) for k in ("path", "data_dir", "source")) if s), None)
     data = f"its data{f' ({source})' if isinstance(source, str) else ''}"
     if saved is not None and tok is not None and hasattr(tok, "to_json") and tok.to_json() != saved:
         raise ValueError(
@@ -171,10 +171,58 @@ def check_same_data(task, where: str | Path) -> None:
     # a text edited within its old characters keeps the vocabulary: its counts tell
     described = ckpt.load_config(where).get("task") or {}
     check_same_description(task, described, DATA_COUNTS, data)
+    # a renamed class folder keeps every count but swaps the labels' ids; a rescaled series keeps its length
+    now = task.describe()
+    _check_same_names(now, described, data)
+    if "n_points" in described:
+        _check_same_statistics(now, described, data)
 
 
 DATA_COUNTS = ("train_chars", "val_chars", "n_train", "n_images", "n_clips", "n_utterances", "n_points")
 """Integer sizes in a task's description (``derived``): the same data gives the same counts on any machine."""
+DATA_NAMES = ("classes", "class_names", "vocabulary")
+"""The names a task's output ids stand for, in id order: the same data gives the same names."""
+
+
+def _check_same_names(now: dict[str, Any], saved: dict[str, Any], data: str) -> None:
+    """The class names or vocabulary the rebuilt task describes (``now``) are the saved ones, in the same order:
+    a ValueError saying which names came and went (or that the order changed) otherwise."""
+    for key in DATA_NAMES:
+        if key not in saved or saved[key] is None:
+            continue
+        mine = json.loads(json.dumps(now.get(key)))  # as stored: lists, not tuples
+        if mine == saved[key]:
+            continue
+        if isinstance(mine, list) and isinstance(saved[key], list):
+            added = [x for x in mine if x not in saved[key]]
+            gone = [x for x in saved[key] if x not in mine]
+            change = f"new {added}, missing {gone}" if added or gone else "the same names in another order"
+        else:
+            change = f"now {mine!r}"
+        raise ValueError(
+            f"{data} changed since the checkpoint was trained on it: its {key} are {change} (the checkpoint's "
+            f"{key}: {saved[key]!r}), so the ids would mean other classes; restore the data, or train a new run"
+        )
+
+
+def _check_same_statistics(now: dict[str, Any], saved: dict[str, Any], data: str) -> None:
+    """A series' training-span mean and std (``now``) match the saved ones to 1e-6 relative (the summation
+    order of another machine may differ in the last digits): a ValueError naming both otherwise."""
+    for key in ("mean", "std"):
+        if key not in saved:
+            continue
+        mine, theirs = now.get(key), saved[key]
+        close = (
+            isinstance(mine, list)
+            and isinstance(theirs, list)
+            and len(mine) == len(theirs)
+            and all(abs(a - b) <= 1e-6 * max(abs(a), abs(b)) for a, b in zip(mine, theirs, strict=True))
+        )
+        if not close:
+            raise ValueError(
+                f"{data} changed since the checkpoint was trained on it: the training span's {key} is now "
+                f"{mine!r}, the checkpoint's {theirs!r}; restore the data, or train a new run on it"
+            )
 
 
 def check_same_description(task, saved: dict[str, Any], keys: tuple[str, ...], what: str) -> None:
