@@ -11,16 +11,9 @@ import numpy as np
 from PIL import Image
 
 from seqlab.cli import main
+from test_cli_errors import _error  # the same folder (pytest puts it on sys.path)
 
 QUICK = ["--train.steps=2", "--train.eval_batches=1", "--train.progress=false", "--train.warmup_steps=0"]
-
-
-def _error(capsys, argv) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err and err[-1].startswith("error: "), err
-    assert not any("Traceback" in line for line in err)
-    return err[-1]
 
 
 def _images(root):

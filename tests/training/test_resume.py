@@ -28,13 +28,19 @@ def test_a_killed_and_resumed_run_logs_what_the_uninterrupted_run_logs(
     assert records(out) == records(tmp_path / "a")
 
 
-def test_a_torn_last_line_is_dropped_on_resume(train, records, die_before_saving, tmp_path, caplog):
+def _interrupted_at_8(train, die_before_saving, tmp_path):
+    """An uninterrupted run of 12 steps in a/ and one killed at step 8 in b/ (returned), past its checkpoint."""
     train(tmp_path / "a", 12)
     out = tmp_path / "b"
     killed = die_before_saving(8)
     with pytest.raises(KeyboardInterrupt):
         train(out, 12)
     killed.undo()
+    return out
+
+
+def test_a_torn_last_line_is_dropped_on_resume(train, records, die_before_saving, tmp_path, caplog):
+    out = _interrupted_at_8(train, die_before_saving, tmp_path)
     with open(out / "metrics.jsonl", "ab") as f:
         f.write(b'{"step": 9, "split": "tr\xc3')  # a kill in the middle of a line and of a character
     train(out, 12, resume=True)
@@ -46,12 +52,7 @@ def test_a_torn_last_line_is_dropped_on_resume(train, records, die_before_saving
 def test_lines_that_are_not_records_are_copied_aside_before_a_resume_leaves_them_out(
     train, records, die_before_saving, tmp_path, caplog
 ):
-    train(tmp_path / "a", 12)
-    out = tmp_path / "b"
-    killed = die_before_saving(8)
-    with pytest.raises(KeyboardInterrupt):
-        train(out, 12)
-    killed.undo()
+    out = _interrupted_at_8(train, die_before_saving, tmp_path)
     before = (out / "metrics.jsonl").read_bytes()
     lines = before.splitlines(keepends=True)
     edited = b"".join([*lines[:2], b"my note about this run\n", *lines[2:]])
