@@ -246,10 +246,9 @@ def resolve_run(run_file: str | None, overrides: list[str], out: str | None) -> 
     """(run, its directory): the defaults, then the run file, then dotted overrides; the directory is
     ``out``, else the run's own 'out', else runs/MODEL-TASK (written into the run)."""
     file_run = load_run_file(run_file) if run_file else {}
-    task_name = (merge_run(DEFAULT_RUN, file_run).get("task") or {}).get(
-        "name"
-    )  # unless an override names one
-    run = merge_run(DEFAULT_RUN, file_run, parse_overrides(overrides, task_name))
+    base = merge_run(DEFAULT_RUN, file_run)
+    # the run file's task says which override fields are text, unless an override names the task itself
+    run = merge_run(base, parse_overrides(overrides, (base.get("task") or {}).get("name")))
     given = out or run.get("out")
     if given is not None and not isinstance(given, str):
         raise ValueError(f"out must be a path (a string), got {given!r}")

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from seqlab.layers.attention import MultiheadAttention
-from seqlab.layers.checks import dtype_checked
+from seqlab.layers.checks import check_batch_size, dtype_checked
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
@@ -292,8 +292,7 @@ class LM(nn.Module):
         return h if self.norm is None else self.norm(h)
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> list:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-            raise ValueError(f"batch_size must be an integer >= 0, got {batch_size!r}")
+        check_batch_size(type(self).__name__, batch_size)
         return [b.mixer.init_state(batch_size, device=device, dtype=dtype) for b in self.blocks]
 
     def step(self, x_t: Tensor, state: list | None = None) -> tuple[Tensor, list]:

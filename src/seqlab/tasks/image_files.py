@@ -62,9 +62,8 @@ def _open_rgb(path: Path):
             f"image file {path} does not exist" if not path.exists() else f"{path} is not a file"
         )
     try:
-        with (
-            warnings.catch_warnings()
-        ):  # Pillow's warning past MAX_IMAGE_PIXELS: said below in seqlab's words
+        # Pillow's warning past MAX_IMAGE_PIXELS (printed raw): said below in seqlab's words
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as opened:
                 opened.load()

@@ -263,7 +263,8 @@ def cut_metrics(file: Path, step: int) -> list[dict[str, Any]]:
     if unreadable == [len(raws) - 1]:  # seqlab only appends: a kill can tear the last line, no other
         log.warning("%s: dropped its last line, torn by an interrupted write", file)
     elif unreadable:
-        aside = _copy_aside(file, "unreadable")
+        aside = _free_name(file, "unreadable")
+        shutil.copy2(file, aside)
         log.warning(
             "%s: %d line(s) are not seqlab records (line %s; not a torn write, which leaves only the last line "
             "unreadable): left out of the run's metrics; the file as it was is kept as %s",
@@ -276,12 +277,11 @@ def cut_metrics(file: Path, step: int) -> list[dict[str, Any]]:
     return kept
 
 
-def _copy_aside(file: Path, tag: str) -> Path:
-    """A copy of ``file`` as ``FILE.TAG-N``, the first free N; returns the copy's path."""
+def _free_name(file: Path, tag: str) -> Path:
+    """``FILE.TAG-N`` beside ``file``, the first N for which nothing exists (nothing is overwritten)."""
     n = 1
     while (aside := file.with_name(f"{file.name}.{tag}-{n}")).exists():
         n += 1
-    shutil.copy2(file, aside)
     return aside
 
 
@@ -290,9 +290,7 @@ def set_aside(file: Path) -> Path | None:
     with a warning; returns where it went (None when there was none). Nothing is deleted."""
     if not file.exists():
         return None
-    n = 1
-    while (aside := file.with_name(f"{file.name}.stale-{n}")).exists():
-        n += 1
+    aside = _free_name(file, "stale")
     file.rename(aside)
     log.warning("%s is from an earlier run; this fresh start moved it to %s", file, aside.name)
     return aside

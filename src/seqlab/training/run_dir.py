@@ -82,13 +82,18 @@ def _refuse_mixing(out_dir: Path, resume: bool | str | Path) -> None:
         )
 
 
+def save_steps(first: int, steps: int, save_every: int) -> set[int]:
+    """The steps after ``first`` at which a run of ``steps`` saves: every ``save_every``-th (0: none) and the last."""
+    return {s for s in range(first + 1, steps + 1) if (save_every and s % save_every == 0) or s == steps}
+
+
 def check_save_steps(out_dir: Path, first: int, steps: int, save_every: int) -> None:
     """Before training from step ``first``: a ValueError when a directory seqlab did not write (the manifest does
     not name it) sits where this run will save a checkpoint, found now rather than by the save after the work.
     Other directories of the user's in checkpoints/ stay as they are."""
     ckpt_root = out_dir / "checkpoints"
     named = run_files.read_manifest(ckpt_root)
-    saves = {s for s in range(first + 1, steps + 1) if (save_every and s % save_every == 0) or s == steps}
+    saves = save_steps(first, steps, save_every)
     strays = sorted(
         p.name
         for p in ckpt_root.glob(f"{ckpt.STEP_PREFIX}*")
@@ -122,9 +127,7 @@ def check_disk_room(out_dir: Path, first: int, steps: int, save_every: int, keep
     """Before training from step ``first``: a ValueError when the run's disk has no room for one checkpoint (the
     first save would fail after the work), a warning when it has too little for the checkpoints the run will keep
     (a later save fails then; the previous checkpoint stays)."""
-    saves = len(
-        {s for s in range(first + 1, steps + 1) if (save_every and s % save_every == 0) or s == steps}
-    )
+    saves = len(save_steps(first, steps, save_every))
     if not saves:
         return
     one = checkpoint_bytes(model)
@@ -170,9 +173,9 @@ def check_same_data(task, where: str | Path) -> None:
         )
     # a text edited within its old characters keeps the vocabulary: its counts tell
     described = ckpt.load_config(where).get("task") or {}
-    check_same_description(task, described, DATA_COUNTS, data)
-    # a renamed class folder keeps every count but swaps the labels' ids; a rescaled series keeps its length
     now = task.describe()
+    _check_same_values(now, described, DATA_COUNTS, data)
+    # a renamed class folder keeps every count but swaps the labels' ids; a rescaled series keeps its length
     _check_same_names(now, described, data)
     if "n_points" in described:
         _check_same_statistics(now, described, data)
@@ -230,7 +233,11 @@ def check_same_description(task, saved: dict[str, Any], keys: tuple[str, ...], w
     checkpoint was trained on: a ValueError naming the first of ``keys`` (class names, statistics, lengths) whose
     value in ``task.describe()`` differs from ``saved`` (the checkpoint's task description), as when the data
     (``what``) was edited since."""
-    now = task.describe()
+    _check_same_values(task.describe(), saved, keys, what)
+
+
+def _check_same_values(now: dict[str, Any], saved: dict[str, Any], keys: tuple[str, ...], what: str) -> None:
+    """:func:`check_same_description` on a description already made (``now``)."""
     for key in keys:
         if (
             key in saved and json.loads(json.dumps(now.get(key))) != saved[key]
