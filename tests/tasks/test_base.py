@@ -1,10 +1,12 @@
-"""The helpers every task shares: one check per kind of argument, describe() from the constructor."""
+"""The helpers every task shares: one check per kind of argument, describe() from the constructor, the
+stratified split order."""
 
 from typing import Literal
 
 import pytest
+import torch
 
-from seqlab.tasks.base import Task, check_choice, check_int
+from seqlab.tasks.base import Task, check_choice, check_int, stratified_order
 from seqlab.tasks.synthetic import AddingTask, CopyTask
 
 
@@ -37,3 +39,23 @@ def test_text_sampling_is_checked(tmp_path):
     path.write_text("abcdefgh" * 200, encoding="utf-8")
     with pytest.raises(ValueError, match=r"sampling must be one of \('stream', 'random'\), got 'shuffle'"):
         CharLMTask(source=str(path), sampling="shuffle")
+
+
+@pytest.mark.parametrize(
+    ("seed", "sizes"), [(0, [60, 25, 9, 4, 2, 1]), (1, [60, 25, 9, 4, 2, 1]), (2, [500] + [3] * 11)]
+)
+def test_stratified_order_leads_with_one_of_each_class_then_spreads_each_evenly(seed, sizes):
+    sizes = torch.tensor(sizes)
+    n, k = int(sizes.sum()), len(sizes)
+    labels = torch.repeat_interleave(torch.arange(k), sizes)
+    labels = labels[torch.randperm(n, generator=torch.Generator().manual_seed(100 + seed))]
+    order = stratified_order(labels, seed)
+    assert sorted(order.tolist()) == list(range(n))
+    assert sorted(labels[order[:k]].tolist()) == list(range(k))  # one of every class first
+    rest = sizes - 1  # after the first k: each class in its share of every stretch, to within one example
+    for m in range(k, n, max(1, n // 150)):
+        for piece in (order[k:m], order[m:]):
+            counts = torch.bincount(labels[piece], minlength=k).double()
+            share = rest.double() * len(piece) / (n - k)
+            assert torch.all((counts - share).abs() < 1.0), (m, counts.tolist(), share.tolist())
+    assert torch.equal(order, stratified_order(labels, seed))  # a function of the labels and the seed

@@ -118,3 +118,26 @@ def test_settings_a_source_would_ignore_are_refused(tmp_path):
     with pytest.raises(ValueError, match="data_dir belongs to source='folder'"):
         create_task("image_classification", source="digits", data_dir=str(tmp_path / "nodir"))
     assert create_task("image_classification", source="digits", image_size=8).image_size == 8
+
+
+def test_a_folder_is_split_by_class_every_class_kept_in_training(tmp_path, caplog):
+    """Each class in its share of the test split and of test + val to within one image, every class in
+    training, and a class too small for the evaluation splits named."""
+    rng = np.random.default_rng(1)
+    sizes = {"ants": 15, "bees": 15, "cats": 15, "dogs": 15, "eels": 2, "yaks": 1}
+    for name, n in sizes.items():
+        (tmp_path / name).mkdir()
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(
+                tmp_path / name / f"{i}.png"
+            )
+    with caplog.at_level("WARNING", logger="seqlab.tasks"):
+        task = create_task(
+            "image_classification", source="folder", data_dir=str(tmp_path), image_size=8, n_val=6
+        )
+    counts = {s: torch.bincount(task._splits[s][1], minlength=6).double() for s in ("train", "val", "test")}
+    rest = torch.tensor(list(sizes.values())).double() - 1  # one image of each class is kept for training
+    for held in (counts["test"], counts["test"] + counts["val"]):
+        assert torch.all((held - rest * held.sum() / rest.sum()).abs() < 1), counts
+    assert torch.all(counts["train"] >= 1), counts
+    assert "class(es) have no test image" in caplog.text and "'yaks'" in caplog.text

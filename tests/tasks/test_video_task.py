@@ -93,12 +93,12 @@ def test_long_setting_labels_only_the_four_directions():
     }
 
 
-def _folder(tmp_path, n=12, t=5, events=True):
+def _folder(tmp_path, n=12, t=5, events=True, actions=("wave", "jump")):
     rng = np.random.default_rng(0)
     rows = []
     for i in range(n):
         np.save(tmp_path / f"clip{i}.npy", rng.integers(0, 255, (t, 16, 16), dtype=np.uint8))
-        row = {"clip": f"clip{i}", "action": ["wave", "jump"][i % 2], "caption": f"a person does {i % 3}"}
+        row = {"clip": f"clip{i}", "action": actions[i % len(actions)], "caption": f"a person does {i % 3}"}
         if events:
             row["events"] = " ".join(EVENTS[(i + k) % 5] for k in range(t))
         rows.append(row)
@@ -120,6 +120,25 @@ def test_a_users_folder_of_clips(tmp_path):
         "video", label="frames", source="folder", path=str(folder), n_frames=5, frame_size=16
     )
     assert frames.get_batch("val", 0)["y"].shape == (32, 5)
+
+
+def test_a_folder_is_split_by_action_every_action_in_training(tmp_path):
+    """50 clips, 'clap' in 5 and 'nod' in 1: each action in its share of val + test to within one clip, and
+    the lone 'nod' in training (a random cut left it out of training one time in five)."""
+    folder = _folder(tmp_path, n=50, actions=("wave", "jump", "kick", "wave", "jump", "kick", "wave", "clap"))
+    rows = list(csv.DictReader((folder / "labels.csv").read_text(encoding="utf-8").splitlines()))
+    rows[-1]["action"] = "nod"
+    with open(folder / "labels.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    task = create_task("video", source="folder", path=str(folder), n_frames=5, frame_size=16)
+    k = len(task.class_names)
+    counts = {s: torch.bincount(c.actions, minlength=k).double() for s, c in task.clips.items()}
+    rest = sum(counts.values()) - 1  # one clip of each action leads the order, in training
+    held = counts["val"] + counts["test"]
+    assert torch.all((held - rest * held.sum() / rest.sum()).abs() < 1), counts
+    assert torch.all(counts["train"] >= 1), counts
 
 
 def test_folder_errors(tmp_path):

@@ -15,6 +15,7 @@ import numbers
 import typing
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -207,3 +208,30 @@ def epoch_rows(seed: int, n: int, index: int, batch_size: int) -> Tensor:
         here = epochs == epoch
         rows[here] = order[within[here]]
     return rows
+
+
+def stratified_order(labels: Tensor, seed: int) -> Tensor:
+    """(N,) a permutation of the N examples with ``labels`` (N,): first one example of each of the K classes,
+    then the others with each class spread evenly, so that every stretch of them (from the K-th entry to
+    any point, or from any point to the end) holds each class in its share to within one example. A split
+    that cuts its evaluation parts from the end (or, flipped, from the front) keeps every class in training
+    and gives each evaluation part the classes in proportion: a rare class is not left to a random cut.
+
+    Each class's examples are shuffled; after the leaders, position m takes the next example of the class
+    furthest behind its share, argmax_c (m + 1) r_c / R - taken_c (r_c of the class's R remaining examples),
+    which keeps every class within one example of its share at every m.
+    """
+    g = torch.Generator().manual_seed(seed)
+    classes = torch.unique(labels)
+    members = [
+        torch.nonzero(labels == c).flatten() for c in classes[torch.randperm(len(classes), generator=g)]
+    ]
+    members = [rows[torch.randperm(len(rows), generator=g)] for rows in members]  # each class shuffled
+    rest = np.array([len(rows) - 1 for rows in members], dtype=np.float64)
+    share, taken = rest / max(rest.sum(), 1.0), np.zeros(len(members))
+    order = [int(rows[0]) for rows in members]  # one of each class first
+    for m in range(int(rest.sum())):
+        c = int(np.argmax((m + 1) * share - taken))  # ties: the first of the shuffled classes
+        taken[c] += 1
+        order.append(int(members[c][int(taken[c])]))
+    return torch.tensor(order, dtype=torch.long)

@@ -9,7 +9,7 @@ Sources (nothing is downloaded):
                and ``n_eval`` validation and test clips, each split from its own seed; ``setting='long'`` makes
                the action the direction of the first frames only, so that the families' memory shows
     folder     a user's clips and ``labels.csv`` (``seqlab.tasks.clip_files``), split 80/10/10 by clip (the same
-               split for every seed: ``base.SPLIT_SEED``); colour unless every frame is grey (``channels``
+               split for every seed: ``base.SPLIT_SEED``; stratified by action for ``label='action'``); colour unless every frame is grey (``channels``
                1 or 3 converts)
 
 Labels (``label``), one task per shape of the lecture's table:
@@ -47,6 +47,7 @@ from seqlab.tasks.base import (
     check_output,
     epoch_rows,
     model_device,
+    stratified_order,
 )
 from seqlab.tasks.captioning import (
     caption_loss,
@@ -163,7 +164,12 @@ class VideoTask(Task):
             )
         self.n_frames, self.frame_size = clips.frames.size(1), clips.frames.size(-1)
         self.channels = clips.frames.size(2)  # as read: 1 if every frame is grey, else 3 (unless set)
-        order = torch.randperm(len(clips), generator=torch.Generator().manual_seed(SPLIT_SEED))
+        if (
+            self.label == "action"
+        ):  # each action (and the unlabelled clips) in its share, every one in training
+            order = stratified_order(clips.actions, SPLIT_SEED)
+        else:
+            order = torch.randperm(len(clips), generator=torch.Generator().manual_seed(SPLIT_SEED))
         cut_val, cut_test = int(0.8 * len(clips)), int(0.9 * len(clips))
         parts = {"train": order[:cut_val], "val": order[cut_val:cut_test], "test": order[cut_test:]}
         return {split: clips.subset(rows) for split, rows in parts.items()}

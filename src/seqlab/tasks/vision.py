@@ -14,7 +14,8 @@ Data (read from installed packages or the user's files, never downloaded):
 Splits, with no image in two of them: 'test' is the source's own test set (Fashion-MNIST's 10,000), or for
 the sources without one a fixed random 20% (the same for every seed); 'val' is ``n_val`` images held out of the
 training set (5,000 for Fashion-MNIST, else a tenth; the same for every seed, so validation numbers compare
-across runs); 'train' is the rest.
+across runs); 'train' is the rest. The digits' and a folder's splits are stratified
+(``base.stratified_order``): each class in its share of every split, and every class in training.
 Pixels are scaled to [0, 1] and standardized with the training split's mean and standard deviation per
 channel. Training batches are augmented when ``augment`` is set: a random shift of up to ``shift`` pixels
 (padded with the background: black for the datasets, the white canvas for folder images) and, with ``flip``,
@@ -29,6 +30,7 @@ their split in order and wrap around: ``evaluate(model, task.eval_batches(split)
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -51,6 +53,7 @@ from seqlab.tasks.base import (
     epoch_rows,
     generator_for,
     model_device,
+    stratified_order,
 )
 from seqlab.tasks.images import FASHION_MNIST_DIR, _load_fashion_mnist
 
@@ -58,6 +61,7 @@ __all__ = ["DARK_SOURCES", "ImageClassificationTask"]
 
 Source = Literal["fashion_mnist", "digits", "folder"]
 _AUGMENT_STREAM = 1 << 40
+log = logging.getLogger("seqlab.tasks")
 FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"
 )  # fmt: skip
@@ -164,6 +168,7 @@ class ImageClassificationTask(Task):
             "val": (train[0][: self.n_val], train[1][: self.n_val]),
             "test": test,
         }
+        self._warn_missing_classes()
         pixels = self._splits["train"][0].double() / 255.0  # (N, c, S, S)
         self._mean = pixels.mean((0, 2, 3)).float().view(1, -1, 1, 1)  # (1, c, 1, 1)
         self._std = pixels.std((0, 2, 3)).clamp_min(1e-6).float().view(1, -1, 1, 1)
@@ -180,13 +185,29 @@ class ImageClassificationTask(Task):
             images, labels = _load_digits()
         else:
             images, labels, self.classes = _load_folder(self.data_dir, check_int("image_size", image_size, 4))
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(12345))
-        cut = len(labels) // 5  # a fixed 20% test split, the same for every seed
+        # a fixed 20% test split, the same for every seed, each class in its share; one image of every class
+        # at the end, in training (the validation images come from the front of the rest)
+        order = stratified_order(labels, 12345).flip(0)
+        cut = len(labels) // 5
         if cut == 0:  # an empty test split trained, then failed in eval and viz
             raise ValueError(
                 f"{self.data_dir} holds {len(labels)} images: its 20% test split needs at least 5; add images"
             )
         return (images[order[cut:]], labels[order[cut:]]), (images[order[:cut]], labels[order[:cut]])
+
+    def _warn_missing_classes(self) -> None:
+        """Say which classes have too few images to appear in the validation or test split."""
+        for split in ("val", "test"):
+            counts = torch.bincount(self._splits[split][1], minlength=len(self.classes))
+            missing = [self.classes[k] for k in torch.nonzero(counts == 0).flatten().tolist()]
+            if missing:
+                shown = ", ".join(repr(m) for m in missing[:5]) + (" ..." if len(missing) > 5 else "")
+                log.warning(
+                    "%d class(es) have no %s image (too few images to split): %s; its accuracy leaves them out",
+                    len(missing),
+                    split,
+                    shown,
+                )
 
     @property
     def n_classes(self) -> int:
