@@ -76,6 +76,19 @@ def test_classification_windows_stay_inside_their_split_and_labels_line_up(tmp_p
             assert (batch["y"].numpy() == labelled_day % 2).all()  # class 0 'even', 1 'odd'
 
 
+def test_a_label_number_written_two_ways_is_one_class(tmp_path, caplog):
+    """'1' and '1.0' (a column that went through floats) are one class, not two; names stay classes."""
+    n = 120
+    labels = [["0", "1", "1.0", "2"][t % 4] for t in range(n)]
+    src = _csv(tmp_path / "c.csv", {"t": list(range(n)), "level": labels})
+    with caplog.at_level("WARNING", logger="seqlab.tasks"):
+        task = SeriesClassificationTask(src, label="level", features="t", context=6, batch_size=8)
+    assert task.series.classes == ["0", "1", "2"]
+    assert "writes a number more than one way" in caplog.text and "'1' = '1.0'" in caplog.text
+    ids = task.series.labels[:8].tolist()
+    assert ids == [0, 1, 1, 2, 0, 1, 1, 2]
+
+
 @pytest.mark.parametrize("scaling", ["global", "window"])
 @pytest.mark.parametrize("mode", ["rolling", "direct"])
 def test_normalization_and_training_batches_ignore_the_validation_and_test_spans(tmp_path, scaling, mode):

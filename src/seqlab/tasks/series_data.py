@@ -30,6 +30,7 @@ naive forecast scores MASE = 1 on the training span's one-step windows by constr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -219,9 +220,30 @@ def _labels(frame, label: str, source: str) -> tuple[np.ndarray, list[str]]:
     empty = np.flatnonzero(text == "")
     if len(empty):
         raise ValueError(f"{source}: the label column {label!r} is empty at data row {int(empty[0]) + 1}")
+    text = _one_spelling_per_number(text, label, source)
     classes = sorted(set(text))
     lookup = {c: i for i, c in enumerate(classes)}
     return np.array([lookup[x] for x in text], dtype=np.int64), classes
+
+
+def _one_spelling_per_number(text: np.ndarray, label: str, source: str) -> np.ndarray:
+    """``text`` with labels that write one number several ways ('1', '1.0', '01') read as one class, named by
+    the spelling that sorts first, and a warning naming them."""
+    spellings: dict[float, list[str]] = {}
+    for name in sorted(set(text)):
+        with contextlib.suppress(ValueError):  # a name, not a number, stays as it is
+            spellings.setdefault(float(name), []).append(name)
+    same = {s: ways[0] for ways in spellings.values() if len(ways) > 1 for s in ways}
+    if not same:
+        return text
+    groups = sorted({" = ".join(repr(s) for s in ways) for ways in spellings.values() if len(ways) > 1})
+    log.warning(
+        "%s: the label column %r writes a number more than one way; each read as one class: %s",
+        source,
+        label,
+        "; ".join(groups[:5]),
+    )
+    return np.array([same.get(x, x) for x in text])
 
 
 def majority_class(labels: np.ndarray, classes: list[str], span: tuple[int, int], where: str) -> int:
