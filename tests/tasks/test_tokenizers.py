@@ -52,3 +52,19 @@ def test_dispatch_and_errors():
         BPETokenizer.from_json(char.to_json())
     with pytest.raises(ValueError, match="vocab_size"):
         BPETokenizer.train("abc", vocab_size=100)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("{not json", "tokenizer.json is not valid JSON"),
+        ("[1, 2]", "unknown tokenizer type None"),
+        ('{"type": "char"}', "of type 'char' is not one seqlab wrote \\(KeyError"),
+        ('{"type": "char", "chars": ["ab", "c"]}', "chars must be a non-empty string"),
+        ('{"type": "bpe", "tokenizer": {"model": 3}}', "of type 'bpe' is not one seqlab wrote"),
+        ('{"type": "translation", "source": {}, "shared": true}', "of type 'translation' is not one seqlab"),
+    ],
+)
+def test_a_tokenizer_json_seqlab_did_not_write_is_one_clear_error(text, match):
+    with pytest.raises(ValueError, match=match):
+        tokenizer_from_json(text)

@@ -36,8 +36,8 @@ class CharTokenizer:
     """Characters <-> ids. The vocabulary is the sorted set of characters of the text it was built from."""
 
     def __init__(self, chars: str):
-        if len(set(chars)) != len(chars) or not chars:
-            raise ValueError("chars must be a non-empty string of distinct characters")
+        if not isinstance(chars, str) or len(set(chars)) != len(chars) or not chars:
+            raise ValueError(f"chars must be a non-empty string of distinct characters, got {chars!r:.80}")
         self.chars = chars
         self.index = {ch: i for i, ch in enumerate(chars)}
 

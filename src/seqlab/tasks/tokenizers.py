@@ -219,15 +219,28 @@ class WordPieceTokenizer(SubwordTokenizer):
 
 
 def tokenizer_from_json(text: str):
-    """Rebuild a tokenizer from ``to_json()`` output, dispatching on its ``type``: char, bpe or wordpiece."""
-    kind = json.loads(text).get("type")
-    if kind == "char":
-        from seqlab.tasks.text import CharTokenizer
+    """Rebuild a tokenizer from ``to_json()`` output, dispatching on its ``type``: char, bpe or wordpiece; text
+    that is not such output (a hand-edited file, another library's tokenizer.json) is a ValueError."""
+    from seqlab.tasks.text import CharTokenizer
 
-        return CharTokenizer.from_json(text)
-    kinds = {"bpe": BPETokenizer, "wordpiece": WordPieceTokenizer, "translation": TranslationTokenizer}
+    try:
+        saved = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"tokenizer.json is not valid JSON ({e})") from None
+    kind = saved.get("type") if isinstance(saved, dict) else None
+    kinds = {
+        "char": CharTokenizer,
+        "bpe": BPETokenizer,
+        "wordpiece": WordPieceTokenizer,
+        "translation": TranslationTokenizer,
+    }
     if kind not in kinds:
         raise ValueError(
             f"unknown tokenizer type {kind!r} in tokenizer.json; known: char, bpe, wordpiece, translation"
         )
-    return kinds[kind].from_json(text)
+    try:
+        return kinds[kind].from_json(text)
+    except Exception as e:  # KeyError, TypeError, ValueError, and the bare Exception of tokenizers' parser
+        raise ValueError(
+            f"tokenizer.json of type {kind!r} is not one seqlab wrote ({type(e).__name__}: {e})"
+        ) from e
