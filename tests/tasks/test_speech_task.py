@@ -67,6 +67,22 @@ def test_log_mel_matches_librosa():
     torch.testing.assert_close(z.mean(0), torch.zeros(24), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n_mels": 200}, r"n_mels=200 leaves 18 of its bands empty at n_fft=400 \(201 frequency bins\)"),
+        ({"fmin": 9000.0}, r"0 <= fmin < fmax <= sample_rate / 2 = 8000 Hz, got fmin=9000.0"),
+        ({"fmax": 22050.0}, r"got fmin=20.0, fmax=22050.0"),
+        ({"fmin": -1.0}, "0 <= fmin"),
+    ],
+)
+def test_bands_that_cannot_hold_sound_are_refused(kwargs, match):
+    """An empty mel band is a feature that is 0 for every sound (librosa only warned)."""
+    pytest.importorskip("librosa")
+    with pytest.raises(ValueError, match=match):
+        Features(**kwargs)
+
+
 def test_wav_round_trip_resampling_and_channels(tmp_path):
     sr = 22050
     t = np.arange(sr) / sr

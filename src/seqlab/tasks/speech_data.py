@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -144,7 +145,15 @@ def write_wav(path: str | Path, wave: np.ndarray, sample_rate: int) -> Path:
 def _mel_matrix(sample_rate: int, n_fft: int, n_mels: int, fmin: float, fmax: float | None) -> Tensor:
     import librosa
 
-    fb = librosa.filters.mel(sr=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
+    with warnings.catch_warnings():  # librosa's "Empty filters detected": said below in seqlab's words
+        warnings.simplefilter("ignore", UserWarning)
+        fb = librosa.filters.mel(sr=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
+    empty = int((fb.max(axis=1) == 0).sum())
+    if empty:  # a band between two FFT bins: a feature that is 0 for every sound
+        raise ValueError(
+            f"n_mels={n_mels} leaves {empty} of its bands empty at n_fft={n_fft} ({n_fft // 2 + 1} frequency "
+            f"bins) and sample_rate={sample_rate}: use fewer bands (n_mels), a larger n_fft, or a higher fmin"
+        )
     return torch.from_numpy(fb).float()  # (m, f)
 
 
@@ -175,6 +184,18 @@ class Features:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        nyquist = self.sample_rate / 2
+        top = nyquist if self.fmax is None else self.fmax
+        if not (
+            isinstance(self.fmin, int | float)
+            and isinstance(top, int | float)
+            and 0 <= self.fmin < top <= nyquist
+        ):
+            raise ValueError(
+                f"the bands must lie in 0 <= fmin < fmax <= sample_rate / 2 = {nyquist:g} Hz, got fmin={self.fmin!r}, "
+                f"fmax={self.fmax!r}"
+            )
+        _mel_matrix(self.sample_rate, self.n_fft, self.n_mels, self.fmin, self.fmax)  # refuses empty bands
 
     def log_mel(self, wave: np.ndarray | Tensor) -> Tensor:
         """(n,) -> L (t, m), before normalization."""
