@@ -143,16 +143,24 @@ def _available_bytes() -> int | None:
     return min(found) if found else None
 
 
-def check_fits_in_memory(meta_model: nn.Module, what: str) -> None:
-    """A ValueError when the weights of a model (built on the meta device) exceed the memory available now."""
-    need = sum(p.numel() * p.element_size() for p in meta_model.parameters())
+def _check_room(need: int, refusal) -> None:
+    """A ValueError with ``refusal(available GiB)`` when ``need`` bytes exceed the memory available now."""
     have = _available_bytes()
     if have is not None and need > have:
-        n = sum(p.numel() for p in meta_model.parameters())
-        raise ValueError(
+        raise ValueError(refusal(have / 2**30))
+
+
+def check_fits_in_memory(meta_model: nn.Module, what: str) -> None:
+    """A ValueError when the weights of a model (built on the meta device) exceed the memory available now."""
+    n = sum(p.numel() for p in meta_model.parameters())
+    need = sum(p.numel() * p.element_size() for p in meta_model.parameters())
+    _check_room(
+        need,
+        lambda have: (
             f"a {what!r} model of {n:,} parameters needs {need / 2**30:,.1f} GiB for its weights alone; "
-            f"this machine has {have / 2**30:,.1f} GiB available. Nothing was allocated: choose a smaller config"
-        )
+            f"this machine has {have:,.1f} GiB available. Nothing was allocated: choose a smaller config"
+        ),
+    )
 
 
 def check_can_train(model: nn.Module) -> None:
@@ -160,13 +168,14 @@ def check_can_train(model: nn.Module) -> None:
     the weights, activations on top) exceed the memory available now, rather than an allocator error later."""
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
     need = 3 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    have = _available_bytes()
-    if have is not None and need > have:
-        raise ValueError(
-            f"training this model ({n:,} trained parameters) needs {need / 2**30:,.1f} GiB more for its gradients "
-            f"and AdamW's two moments, activations on top; {have / 2**30:,.1f} GiB are available: choose a "
+    _check_room(
+        need,
+        lambda have: (
+            f"training this model ({n:,} trained parameters) needs {need / 2**30:,.1f} GiB more for its "
+            f"gradients and AdamW's two moments, activations on top; {have:,.1f} GiB are available: choose a "
             "smaller config"
-        )
+        ),
+    )
 
 
 def create(name: str, *, device=None, dtype=None, **overrides) -> nn.Module:
