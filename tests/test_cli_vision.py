@@ -4,6 +4,7 @@ through `seqlab train`, then caption, draw the attention, evaluate; and the mist
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -117,3 +118,37 @@ def test_an_image_for_a_digits_model_is_letterboxed_on_black_and_greyed_as_luma(
     assert int(grey[0, 4, 4]) == round(0.299 * 255)  # Pillow's "L" of pure red (the channel mean gave 85)
     rgb = _image(args, {"source": "folder"}, 8, 3)
     assert int(rgb[:, :, :2].min()) == 255  # a folder's images are letterboxed on white, as in training
+
+
+def test_classify_names_a_class_per_image_and_the_top_k(vit, capsys, tmp_path):
+    files = []
+    for i, (h, w) in enumerate([(8, 8), (30, 12), (5, 40)]):  # any size, colour or grey
+        files.append(tmp_path / f"img{i}.png")
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (h, w, 3), dtype=np.uint8)).save(files[-1])
+    assert main(["classify", "--checkpoint", str(vit), *map(str, files)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [ln.split("\t")[0] for ln in lines] == list(map(str, files))
+    assert all(re.fullmatch(r"\d \(p = [01]\.\d\d\)", ln.split("\t")[1]) for ln in lines), lines
+    assert main(["classify", "--checkpoint", str(vit), "--top", "3", str(files[0])]) == 0
+    path, best = capsys.readouterr().out.strip().split("\t")
+    probs = [float(p) for p in re.findall(r"\(p = ([01]\.\d\d)\)", best)]
+    assert path == str(files[0]) and len(probs) == 3 and probs == sorted(probs, reverse=True)
+    assert best.split(",")[0] == lines[0].split("\t")[1]  # the first of the top 3 is the best class
+
+
+def test_classify_refuses_what_it_cannot_answer(vit, captioner, capsys, tmp_path):
+    image = tmp_path / "a.png"
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(image)
+    (tmp_path / "b.png").write_text("not an image", encoding="utf-8")
+    cases = [
+        (["--checkpoint", str(vit), "--top", "11", str(image)], "--top 11: the model in .* knows 10 classes"),
+        (
+            ["--checkpoint", str(vit), str(image), str(tmp_path / "b.png")],
+            "b.png is not an image Pillow can read",
+        ),
+        (["--checkpoint", str(captioner), str(image)], "classify needs a 'vit' model"),
+    ]
+    for argv, match in cases:
+        assert main(["classify", *argv]) == 2
+        err = capsys.readouterr()
+        assert re.search(match, err.err) and err.out == "", (argv, err)

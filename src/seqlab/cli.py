@@ -29,7 +29,7 @@ from seqlab.commands_series import add_forecast
 from seqlab.commands_speech import add_transcribe, add_viz_speech, compare_speech_command
 from seqlab.commands_train import add_train
 from seqlab.commands_video import add_viz_video, compare_video_command
-from seqlab.commands_vision import add_caption, add_viz_attention, add_viz_caption
+from seqlab.commands_vision import add_caption, add_classify, add_viz_attention, add_viz_caption
 from seqlab.console import escape_unencodable, escapes_note, say
 from seqlab.outfiles import add_out_file
 from seqlab.run import (
@@ -68,11 +68,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     try:
         prompt = tok.encode(args.prompt)
     except ValueError as e:
-        given = (
-            ""
-            if args.prompt != "\n"
-            else " (the default prompt, a newline: this text has none; give --prompt)"
-        )
+        newline = args.prompt == "\n"
+        given = " (the default prompt, a newline: this text has none; give --prompt)" if newline else ""
         raise ValueError(f"the prompt cannot be encoded{given}: {e}") from None
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty; give at least one character, e.g. --prompt 'ROMEO:'")
@@ -317,6 +314,7 @@ def make_parser() -> argparse.ArgumentParser:
         _add_generate,
         add_translate,
         add_caption,
+        add_classify,
         add_forecast,
         add_transcribe,
         add_eval,

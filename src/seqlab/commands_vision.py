@@ -1,5 +1,6 @@
-"""Subcommands for image models that :mod:`seqlab.cli` registers: ``seqlab caption``, ``seqlab viz caption``
-and ``seqlab viz attention`` (a language model's attention over a text, a ViT's over an image).
+"""Subcommands for image models that :mod:`seqlab.cli` registers: ``seqlab caption``, ``seqlab classify`` (a
+ViT's classes for image files), ``seqlab viz caption`` and ``seqlab viz attention`` (a language model's
+attention over a text, a ViT's over an image).
 
 An image comes from a file (``--image``, any format Pillow reads, fitted into the model's image size on white
 with its aspect kept), or for checkpoints trained on built-in data from the data itself: ``--scene SPLIT:N``
@@ -20,7 +21,7 @@ from seqlab.commands import beam_width
 from seqlab.outfiles import add_out_file, fresh_file, fresh_folder
 from seqlab.run import indices, non_negative_int, positive_int
 
-__all__ = ["add_caption", "add_viz_attention", "add_viz_caption", "vit_attention_command"]
+__all__ = ["add_caption", "add_classify", "add_viz_attention", "add_viz_caption", "vit_attention_command"]
 
 
 def _checkpoint(path: str, family: str, what: str):
@@ -183,6 +184,47 @@ def add_caption(sub) -> None:
     c = sub.add_parser("caption", help="describe an image with a trained captioner")
     _add_image_source(c)
     c.set_defaults(func=_cmd_caption)
+
+
+CLASSIFY_BATCH = 64  # images per forward pass of seqlab classify
+
+
+def _cmd_classify(args: argparse.Namespace) -> int:
+    from seqlab.tasks.image_files import load_image
+    from seqlab.tasks.vision import DARK_SOURCES
+
+    model, task = _checkpoint(args.checkpoint, "vit", "classify")
+    classes, c = task.get("classes") or [], model.config
+    if args.top > len(classes):
+        raise ValueError(f"--top {args.top}: the model in {args.checkpoint} knows {len(classes)} classes")
+    # letterboxed on the training images' background, grey as Pillow's luma; every file read (and refused)
+    # before the first is classified
+    background = (0, 0, 0) if task.get("source") in DARK_SOURCES else (255, 255, 255)
+    images = torch.stack(
+        [load_image(f, c.image_size, background, grey=c.in_channels == 1) for f in args.files]
+    )
+    for start in range(0, len(images), CLASSIFY_BATCH):
+        with torch.no_grad():
+            probs = model(_standardize(images[start : start + CLASSIFY_BATCH], task)).softmax(-1)  # (b, K)
+        best = probs.topk(args.top, dim=-1)
+        for path, p, k in zip(
+            args.files[start : start + CLASSIFY_BATCH],
+            best.values.tolist(),
+            best.indices.tolist(),
+            strict=True,
+        ):
+            print(f"{path}\t" + ", ".join(f"{classes[i]} (p = {q:.2f})" for q, i in zip(p, k, strict=True)))
+    return 0
+
+
+def add_classify(sub) -> None:
+    c = sub.add_parser("classify", help="the classes a trained ViT gives image files")
+    c.add_argument("files", nargs="+", metavar="FILE", help="image files (PNG, JPEG, ...; any size and mode)")
+    c.add_argument(
+        "--checkpoint", required=True, help="run directory or checkpoint directory of an image classifier"
+    )
+    c.add_argument("--top", type=positive_int, default=1, help="the K most probable classes of each image")
+    c.set_defaults(func=_cmd_classify)
 
 
 def add_viz_caption(vsub) -> None:
