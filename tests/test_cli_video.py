@@ -105,3 +105,63 @@ def test_viz_video_refuses_a_clip_folder_changed_since_training(tmp_path, capsys
     capsys.readouterr()
     assert main(["viz", "video", "--checkpoint", str(out), "--out", str(tmp_path / "b.png")]) == 2
     assert "changed since the checkpoint was trained on it: class_names is now" in capsys.readouterr().err
+
+
+def test_classify_answers_as_the_task_predicts_for_clips_and_frames(tmp_path, capsys):
+    """A test clip saved as .npy and as a folder of PNG frames gets the action (and the per-frame events) that
+    the task's own predict gives it; a clip of another size is fitted, one of another length refused."""
+    import numpy as np
+    from PIL import Image
+
+    from seqlab.tasks import create_task
+    from seqlab.training.checkpoint import load_model
+
+    task = create_task("video", n_frames=8, frame_size=16, n_train=64, n_eval=16)
+    clip = task.clips["test"].frames[0]  # (t, 1, 16, 16) uint8
+    np.save(tmp_path / "c.npy", clip[:, 0].numpy())
+    (tmp_path / "c").mkdir()
+    for i, frame in enumerate(clip[:, 0].numpy()):
+        Image.fromarray(frame).save(tmp_path / "c" / f"frame{i + 1}.png")
+    files = [str(tmp_path / "c.npy"), str(tmp_path / "c")]
+    for model, label, extra in (
+        ("test-video", "action", []),
+        ("test-video-frames", "frames", ["--task.label=frames"]),
+    ):
+        _train(tmp_path / label, model, *extra)
+        capsys.readouterr()  # the training's own lines
+        task = create_task("video", label=label, n_frames=8, frame_size=16, n_train=64, n_eval=16)
+        expected = task.predict(
+            load_model(next((tmp_path / label).glob("checkpoints/step-*"))).eval(), clip[None]
+        )
+        names = [task.class_names[i] for i in expected.flatten().tolist()]
+        assert main(["classify", "--checkpoint", str(tmp_path / label), *files]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        for f, line in zip(files, lines, strict=True):
+            path, answer = line.split("\t")
+            got = answer.split(" (p = ")[0] if label == "action" else answer
+            assert path == f and got == " ".join(names), (line, names)
+    np.save(tmp_path / "big.npy", np.zeros((8, 40, 30, 3), dtype=np.uint8))  # colour, not square: fitted
+    assert (
+        main(["classify", "--checkpoint", str(tmp_path / "action"), "--top", "2", str(tmp_path / "big.npy")])
+        == 0
+    )
+    assert capsys.readouterr().out.count("(p = ") == 2
+    np.save(tmp_path / "short.npy", np.zeros((5, 16, 16), dtype=np.uint8))
+    cases = [
+        (
+            ["--checkpoint", str(tmp_path / "action"), str(tmp_path / "short.npy")],
+            "has 5 frames; the model was trained on 8",
+        ),
+        (
+            ["--checkpoint", str(tmp_path / "frames"), "--top", "2", files[0]],
+            "--top applies to an action model",
+        ),
+        (
+            ["--checkpoint", str(tmp_path / "action"), str(tmp_path / "none.npy")],
+            "neither a .npy clip nor a folder",
+        ),
+    ]
+    for argv, match in cases:
+        assert main(["classify", *argv]) == 2
+        err = capsys.readouterr()
+        assert match in err.err and err.out == "", (argv, err)

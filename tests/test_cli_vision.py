@@ -146,7 +146,7 @@ def test_classify_refuses_what_it_cannot_answer(vit, captioner, capsys, tmp_path
             ["--checkpoint", str(vit), str(image), str(tmp_path / "b.png")],
             "b.png is not an image Pillow can read",
         ),
-        (["--checkpoint", str(captioner), str(image)], "classify needs a 'vit' model"),
+        (["--checkpoint", str(captioner), str(image)], "classify needs a 'vit' or a 'video' model"),
     ]
     for argv, match in cases:
         assert main(["classify", *argv]) == 2

@@ -16,7 +16,7 @@ import torch
 from seqlab.outfiles import add_out_file
 from seqlab.run import non_negative_int
 
-__all__ = ["add_viz_video", "compare_video_command"]
+__all__ = ["add_viz_video", "classify_clips", "compare_video_command"]
 
 
 def _video_run(path: str):
@@ -40,6 +40,37 @@ def _video_run(path: str):
         task, config.get("task", {}), ("class_names", "mean", "std"), f"the data of {where}"
     )
     return model, task
+
+
+def classify_clips(args: argparse.Namespace, model, task: dict) -> int:
+    """``seqlab classify`` for a video checkpoint: the ``--top`` actions of each clip, or, for a model of
+    ``label='frames'``, an event per frame. Clips are fitted to the model's frame size and channels; every
+    clip is read (and refused) before the first answer."""
+    from seqlab.commands_vision import check_top, top_classes
+    from seqlab.tasks.clip_files import read_clip
+
+    label, c, names = task.get("label"), model.config, task["class_names"]
+    if label not in ("action", "frames"):
+        raise ValueError(
+            f"{args.checkpoint} captions clips (label={label!r}); classify answers action and frames models"
+        )
+    if label == "frames" and args.top > 1:
+        raise ValueError("--top applies to an action model; a frames model names one event per frame")
+    check_top(args.top, names, args.checkpoint)
+    # each (t, c, s, s) uint8
+    clips = [read_clip(f, frame_size=c.frame_size, channels=c.in_channels) for f in args.files]
+    for f, clip in zip(args.files, clips, strict=True):
+        if clip.size(0) != c.n_frames:
+            raise ValueError(
+                f"{f} has {clip.size(0)} frames; the model was trained on {c.n_frames}: trim or pad it"
+            )
+    mean, std = (torch.tensor(task[k]).view(1, -1, 1, 1) for k in ("mean", "std"))  # (1, c, 1, 1)
+    for f, clip in zip(args.files, clips, strict=True):
+        with torch.no_grad():
+            probs = model(((clip.float() / 255.0 - mean) / std)[None])[0].softmax(-1)  # (K,) or (t, K)
+        answer = " ".join(names[i] for i in probs.argmax(-1).tolist()) if label == "frames" else None
+        print(f"{f}\t{answer or top_classes(probs, names, args.top)}")
+    return 0
 
 
 def _cmd_viz_video(args: argparse.Namespace) -> int:

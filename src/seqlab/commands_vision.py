@@ -189,16 +189,42 @@ def add_caption(sub) -> None:
 CLASSIFY_BATCH = 64  # images per forward pass of seqlab classify
 
 
+def check_top(k: int, classes: list[str], where) -> list[str]:
+    """``classes``, once ``--top k`` is known to ask for no more classes than the model has."""
+    if k > len(classes):
+        raise ValueError(f"--top {k}: the model in {where} knows {len(classes)} classes")
+    return classes
+
+
+def top_classes(probs: Tensor, classes: list[str], k: int) -> str:
+    """'name (p = 0.93), name (p = 0.04)': the ``k`` most probable of ``probs`` (K,), best first."""
+    best = probs.topk(k)
+    return ", ".join(
+        f"{classes[i]} (p = {q:.2f})"
+        for q, i in zip(best.values.tolist(), best.indices.tolist(), strict=True)
+    )
+
+
 def _cmd_classify(args: argparse.Namespace) -> int:
+    from seqlab.commands import announce
     from seqlab.tasks.image_files import load_image
     from seqlab.tasks.vision import DARK_SOURCES
+    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
 
-    model, task = _checkpoint(args.checkpoint, "vit", "classify")
-    classes, c = task.get("classes") or [], model.config
-    if args.top > len(classes):
-        raise ValueError(f"--top {args.top}: the model in {args.checkpoint} knows {len(classes)} classes")
+    where = resolve_checkpoint(args.checkpoint)
+    model, task = load_model(where).eval(), load_config(where)["task"]
+    family = getattr(model, "family", "?")
+    if family not in ("vit", "video"):
+        raise ValueError(f"{where} holds a {family!r} model; classify needs a 'vit' or a 'video' model")
+    announce(where)
+    if family == "video":
+        from seqlab.commands_video import classify_clips
+
+        return classify_clips(args, model, task)
+    classes = check_top(args.top, task.get("classes") or [], where)
     # letterboxed on the training images' background, grey as Pillow's luma; every file read (and refused)
     # before the first is classified
+    c = model.config
     background = (0, 0, 0) if task.get("source") in DARK_SOURCES else (255, 255, 255)
     images = torch.stack(
         [load_image(f, c.image_size, background, grey=c.in_channels == 1) for f in args.files]
@@ -206,24 +232,30 @@ def _cmd_classify(args: argparse.Namespace) -> int:
     for start in range(0, len(images), CLASSIFY_BATCH):
         with torch.no_grad():
             probs = model(_standardize(images[start : start + CLASSIFY_BATCH], task)).softmax(-1)  # (b, K)
-        best = probs.topk(args.top, dim=-1)
-        for path, p, k in zip(
-            args.files[start : start + CLASSIFY_BATCH],
-            best.values.tolist(),
-            best.indices.tolist(),
-            strict=True,
-        ):
-            print(f"{path}\t" + ", ".join(f"{classes[i]} (p = {q:.2f})" for q, i in zip(p, k, strict=True)))
+        for path, p in zip(args.files[start : start + CLASSIFY_BATCH], probs, strict=True):
+            print(f"{path}\t{top_classes(p, classes, args.top)}")
     return 0
 
 
 def add_classify(sub) -> None:
-    c = sub.add_parser("classify", help="the classes a trained ViT gives image files")
-    c.add_argument("files", nargs="+", metavar="FILE", help="image files (PNG, JPEG, ...; any size and mode)")
-    c.add_argument(
-        "--checkpoint", required=True, help="run directory or checkpoint directory of an image classifier"
+    c = sub.add_parser(
+        "classify",
+        help="the classes a trained ViT gives image files, or a video model clips (or their frames)",
     )
-    c.add_argument("--top", type=positive_int, default=1, help="the K most probable classes of each image")
+    c.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="image files (PNG, JPEG, ...; any size and mode), or clips: NAME.npy or a folder of frame images",
+    )
+    c.add_argument(
+        "--checkpoint",
+        required=True,
+        help="run directory or checkpoint directory of an image or video classifier",
+    )
+    c.add_argument(
+        "--top", type=positive_int, default=1, help="the K most probable classes of each image or clip"
+    )
     c.set_defaults(func=_cmd_classify)
 
 

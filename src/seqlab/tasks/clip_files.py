@@ -41,13 +41,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from torch import Tensor
 
 from seqlab.tasks.base import check_int
 from seqlab.tasks.clips import EVENTS, Clips
 from seqlab.tasks.image_files import MAX_NAMED, _open_rgb
 from seqlab.tasks.vision import IMAGE_SUFFIXES
 
-__all__ = ["LABELS_FILE", "read_clip_folder"]
+__all__ = ["LABELS_FILE", "read_clip", "read_clip_folder"]
 
 LABELS_FILE = "labels.csv"
 COLUMNS = ("clip", "action", "caption", "events")
@@ -211,6 +212,20 @@ def _load_clips(folder: Path, names: list[str], frame_size: int | None) -> tuple
         clips[name] = _fit(frames, p, frame_size)
     _check_same(clips, paths)
     return clips, paths
+
+
+def read_clip(path: str | os.PathLike, *, frame_size: int, channels: int) -> Tensor:
+    """One clip, ``NAME.npy`` or a folder of frame images (the module docstring's rules), as a model of
+    ``frame_size`` × ``frame_size`` frames with ``channels`` channels reads it: uint8 (t, c, s, s)."""
+    p = Path(path)
+    if p.is_file() and p.suffix.lower() == ".npy":
+        frames = _load_npy(p)
+    elif p.is_dir():
+        frames = _load_image_folder(p)
+    else:
+        raise ValueError(f"{p} is neither a .npy clip nor a folder of frame images")
+    clip = _to_channels(_fit(frames, p, check_int("frame_size", frame_size, 1)), channels)  # (t, s, s, c)
+    return torch.from_numpy(np.ascontiguousarray(clip.transpose(0, 3, 1, 2)))
 
 
 def read_clip_folder(
