@@ -45,6 +45,16 @@ def _standardize(images: Tensor, task: dict) -> Tensor:
     return (images.float() / 255.0 - mean) / std
 
 
+def _user_image(path: str, task: dict, size: int, channels: int) -> Tensor:
+    """An image file as the checkpoint's training images were: uint8 (c, S, S), letterboxed on their
+    background, grey as Pillow's "L" (luma), not the channels' mean."""
+    from seqlab.tasks.image_files import load_image
+    from seqlab.tasks.vision import DARK_SOURCES
+
+    background = (0, 0, 0) if task.get("source") in DARK_SOURCES else (255, 255, 255)
+    return load_image(path, size, background, grey=channels == 1)
+
+
 def _image(args: argparse.Namespace, task: dict, size: int, channels: int) -> Tensor:
     """The uint8 image (c, S, S) a command was asked about; exactly one source may be given."""
     given = [k for k in ("image", "scene", "test_image") if getattr(args, k, None) is not None]
@@ -53,12 +63,7 @@ def _image(args: argparse.Namespace, task: dict, size: int, channels: int) -> Te
             "give exactly one image: --image FILE, --scene SPLIT:N (captioning) or --test-image N"
         )
     if args.image is not None:
-        from seqlab.tasks.image_files import load_image
-        from seqlab.tasks.vision import DARK_SOURCES
-
-        # letterboxed on the training images' background; grey as Pillow's "L" (luma), not the channels' mean
-        background = (0, 0, 0) if task.get("source") in DARK_SOURCES else (255, 255, 255)
-        return load_image(args.image, size, background, grey=channels == 1)  # (c, S, S) uint8
+        return _user_image(args.image, task, size, channels)
     if getattr(args, "scene", None) is not None:
         return _scene(args.scene, task)
     return _test_image(args.test_image, task)
@@ -207,8 +212,6 @@ def top_classes(probs: Tensor, classes: list[str], k: int) -> str:
 
 def _cmd_classify(args: argparse.Namespace) -> int:
     from seqlab.commands import announce
-    from seqlab.tasks.image_files import load_image
-    from seqlab.tasks.vision import DARK_SOURCES
     from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
 
     where = resolve_checkpoint(args.checkpoint)
@@ -222,13 +225,8 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
         return classify_clips(args, model, task)
     classes = check_top(args.top, task.get("classes") or [], where)
-    # letterboxed on the training images' background, grey as Pillow's luma; every file read (and refused)
-    # before the first is classified
-    c = model.config
-    background = (0, 0, 0) if task.get("source") in DARK_SOURCES else (255, 255, 255)
-    images = torch.stack(
-        [load_image(f, c.image_size, background, grey=c.in_channels == 1) for f in args.files]
-    )
+    c = model.config  # every file read (and refused) before the first is classified
+    images = torch.stack([_user_image(f, task, c.image_size, c.in_channels) for f in args.files])
     for start in range(0, len(images), CLASSIFY_BATCH):
         with torch.no_grad():
             probs = model(_standardize(images[start : start + CLASSIFY_BATCH], task)).softmax(-1)  # (b, K)
