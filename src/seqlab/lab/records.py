@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import multiprocessing
 import platform
 import shutil
 import statistics
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 PUBLIC_FIELDS = ("mixer", "task", "setting", "metric", "value", "params", "train_tokens_per_s", "seconds")
 """The fields of each row of results.json, in order."""
@@ -194,11 +195,14 @@ __all__ = [
     "Record",
     "RunCache",
     "Spread",
+    "check_not_stopped",
     "check_out_folder",
     "first_value",
     "interleave",
     "select",
     "slug",
+    "stop_after_interrupt",
+    "stop_pool_on_interrupt",
     "write_results",
 ]
 
@@ -228,6 +232,42 @@ def collect_logs(enabled: bool):
     finally:
         root.removeHandler(handler)
         logging.captureWarnings(False)
+
+
+_worker_stopped = False  # in a compare's worker process: a Ctrl-C has stopped one of its runs
+
+
+def check_not_stopped() -> None:
+    """At the start of a run in a compare's worker: a KeyboardInterrupt once a Ctrl-C has stopped a run there.
+    (The pool hands a worker one run beyond those running before the parent can cancel it; it must not train.)"""
+    if _worker_stopped:
+        raise KeyboardInterrupt
+
+
+def stop_after_interrupt() -> NoReturn:
+    """A run's trainer stopped on Ctrl-C: the compare stops too, this run unfinished (the next compare trains it
+    again); in a worker process, no later run starts there."""
+    global _worker_stopped
+    _worker_stopped = multiprocessing.parent_process() is not None
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def stop_pool_on_interrupt(pool):
+    """Ctrl-C while a compare's worker pool trains: the queued runs never start, the running ones (which get
+    the same Ctrl-C from the terminal) save and stop, and a second Ctrl-C ends the workers at once. (The pool's
+    own exit would wait for every queued run to train to its end.)"""
+    try:
+        yield pool
+    except KeyboardInterrupt:
+        workers = list((pool._processes or {}).values())  # read before shutdown forgets them
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        except KeyboardInterrupt:
+            for worker in workers:
+                worker.terminate()
+            raise
+        raise
 
 
 def check_out_folder(out: str | Path) -> Path:

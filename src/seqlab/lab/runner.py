@@ -24,7 +24,15 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from seqlab.lab.budget import Calibration, build_lab_model, calibrate, layout, makespan, run_cost
-from seqlab.lab.records import Record, RunCache, collect_logs, slug
+from seqlab.lab.records import (
+    Record,
+    RunCache,
+    check_not_stopped,
+    collect_logs,
+    slug,
+    stop_after_interrupt,
+    stop_pool_on_interrupt,
+)
 from seqlab.lab.suite import Entry, Suite
 from seqlab.lab.systems import Systems
 from seqlab.layers.mixer import list_mixers, mixer_spec
@@ -60,6 +68,7 @@ def train_run(
     """
     from seqlab.tasks import create_task
 
+    check_not_stopped()
     if threads:
         torch.set_num_threads(threads)
     logging.getLogger("seqlab.train").setLevel(logging.WARNING)  # one progress line per run, not eval lines
@@ -70,8 +79,8 @@ def train_run(
         t0 = time.perf_counter()
         summary = trainer.fit()
         seconds = time.perf_counter() - t0
-    if summary.get("interrupted"):  # Ctrl-C: the trainer stopped at a step boundary; so does the compare, and
-        raise KeyboardInterrupt  # the cut-off run is not recorded as done (the next compare trains it again)
+    if summary.get("interrupted"):  # Ctrl-C: the trainer stopped at a step boundary, so does the compare
+        stop_after_interrupt()
     x = task.get_batch("train", 0)["x"]
     tokens = summary["step"] * x.shape[0] * x.shape[1]  # the steps taken (a time budget can stop a run early)
     return {
@@ -352,9 +361,8 @@ class Compare:
         ctx = mp.get_context("spawn")  # no forked torch thread pools
         order = sorted(todo, key=lambda i: -jobs[i].cost)  # longest first: no long run starts last
         # workers are training processes of their own: let them keep freed memory (seqlab.training.allocator)
-        with ProcessPoolExecutor(
-            max_workers=self.jobs, mp_context=ctx, initializer=keep_freed_memory
-        ) as pool:
+        pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=keep_freed_memory)
+        with pool, stop_pool_on_interrupt(pool):
             futures = {
                 pool.submit(train_run, self.suite, jobs[i].mixer, jobs[i].entry, self.seed, 1): i
                 for i in order

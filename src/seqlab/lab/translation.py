@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from seqlab.lab.records import check_not_stopped, stop_after_interrupt, stop_pool_on_interrupt
+
 log = logging.getLogger("seqlab.lab")
 
 BUCKETS = ((1, 10), (11, 20), (21, 30), (31, 40), (41, 50), (51, 200))
@@ -77,6 +79,7 @@ def _run(
     from seqlab.training import Trainer
     from seqlab.training.checkpoint import load_config, resumable_checkpoint
 
+    check_not_stopped()
     torch.set_num_threads(1)
     logging.getLogger("seqlab.train").setLevel(logging.WARNING)
     where = out / "runs" / slug(label)
@@ -90,6 +93,8 @@ def _run(
     model, task, train = build_run(run)
     t0 = time.perf_counter()
     summary = Trainer(model, task, train, where, run).fit(resume=started)
+    if summary.get("interrupted"):  # Ctrl-C: saved at a step boundary; the compare stops too
+        stop_after_interrupt()
     return {"label": label, "steps": train.steps, "seconds": time.perf_counter() - t0, "summary": summary}
 
 
@@ -120,7 +125,8 @@ def train_all(
     at a time; every suite trains its runs through this."""
     import multiprocessing as mp
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+    with pool, stop_pool_on_interrupt(pool):
         futures = {
             label: pool.submit(_run, label, f, out, minutes, seed, planner) for label, f in runs.items()
         }
