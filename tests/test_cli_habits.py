@@ -64,6 +64,17 @@ def test_a_resume_may_raise_the_time_budget_and_change_the_device(tmp_path, capl
     assert (tmp_path / "run" / "checkpoints" / "step-00000006").is_dir()  # ran to the end in one resume
 
 
+def test_a_resume_on_another_thread_count_says_it_matches_to_rounding(tmp_path, caplog):
+    out = str(tmp_path / "run")
+    assert main([*RUN, "--train.steps=4", "--train.threads=1", "--out", out]) == 0
+    with caplog.at_level(logging.WARNING, logger="seqlab"):
+        assert main([*RUN, "--train.steps=4", "--train.threads=1", "--out", out, "--resume"]) == 0
+        assert "threads" not in caplog.text
+        assert main([*RUN, "--train.steps=6", "--train.threads=2", "--out", out, "--resume"]) == 0
+    assert "resuming with train.threads 1 -> 2: float sums run in another order" in caplog.text
+    assert "resuming with the settings saved" not in caplog.text  # a change a resume may make
+
+
 def test_a_resume_that_leaves_out_a_setting_is_not_warned_about(tmp_path, caplog):
     out = str(tmp_path / "run")
     assert main([*RUN, "--train.steps=4", "--train.save_every=2", "--out", out]) == 0

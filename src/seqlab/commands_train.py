@@ -48,8 +48,21 @@ def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
     return run, out
 
 
-# train settings a resume may change: none of them changes what the continued run computes
+# train settings a resume may change: the length and budget of the run, where and how it runs, what it shows
+# and keeps. Of these, steps stretch the schedule (warned), and threads (or a device) change the order of
+# float sums, so the continued run matches an uninterrupted one to rounding, not bit for bit (threads: said)
 RESUME_MAY_CHANGE = ("steps", "max_minutes", "device", "threads", "progress", "loggers", "keep_checkpoints")
+
+
+def _say_if_rounding_changes(saved: dict, given: dict) -> None:
+    """A resume on another thread count: the sums of each step run in another order."""
+    if "threads" in given and given["threads"] != saved.get("threads"):  # None: PyTorch's default, governed
+        logging.getLogger("seqlab").warning(
+            "resuming with train.threads %s -> %s: float sums run in another order, so the continued run matches "
+            "an uninterrupted one to rounding (about 1e-7 in float32), not bit for bit",
+            saved.get("threads"),
+            given["threads"],
+        )
 
 
 def _warn_if_schedule_stretches(saved: dict, given: dict, where: Path) -> None:
@@ -234,6 +247,7 @@ def _train(args: argparse.Namespace, main: bool) -> int:
         resume_in_python = "resume it from Python: Trainer(model, task, config, out_dir).fit(resume=True)"
         saved = saved_run(where, ("model", "task", "train"), resume_in_python)
         _warn_if_schedule_stretches(saved["train"], run["train"], where)
+        _say_if_rounding_changes(saved["train"], run["train"])
         saved["train"].update({k: v for k, v in run["train"].items() if k in RESUME_MAY_CHANGE})
         if saved != run:
             from seqlab.run import settings_diff
