@@ -54,6 +54,12 @@ def _load_train_run(args: argparse.Namespace) -> tuple[dict, Path]:
 RESUME_MAY_CHANGE = ("steps", "max_minutes", "device", "threads", "progress", "loggers", "keep_checkpoints")
 
 
+def _say_what_a_resume_changes(saved: dict, given: dict, where: Path) -> None:
+    """The train settings a resume may change, each said where it changes what the run computes."""
+    _warn_if_schedule_stretches(saved, given, where)
+    _say_if_rounding_changes(saved, given)
+
+
 def _say_if_rounding_changes(saved: dict, given: dict) -> None:
     """A resume on another thread count: the sums of each step run in another order."""
     if "threads" in given and given["threads"] != saved.get("threads"):  # None: PyTorch's default, governed
@@ -246,8 +252,7 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     if where is not None:  # the run's own settings win, so that the continuation is exact; steps may grow
         resume_in_python = "resume it from Python: Trainer(model, task, config, out_dir).fit(resume=True)"
         saved = saved_run(where, ("model", "task", "train"), resume_in_python)
-        _warn_if_schedule_stretches(saved["train"], run["train"], where)
-        _say_if_rounding_changes(saved["train"], run["train"])
+        _say_what_a_resume_changes(saved["train"], run["train"], where)
         saved["train"].update({k: v for k, v in run["train"].items() if k in RESUME_MAY_CHANGE})
         if saved != run:
             from seqlab.run import settings_diff

@@ -22,7 +22,9 @@ def test_ctrl_c_cancels_the_queued_runs_and_waits_for_the_running_one(tmp_path):
         while not running.running():
             time.sleep(0.05)
         raise KeyboardInterrupt
-    assert (tmp_path / "running").is_dir()  # a running run saves and stops on the same Ctrl-C: it is waited for
+    assert (
+        tmp_path / "running"
+    ).is_dir()  # a running run saves and stops on the same Ctrl-C: it is waited for
     started = sum((tmp_path / f"queued{i}").exists() for i in range(4))
     assert started <= 1, started  # the pool hands its worker one call ahead; the runs' check stops that one
     assert sum(f.cancelled() for f in queued) >= 3

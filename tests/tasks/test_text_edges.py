@@ -4,6 +4,7 @@ surrogates, a text edited within its old characters, a bare file name, a checkpo
 import json
 
 import pytest
+import torch
 
 from seqlab.cli import main
 from seqlab.tasks.corpus import read_text_file
@@ -85,3 +86,19 @@ def test_decoding_an_id_outside_the_vocabulary_is_refused():
         ValueError, match=r"BPETokenizer\.decode: ids must be integers in \[0, \d+\), got 99999"
     ):
         bpe.decode([99999])  # decoded to nothing
+
+
+def test_char_encode_is_the_per_character_lookup_for_any_code_point():
+    """The vectorized encode (a code-point table) gives each character's index, astral and lone-surrogate
+    characters included, and names the characters outside the vocabulary."""
+    from seqlab.tasks.text import CharTokenizer
+
+    tok = CharTokenizer("a\ud800é日\U0001f600\n")
+    text = "日a\U0001f600\ud800é\na"
+    assert (
+        tok.encode(text).tolist() == [tok.index[ch] for ch in text] and tok.encode(text).dtype == torch.long
+    )
+    assert tok.encode("").shape == (0,)
+    for bad, named in (("ab", "'b'"), ("a\U0001f601", "'\U0001f601'"), ("a\ud801", "'\\\\ud801'")):
+        with pytest.raises(ValueError, match=f"characters not in the vocabulary: \\[{named}\\]"):
+            tok.encode(bad)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -50,13 +51,20 @@ class CharTokenizer:
         return len(self.chars)
 
     def encode(self, text: str) -> Tensor:
-        unknown = sorted({ch for ch in text if ch not in self.index})
-        if unknown:
+        """(n,) long ids of the n characters of ``text``; a character outside the vocabulary is an error.
+        Vectorized (a 100 MB text in seconds, not a Python loop per character): a table from code point to id."""
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # (n,) code points
+        vocab = np.array([ord(ch) for ch in self.chars], dtype=np.int64)
+        table = np.full(int(vocab.max()) + 2, -1, dtype=np.int64)  # code point -> id; the last entry: beyond
+        table[vocab] = np.arange(len(vocab))
+        ids = table[np.minimum(codes, len(table) - 1)]  # (n,)
+        if (ids < 0).any():
+            unknown = sorted(chr(c) for c in np.unique(codes[ids < 0]))
             raise ValueError(
                 f"characters not in the vocabulary: {unknown[:10]!r}; the vocabulary has "
                 f"{self.vocab_size} characters: {self.chars!r}"
             )
-        return torch.tensor([self.index[ch] for ch in text], dtype=torch.long)
+        return torch.from_numpy(ids)
 
     def decode(self, ids) -> str:
         return "".join(self.chars[i] for i in ids_to_decode(ids, self.vocab_size, "CharTokenizer"))
