@@ -46,7 +46,7 @@ def classify_clips(args: argparse.Namespace, model, task: dict) -> int:
     """``seqlab classify`` for a video checkpoint: the ``--top`` actions of each clip, or, for a model of
     ``label='frames'``, an event per frame. Clips are fitted to the model's frame size and channels; every
     clip is read (and refused) before the first answer."""
-    from seqlab.commands_vision import check_top, top_classes
+    from seqlab.commands_vision import check_top, standardize, top_classes
     from seqlab.tasks.clip_files import read_clip
 
     label, c, names = task.get("label"), model.config, task["class_names"]
@@ -64,10 +64,9 @@ def classify_clips(args: argparse.Namespace, model, task: dict) -> int:
             raise ValueError(
                 f"{f} has {clip.size(0)} frames; the model was trained on {c.n_frames}: trim or pad it"
             )
-    mean, std = (torch.tensor(task[k]).view(1, -1, 1, 1) for k in ("mean", "std"))  # (1, c, 1, 1)
     for f, clip in zip(args.files, clips, strict=True):
         with torch.no_grad():
-            probs = model(((clip.float() / 255.0 - mean) / std)[None])[0].softmax(-1)  # (K,) or (t, K)
+            probs = model(standardize(clip, task)[None])[0].softmax(-1)  # (K,) or (t, K)
         answer = " ".join(names[i] for i in probs.argmax(-1).tolist()) if label == "frames" else None
         print(f"{f}\t{answer or top_classes(probs, names, args.top)}")
     return 0

@@ -24,22 +24,25 @@ from seqlab.run import indices, non_negative_int, positive_int
 __all__ = ["add_caption", "add_classify", "add_viz_attention", "add_viz_caption", "vit_attention_command"]
 
 
-def _checkpoint(path: str, family: str, what: str):
+def _checkpoint(path: str, families: tuple[str, ...], what: str):
+    """(model in eval mode, saved task description) of a checkpoint whose model is of one of ``families``."""
     from seqlab.commands import announce
     from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
 
     where = resolve_checkpoint(path)
     model = load_model(where).eval()
-    if getattr(model, "family", None) != family:
+    if getattr(model, "family", None) not in families:
+        wanted = " or a ".join(repr(f) for f in families)
         raise ValueError(
-            f"{where} holds a {getattr(model, 'family', '?')!r} model; {what} needs a {family!r} model"
+            f"{where} holds a {getattr(model, 'family', '?')!r} model; {what} needs a {wanted} model"
         )
     announce(where)
     return model, load_config(where)["task"]
 
 
-def _standardize(images: Tensor, task: dict) -> Tensor:
-    """uint8 (b, c, S, S) -> the floats the checkpoint trained on, with its saved per-channel statistics."""
+def standardize(images: Tensor, task: dict) -> Tensor:
+    """uint8 (b, c, S, S) -> the floats the checkpoint trained on, with its saved per-channel statistics (a
+    clip's frames (t, c, S, S) alike)."""
     mean = torch.tensor(task["mean"]).view(1, -1, 1, 1)
     std = torch.tensor(task["std"]).view(1, -1, 1, 1)
     return (images.float() / 255.0 - mean) / std
@@ -120,7 +123,7 @@ class _Words:
 
 
 def _captioner(args: argparse.Namespace):
-    model, task = _checkpoint(args.checkpoint, "captioner", "captioning")
+    model, task = _checkpoint(args.checkpoint, ("captioner",), "captioning")
     c = model.config
     image = _image(args, task, c.image_size, c.in_channels)
     return model, task, image, _Words(task["vocabulary"])
@@ -129,7 +132,7 @@ def _captioner(args: argparse.Namespace):
 def _cmd_caption(args: argparse.Namespace) -> int:
     model, task, image, words = _captioner(args)
     ids = model.generate(
-        _standardize(image[None], task), beam_size=args.beam, max_new_tokens=args.max_new_tokens
+        standardize(image[None], task), beam_size=args.beam, max_new_tokens=args.max_new_tokens
     )
     print(words.text(ids[0]))
     return 0
@@ -142,7 +145,7 @@ def _cmd_viz_caption(args: argparse.Namespace) -> int:
     if model.config.attention == "none":
         raise ValueError("this captioner has no attention (Show and Tell): there is no attention to draw")
     ids, alpha = model.generate(
-        _standardize(image[None], task),
+        standardize(image[None], task),
         beam_size=args.beam,
         max_new_tokens=args.max_new_tokens,
         return_attention=True,
@@ -163,7 +166,7 @@ def vit_attention_command(args: argparse.Namespace, model, task: dict) -> int:
     out = Path(fresh_file(str(out), str(default)))
     c = model.config
     image = _image(args, task, c.image_size, c.in_channels)
-    x = _standardize(image[None], task)  # (1, c, S, S)
+    x = standardize(image[None], task)  # (1, c, S, S)
     maps = model.attention_maps(x)  # (L, 1, h, T, T)
     grid = model.patch_embed.grid(image.shape[-2], image.shape[-1])
     has_cls = model.cls_token is not None
@@ -211,25 +214,17 @@ def top_classes(probs: Tensor, classes: list[str], k: int) -> str:
 
 
 def _cmd_classify(args: argparse.Namespace) -> int:
-    from seqlab.commands import announce
-    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
-
-    where = resolve_checkpoint(args.checkpoint)
-    model, task = load_model(where).eval(), load_config(where)["task"]
-    family = getattr(model, "family", "?")
-    if family not in ("vit", "video"):
-        raise ValueError(f"{where} holds a {family!r} model; classify needs a 'vit' or a 'video' model")
-    announce(where)
-    if family == "video":
+    model, task = _checkpoint(args.checkpoint, ("vit", "video"), "classify")
+    if model.family == "video":
         from seqlab.commands_video import classify_clips
 
         return classify_clips(args, model, task)
-    classes = check_top(args.top, task.get("classes") or [], where)
+    classes = check_top(args.top, task.get("classes") or [], args.checkpoint)
     c = model.config  # every file read (and refused) before the first is classified
     images = torch.stack([_user_image(f, task, c.image_size, c.in_channels) for f in args.files])
     for start in range(0, len(images), CLASSIFY_BATCH):
         with torch.no_grad():
-            probs = model(_standardize(images[start : start + CLASSIFY_BATCH], task)).softmax(-1)  # (b, K)
+            probs = model(standardize(images[start : start + CLASSIFY_BATCH], task)).softmax(-1)  # (b, K)
         for path, p in zip(args.files[start : start + CLASSIFY_BATCH], probs, strict=True):
             print(f"{path}\t{top_classes(p, classes, args.top)}")
     return 0
