@@ -125,3 +125,56 @@ def test_every_viz_picture_defaults_under_runs():
     }
     assert len(defaults) >= 7
     assert all(str(d).startswith("runs/viz/") for d in defaults.values()), defaults
+
+
+def test_a_resume_with_an_overridden_setting_builds_the_task_once(tmp_path, caplog, monkeypatch):
+    import seqlab.run
+
+    out = str(tmp_path / "run")
+    assert main([*RUN, "--train.steps=4", "--out", out]) == 0
+    built, build_task = [], seqlab.run.build_task
+    monkeypatch.setattr(seqlab.run, "build_task", lambda run: built.append(run["task"]) or build_task(run))
+    with caplog.at_level(logging.WARNING, logger="seqlab"):
+        assert main([*RUN, "--train.steps=6", "--task.seq_len=9", "--out", out, "--resume"]) == 0
+    assert "task.seq_len: 8 -> 9" in caplog.text
+    assert [t["seq_len"] for t in built] == [8]  # the saved task only: data prepared once
+
+
+def test_a_resume_refuses_a_misspelt_setting_as_a_new_run_does(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main([*RUN, "--train.steps=4", "--out", out]) == 0
+    capsys.readouterr()
+    assert main([*RUN, "--train.steps=6", "--task.seq_lenn=9", "--out", out, "--resume"]) == 2
+    assert "unknown argument(s) ['seq_lenn'] for task 'adding'" in capsys.readouterr().err
+    assert main([*RUN, "--train.steps=6", "--model.d_modell=9", "--out", out, "--resume"]) == 2
+    assert "d_modell" in capsys.readouterr().err
+    assert main([*RUN, "--train.steps=6", "--train.lrr=1", "--out", out, "--resume"]) == 2
+    assert "unknown train field(s) ['lrr']" in capsys.readouterr().err
+
+
+def test_fewer_steps_on_a_resume_are_refused_before_any_word_on_the_schedule(tmp_path, capsys, caplog):
+    out = str(tmp_path / "run")
+    assert main([*RUN, "--train.steps=4", "--out", out]) == 0
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="seqlab"):
+        assert main([*RUN, "--train.steps=2", "--out", out, "--resume"]) == 2
+    assert "train.steps=2 is below the step 4" in capsys.readouterr().err
+    assert "stretched" not in caplog.text
+
+
+def test_a_pinned_thread_count_holds_while_the_task_prepares_its_data(tmp_path, monkeypatch):
+    import torch
+
+    import seqlab.run
+
+    seen, build_task = [], seqlab.run.build_task
+    monkeypatch.setattr(
+        seqlab.run, "build_task", lambda run: seen.append(torch.get_num_threads()) or build_task(run)
+    )
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert main([*RUN, "--train.steps=2", "--train.threads=1", "--out", str(tmp_path / "run")]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]

@@ -84,6 +84,11 @@ def _warn_if_schedule_stretches(saved: dict, given: dict, where: Path) -> None:
     if steps == c["steps"]:
         return
     step = int(load_trainer_state(where)["step"])
+    if steps < step:  # refused before anything is built or said about the schedule
+        raise ValueError(
+            f"train.steps={steps} is below the step {step} of the checkpoint {where}; "
+            f"pass train.steps >= {step} to continue this run"
+        )
     min_lr = c["min_lr"] if c["min_lr"] is not None else c["lr"] / 10
     rate = [lr_at(step, c["lr"], n, c["warmup_steps"], min_lr) for n in (c["steps"], steps)]
     same = abs(rate[1] - rate[0]) <= 1e-9 * max(abs(rate[0]), 1e-30)  # still warming up: no jump yet
@@ -98,6 +103,26 @@ def _warn_if_schedule_stretches(saved: dict, given: dict, where: Path) -> None:
         if same
         else f"{rate[1]:.3g} instead of {rate[0]:.3g}",
     )
+
+
+def _resumed_run(run: dict, where: Path, out: Path) -> dict:
+    """The settings a resume runs with: those saved with the checkpoint ``where``, but for the train settings of
+    RESUME_MAY_CHANGE given in ``run``; other settings given that differ are named in a warning, after the names
+    are checked as a fresh run checks them (a misspelt field is an error, not a difference)."""
+    from seqlab.run import check_names, settings_diff
+    from seqlab.training.run_dir import saved_run
+
+    resume_in_python = "resume it from Python: Trainer(model, task, config, out_dir).fit(resume=True)"
+    saved = saved_run(where, ("model", "task", "train"), resume_in_python)
+    _say_what_a_resume_changes(saved["train"], run["train"], where)
+    saved["train"].update({k: v for k, v in run["train"].items() if k in RESUME_MAY_CHANGE})
+    if saved != run:
+        check_names(run)
+        if changes := "; ".join(settings_diff(saved, run)):  # settings given that the saved ones override
+            logging.getLogger("seqlab").warning(
+                "resuming with the settings saved in %s, not (saved -> given) %s", out, changes
+            )
+    return saved
 
 
 def _sets_anything(run_file: str) -> bool:
@@ -228,7 +253,7 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     from seqlab.run import build_run
     from seqlab.training import Trainer
     from seqlab.training.checkpoint import resumable_checkpoint
-    from seqlab.training.run_dir import check_same_data, saved_run
+    from seqlab.training.run_dir import check_same_data
 
     if not (args.run_file or args.overrides or args.defaults or args.resume):
         args.parser.print_help()
@@ -247,22 +272,11 @@ def _train(args: argparse.Namespace, main: bool) -> int:
             f"{args.run_file} sets nothing to train (no model, task or train section); fill it in, or pass "
             "--defaults to train the defaults (lstm-lm-small on Shakespeare, about 17 minutes on 2 cores)"
         )
-    model, task, train = build_run(run)
     where = resumable_checkpoint(out) if args.resume else None  # the newest complete, verified one
     if where is not None:  # the run's own settings win, so that the continuation is exact; steps may grow
-        resume_in_python = "resume it from Python: Trainer(model, task, config, out_dir).fit(resume=True)"
-        saved = saved_run(where, ("model", "task", "train"), resume_in_python)
-        _say_what_a_resume_changes(saved["train"], run["train"], where)
-        saved["train"].update({k: v for k, v in run["train"].items() if k in RESUME_MAY_CHANGE})
-        if saved != run:
-            from seqlab.run import settings_diff
-
-            if changes := "; ".join(settings_diff(saved, run)):  # settings given that the saved ones override
-                logging.getLogger("seqlab").warning(
-                    "resuming with the settings saved in %s, not (saved -> given) %s", out, changes
-                )
-            run = saved
-            model, task, train = build_run(run)
+        run = _resumed_run(run, where, out)
+    model, task, train = build_run(run)  # built once: a task's data may take minutes to prepare
+    if where is not None:
         check_same_data(task, where)
     trainer = Trainer(model, task, train, out, run)
     if main:

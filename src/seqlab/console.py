@@ -4,15 +4,19 @@ A sample, a translation or a transcript may hold characters that stdout's encodi
 a latin-1 or cp1252 console). Printing would raise ``UnicodeEncodeError`` and lose the result that took the
 model its time. :func:`escape_unencodable` makes stdout write such characters as ``\\xf6``/``\\u2014`` escapes
 instead, and :func:`escapes_note` says afterwards, once, that it happened and how to get the characters.
-:func:`say` puts a closing line (an error) on a line of its own, below any progress bar still drawn.
+:func:`say` puts a closing line (an error) on a line of its own, below any progress bar still drawn, and
+:func:`said_if_slow` says what a long silent step is doing once it has taken a few seconds.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import sys
+import threading
+import time
 
-__all__ = ["escape_unencodable", "escapes_note", "say"]
+__all__ = ["escape_unencodable", "escapes_note", "said_if_slow", "say"]
 
 _HANDLER = "seqlab-escape"
 _escaped: list[int] = [0]  # characters escaped so far in this process
@@ -56,3 +60,25 @@ def say(line: str) -> None:
     for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or ()):
         bar.close()  # ends the bar's line
     print(line, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def said_if_slow(what: str, after: float = 5.0):
+    """Around a step that is quick on small data and can take minutes on large (reading and encoding a corpus):
+    when it is still running ``after`` seconds in, ``what`` is said on stderr, and its time once it ends."""
+    start, said = time.perf_counter(), threading.Event()
+
+    def notice() -> None:
+        print(f"{what} ...", file=sys.stderr, flush=True)
+        said.set()
+
+    timer = threading.Timer(after, notice)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()  # a notice on its way is out before the line that closes it
+        if said.is_set():
+            print(f"{what}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)

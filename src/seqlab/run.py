@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from seqlab.console import said_if_slow
 from seqlab.outfiles import nearest_existing
 from seqlab.run_overrides import is_text_hint, parse_overrides, parse_value  # noqa: F401 (seqlab.run's API)
 
@@ -115,7 +116,8 @@ def build_task(run: dict[str, Any]):
         k: _coerce(v, sig.parameters[k].annotation) if k in sig.parameters else v
         for k, v in task_fields.items()
     }
-    return create_task(task_name, **task_fields)
+    with said_if_slow(f"preparing the data of task {task_name!r}"):
+        return create_task(task_name, **task_fields)
 
 
 def train_config(run: dict[str, Any]):
@@ -146,16 +148,42 @@ def run_names(run: dict[str, Any]) -> tuple[str, str]:
     return name, _task_name(run)
 
 
+def check_names(run: dict[str, Any]) -> None:
+    """What :func:`build_run` refuses in a run's names and fields, found without reading any data: the model
+    and task names, a task argument or train field that does not exist, a model field its preset lacks."""
+    import torch
+
+    from seqlab.models import create
+    from seqlab.tasks import check_task_arguments
+
+    name, task_name = run_names(run)
+    train_config(run)
+    check_task_arguments(task_name, {k: v for k, v in (run.get("task") or {}).items() if k != "name"})
+    fields = {k: v for k, v in (run.get("model") or {}).items() if k != "name"}
+    create(name, device=torch.device("meta"), **coerce_fields(type(_preset_config(name)), fields))
+
+
+def _preset_config(name: str):
+    from seqlab.models import PRESETS, create, make_config
+
+    if name not in PRESETS:
+        create(name)  # raises the 'unknown model' error with the list of presets
+    return make_config(*PRESETS[name])
+
+
 def build_run(run: dict[str, Any]):
     """(model, task, train_config) for a run dict. The task is built first: it fixes e.g. the vocabulary."""
-    from seqlab.models import PRESETS, create, make_config
+    import torch
+
+    from seqlab.models import PRESETS, create
     from seqlab.tasks import task_families
 
     name, task_name = run_names(run)
     model_fields = {k: v for k, v in (run.get("model") or {}).items() if k != "name"}
     train = train_config(run)
-    if name not in PRESETS:
-        create(name)  # raises the 'unknown model' error with the list of presets
+    if train.threads:  # pinned: the data is prepared on that many threads too (the trainer keeps the count)
+        torch.set_num_threads(train.threads)
+    config_cls = type(_preset_config(name))
     family, families = PRESETS[name][0], task_families(task_name)  # checked before the data is built
     if family not in families:
         fit = [n for n, (f, _) in PRESETS.items() if f in families and not n.startswith("test-")][:6]
@@ -167,7 +195,6 @@ def build_run(run: dict[str, Any]):
 
     require(task_needs(task_name, run.get("task") or {}), f"the task {task_name!r}")  # before building data
     task = build_task(run)
-    config_cls = type(make_config(family, PRESETS[name][1]))
     fixed, mine = task.model_overrides(), coerce_fields(config_cls, model_fields)
     clash = {k: (v, fixed[k]) for k, v in mine.items() if k in fixed and v != fixed[k]}
     if clash:
@@ -176,8 +203,6 @@ def build_run(run: dict[str, Any]):
         )
         raise ValueError(f"the task {task_name!r} fixes these model fields: {said}; drop them from the run")
     overrides = {**mine, **fixed}
-    import torch
-
     torch.manual_seed(train.seed)  # the initial weights depend on the seed only
     model = create(name, **overrides)
     _check_carried_state(model, task)

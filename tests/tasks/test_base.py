@@ -6,7 +6,7 @@ from typing import Literal
 import pytest
 import torch
 
-from seqlab.tasks.base import Task, check_choice, check_int, stratified_order
+from seqlab.tasks.base import Task, channel_stats, check_choice, check_int, stratified_order
 from seqlab.tasks.synthetic import AddingTask, CopyTask
 
 
@@ -59,3 +59,23 @@ def test_stratified_order_leads_with_one_of_each_class_then_spreads_each_evenly(
             share = rest.double() * len(piece) / (n - k)
             assert torch.all((counts - share).abs() < 1.0), (m, counts.tolist(), share.tolist())
     assert torch.equal(order, stratified_order(labels, seed))  # a function of the labels and the seed
+
+
+@pytest.mark.parametrize("channel_dim", [1, 2])
+def test_channel_stats_match_torch_float64_statistics_chunk_by_chunk(channel_dim):
+    g = torch.Generator().manual_seed(channel_dim)
+    shape = (
+        (37, 3, 5, 6) if channel_dim == 1 else (11, 4, 2, 5, 5)
+    )  # images (N, c, S, S), clips (N, t, c, S, S)
+    for images in (
+        torch.randint(0, 256, shape, dtype=torch.uint8, generator=g),
+        torch.full(shape, 255, dtype=torch.uint8),
+    ):
+        dims = tuple(d for d in range(images.dim()) if d != channel_dim)
+        pixels = images.double() / 255
+        mean, std = channel_stats(images, channel_dim, chunk=4)  # 4 examples at a time: 10 or 3 chunks
+        torch.testing.assert_close(mean, pixels.mean(dims).float(), rtol=0, atol=0)
+        torch.testing.assert_close(std, pixels.std(dims).float(), rtol=0, atol=1e-12)
+        assert mean.dtype == std.dtype == torch.float32 and mean.shape == (images.size(channel_dim),)
+    _, std = channel_stats(torch.full((1, 2, 1, 1), 7, dtype=torch.uint8), 1)
+    assert std.tolist() == [0.0, 0.0]  # one value per channel: no spread (not nan)

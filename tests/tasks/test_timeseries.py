@@ -364,3 +364,32 @@ def test_mistakes_get_a_clear_error(tmp_path, kwargs, match):
 def test_an_unknown_source_says_what_a_source_is():
     with pytest.raises(ValueError, match=r"built-in series .*sunspots.* or an existing \.csv file"):
         ForecastTask("no-such-series")
+
+
+class _Counting(Persistence):
+    """Persistence that counts the windows it is shown."""
+
+    seen = 0
+
+    def forward(self, x, return_state=False):
+        self.seen += x.size(0)
+        return super().forward(x, return_state)
+
+
+def test_evaluate_scores_max_batches_of_windows_spread_over_the_split_and_the_baselines_on_the_same(tmp_path):
+    task = ForecastTask(
+        _random_walk(tmp_path, n=3000), column="y", context=8, horizon=1, season=1, mode="direct"
+    )
+    every = task.starts["val"]
+    assert len(every) > 4 * task.batch_size
+    picked = task.eval_starts("val", 4)
+    assert len(picked) == 4 * task.batch_size and picked[0] == every[0] and picked[-1] == every[-1]
+    assert np.all(np.diff(picked) > 0) and np.ptp(np.diff(picked)) <= 1  # evenly spread, none twice
+    np.testing.assert_array_equal(task.eval_starts("val", 1000), every)  # all when they fit
+    model = _Counting(1)
+    scores = task.evaluate(model, max_batches=4)
+    assert model.seen == 2 * len(picked)  # the forecasts and the teacher-forced loss, nothing more
+    assert scores["val_mase"] == pytest.approx(scores["val_naive_mase"], rel=1e-12)  # the same windows
+    assert scores["val_naive_mase"] != pytest.approx(task.baseline_scores("val")["naive_mase"], rel=1e-6)
+    with pytest.raises(ValueError, match="max_batches"):
+        task.evaluate(model, max_batches=0)

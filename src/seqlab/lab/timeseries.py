@@ -196,7 +196,8 @@ def _score_all(runs, trained, out: Path) -> tuple[list[dict[str, Any]], dict[str
             info[name] = describe_data(task)
             records += _baseline_records(task)
         model = load_model(resolve_checkpoint(out / "runs" / slug(label))).eval()
-        test, val = (_scores(tasks[name].evaluate(model, split=s), s) for s in ("test", "val"))
+        every = len(tasks[name].starts["train"])  # batches enough for every window of a split
+        test, val = (_scores(tasks[name].evaluate(model, every, split=s), s) for s in ("test", "val"))
         records.append(
             {
                 "dataset": name,

@@ -56,17 +56,21 @@ def list_tasks() -> list[str]:
     return sorted(_registry())
 
 
-def create_task(name: str, **kwargs) -> Task:
-    """Build a task by name, rejecting unknown arguments with the list of accepted ones."""
+def check_task_arguments(name: str, kwargs) -> None:
+    """Refuse arguments the task ``name`` does not take, naming those it does."""
     sig = task_signature(name)
-    unknown = sorted(set(kwargs) - set(sig.parameters))
-    if unknown:
+    if unknown := sorted(set(kwargs) - set(sig.parameters)):
         raise ValueError(
             f"unknown argument(s) {unknown} for task {name!r}; it accepts {list(sig.parameters)}"
         )
+
+
+def create_task(name: str, **kwargs) -> Task:
+    """Build a task by name, rejecting unknown arguments with the list of accepted ones."""
+    check_task_arguments(name, kwargs)
     if name == "text" and "source" not in kwargs:
         raise ValueError("task 'text' needs a file: set task.source=PATH (e.g. --task.source=my.txt)")
     return _registry()[name](**kwargs)
 
 
-__all__ = ["Task", "create_task", "list_tasks", "task_families", "task_signature"]
+__all__ = ["Task", "check_task_arguments", "create_task", "list_tasks", "task_families", "task_signature"]

@@ -44,6 +44,7 @@ from seqlab.tasks.base import (
     SPLIT_SEED,
     Batch,
     Task,
+    channel_stats,
     check_choice,
     check_index,
     check_int,
@@ -204,9 +205,8 @@ class CaptioningTask(Task):
         self._pairs = [(i, refs[0] if source == "scenes" else c) for i, refs in enumerate(self._refs["train"])
                        for c in (refs[:1] if source == "scenes" else refs)]  # fmt: skip
         self.word_tokenizer = word_tokenizer([c for _, c in self._pairs])
-        pixels = self._images["train"].double() / 255.0
-        self._mean = pixels.mean((0, 2, 3)).float().view(1, -1, 1, 1)  # (1, 3, 1, 1)
-        self._std = pixels.std((0, 2, 3)).clamp_min(1e-6).float().view(1, -1, 1, 1)
+        mean, std = channel_stats(self._images["train"], channel_dim=1)  # of (N, 3, S, S): (3,) each
+        self._mean, self._std = mean.view(1, -1, 1, 1), std.clamp_min(1e-6).view(1, -1, 1, 1)  # (1, 3, 1, 1)
         self._ids = [self.encode(c) for _, c in self._pairs]
 
     def _load_files(self, pairs: list[tuple[Any, str]]) -> None:

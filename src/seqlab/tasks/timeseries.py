@@ -54,6 +54,7 @@ from seqlab.tasks.base import (
     check_split,
     epoch_rows,
     model_device,
+    spread,
 )
 
 __all__ = ["TASKS", "ForecastTask", "SeriesClassificationTask", "rolling_forecast", "rolling_forecast_ref"]
@@ -147,6 +148,14 @@ class _SeriesTask(Task):
             return starts[epoch_rows(self.seed, len(starts), check_index(index), b).numpy()]
         return starts[(check_index(index) * b + np.arange(b)) % len(starts)]
 
+    def eval_starts(self, split: str, max_batches: int) -> np.ndarray:
+        """(n,) the windows ``evaluate`` scores: all of ``split``, or max_batches batches' worth spread evenly."""
+        n = check_int("max_batches", max_batches, 1) * self.batch_size
+        return spread(self.starts[check_split(split)], n)
+
+    def get_batch(self, split: str, index: int) -> Batch:
+        return self._batch(self._rows(split, index))
+
     def _windows(self, starts: np.ndarray, length: int) -> Tensor:
         idx = torch.as_tensor(starts)[:, None] + torch.arange(length)[None, :]  # (n, L)
         return self.z[idx]  # (n, L, F)
@@ -166,9 +175,9 @@ class ForecastTask(_SeriesTask):
     (b, c, F) and ``y`` (b, c, H), the target's next H values after each position; under window scaling
     the whole window in the frame of its first c values (its context), so the teacher-forced positions
     before the last see an affine image of the data. The loss is their MSE in the model's frame.
-    ``evaluate`` scores every window of the split (not ``max_batches`` of them): the multi-step forecasts'
-    ``mae``, ``rmse`` and ``mase`` and the baselines' ``naive_mase``, ``snaive_mase`` and ``linear_mase``,
-    with ``loss`` the teacher-forced MSE (in the model's frame).
+    ``evaluate`` scores the windows of ``eval_starts`` (all of a split up to ``max_batches`` batches): the
+    multi-step forecasts' ``mae``, ``rmse`` and ``mase`` and, on the same windows, the baselines'
+    ``naive_mase``, ``snaive_mase`` and ``linear_mase``, with ``loss`` the teacher-forced MSE (model's frame).
 
     Examples::
 
@@ -248,9 +257,6 @@ class ForecastTask(_SeriesTask):
         y = w[:, 1:, 0].unfold(1, self.horizon, 1)  # (b, c + H - 1) -> (b, c, H): z_{t+1..t+H} at position t
         return {"x": w[:, : self.context], "y": y.contiguous()}
 
-    def get_batch(self, split: str, index: int) -> Batch:
-        return self._batch(self._rows(split, index))
-
     def loss(self, model, batch: Batch, state: Any = None) -> tuple[Tensor, dict[str, float], Any]:
         device = model_device(model)
         x, y = batch["x"].to(device), batch["y"].to(device)
@@ -277,10 +283,9 @@ class ForecastTask(_SeriesTask):
             "linear": self.linear.predict(t, origins),
         }
 
-    def baseline_scores(self, split: str) -> dict[str, float]:
-        """MAE, RMSE and MASE of each baseline on every window of ``split``, keys ``naive_mase`` etc."""
-        origins = self.origins(split)
-        truth = self.truth(origins)  # (n, H)
+    def baseline_scores(self, split: str, origins: np.ndarray | None = None) -> dict[str, float]:
+        """MAE, RMSE, MASE of each baseline on every window of ``split`` (or at ``origins``): ``naive_mase``..."""
+        truth = self.truth(origins := self.origins(split) if origins is None else origins)  # (n, H)
         return {
             f"{name}_{k}": v
             for name, pred in self.baseline_forecasts(origins).items()
@@ -289,16 +294,16 @@ class ForecastTask(_SeriesTask):
 
     @torch.no_grad()
     def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
-        origins = self.origins(split)
-        restore = _eval_mode(model)
+        starts = self.eval_starts(split, max_batches)
+        origins, restore = starts + self.context, _eval_mode(model)
         try:
             pred = self.forecast(model, origins)
-            chunks = np.array_split(self.starts[split], max(1, len(origins) // CHUNK))
+            chunks = np.array_split(starts, max(1, len(origins) // CHUNK))
             sq = sum(self.loss(model, self._batch(s))[0].item() * len(s) for s in chunks)
         finally:
             restore()
         scores = {"loss": sq / len(origins), **sd.forecast_scores(pred, self.truth(origins), self.scale)}
-        base = self.baseline_scores(split)
+        base = self.baseline_scores(split, origins)
         scores.update({k: base[k] for k in ("naive_mase", "snaive_mase", "linear_mase")})
         return {f"{split}_{k}": v for k, v in scores.items()}
 
@@ -310,7 +315,7 @@ class SeriesClassificationTask(_SeriesTask):
     Built in: ``seattle_weather``, 1,461 days, features precipitation, temp_max, temp_min and wind, label
     ``weather`` (drizzle, fog, rain, snow, sun). A CSV needs ``label=COLUMN`` and ``features=A,B,...``.
     The model maps ``x`` (b, c, F) to logits (b, c, K), read at the last position; cross-entropy.
-    ``evaluate`` scores every window of the split: ``accuracy``, ``macro_f1`` and ``loss``, beside the
+    ``evaluate`` scores the windows of ``eval_starts``: ``accuracy``, ``macro_f1`` and ``loss``, beside the
     training span's majority class (``majority_accuracy``, ``majority_f1``).
     """
 
@@ -347,11 +352,8 @@ class SeriesClassificationTask(_SeriesTask):
         self._prepare(series, self.offset + 1, f"the window ({self.offset + 1} days)", val_frac, test_frac)
         where = f"{source}, label column {self.label!r}"
         self.majority_id = sd.majority_class(series.labels, self.classes, self.spans["train"], where)
+        self.majority = self.classes[self.majority_id]  # the training span's most frequent class
         self.labels = torch.from_numpy(series.labels)  # (T,)
-
-    @property
-    def majority(self) -> str:
-        return self.classes[self.majority_id]
 
     def model_overrides(self) -> dict[str, Any]:
         return {"d_input": len(self.series.columns), "d_output": len(self.classes)}
@@ -359,9 +361,6 @@ class SeriesClassificationTask(_SeriesTask):
     def _batch(self, starts: np.ndarray) -> Batch:
         x = self._windows(starts, self.context)  # (b, c, F)
         return {"x": x, "y": self.labels[torch.as_tensor(starts) + self.offset]}  # y (b,)
-
-    def get_batch(self, split: str, index: int) -> Batch:
-        return self._batch(self._rows(split, index))
 
     def _logits(self, model, x: Tensor) -> Tensor:
         (b, t, _), k = x.shape, len(self.classes)
@@ -377,7 +376,7 @@ class SeriesClassificationTask(_SeriesTask):
 
     @torch.no_grad()
     def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
-        batch = self._batch(self.starts[check_split(split)])
+        batch = self._batch(self.eval_starts(split, max_batches))
         restore, device = _eval_mode(model), model_device(model)
         try:
             logits = torch.cat([self._logits(model, x.to(device)) for x in batch["x"].split(CHUNK)])

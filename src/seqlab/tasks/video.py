@@ -41,6 +41,7 @@ from seqlab.tasks.base import (
     SPLIT_SEED,
     Batch,
     Task,
+    channel_stats,
     check_choice,
     check_index,
     check_int,
@@ -123,9 +124,9 @@ class VideoTask(Task):
             )
         self.clips = self._load_generated() if source == "generated" else self._load_folder()
         self._check_labels()
-        pixels = self.clips["train"].frames[:500].double() / 255.0  # (N, t, c, S, S): the statistics of 500
-        self._mean = pixels.mean((0, 1, 3, 4)).float().view(1, 1, -1, 1, 1)  # (1, 1, c, 1, 1)
-        self._std = pixels.std((0, 1, 3, 4)).clamp_min(1e-6).float().view(1, 1, -1, 1, 1)
+        mean, std = channel_stats(self.clips["train"].frames[:500], channel_dim=2)  # of 500 (N, t, c, S, S)
+        self._mean = mean.view(1, 1, -1, 1, 1)  # (1, 1, c, 1, 1)
+        self._std = std.clamp_min(1e-6).view(1, 1, -1, 1, 1)
         self.word_tokenizer = None
         if label == "caption":  # generated: the grammar's words, so the ids never depend on the sample drawn
             from seqlab.tasks.clips import CAPTION_WORDS

@@ -44,6 +44,7 @@ from seqlab.tasks.base import (
     Batch,
     MissingDependencyError,
     Task,
+    channel_stats,
     check_bool,
     check_choice,
     check_index,
@@ -169,9 +170,8 @@ class ImageClassificationTask(Task):
             "test": test,
         }
         self._warn_missing_classes()
-        pixels = self._splits["train"][0].double() / 255.0  # (N, c, S, S)
-        self._mean = pixels.mean((0, 2, 3)).float().view(1, -1, 1, 1)  # (1, c, 1, 1)
-        self._std = pixels.std((0, 2, 3)).clamp_min(1e-6).float().view(1, -1, 1, 1)
+        mean, std = channel_stats(self._splits["train"][0], channel_dim=1)  # of (N, c, S, S): (c,) each
+        self._mean, self._std = mean.view(1, -1, 1, 1), std.clamp_min(1e-6).view(1, -1, 1, 1)  # (1, c, 1, 1)
 
     def _load(self, source: str, image_size: int) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
         """(train, test) as (images uint8 (N, c, S, S), labels (N,)); sets ``classes``."""
