@@ -178,3 +178,16 @@ def test_a_pinned_thread_count_holds_while_the_task_prepares_its_data(tmp_path, 
     finally:
         torch.set_num_threads(before)
     assert seen == [1]
+
+
+def test_a_copied_run_folder_resumes_in_its_new_place_unwarned(tmp_path, caplog):
+    import shutil
+
+    from seqlab.training.checkpoint import load_config, resolve_checkpoint
+
+    assert main([*RUN, "--train.steps=2", "--out", str(tmp_path / "a")]) == 0
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    with caplog.at_level(logging.WARNING, logger="seqlab"):
+        assert main([*RUN, "--train.steps=4", "--out", str(tmp_path / "b"), "--resume"]) == 0
+    assert "resuming with the settings saved" not in caplog.text
+    assert load_config(resolve_checkpoint(tmp_path / "b"))["run"]["out"] == str(tmp_path / "b")

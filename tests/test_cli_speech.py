@@ -119,6 +119,17 @@ def test_speech_command_errors(ctc_run, tmp_path, capsys):
     assert "needs a 'speech' model" in capsys.readouterr().err
 
 
+def test_train_refuses_a_folder_with_a_long_recording_before_any_step(tmp_path, capsys):
+    folder = _folder(tmp_path / "data")
+    write_wav(folder / "u11.wav", np.tile(_tone_wave("cb"), 10), 16000)  # 3.4 s
+    out = tmp_path / "run"
+    argv = ["train", "--model.name=test-speech-ctc", "--task.name=speech_ctc", "--task.source=folder"]
+    assert main([*argv, f"--task.path={folder}", "--task.max_seconds=2", *TRAIN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "1 of its 12 recordings is longer than max_seconds=2 s (line 12: u11.wav (3.4 s))" in err
+    assert "Traceback" not in err and not (out / "checkpoints").exists()
+
+
 def test_compare_speech_refuses_minutes_and_unknown_mixers(tmp_path):
     args = argparse.Namespace(
         minutes=2.0, threads=None, out=str(tmp_path), mixers=None, tasks=None, jobs=1, seed=0

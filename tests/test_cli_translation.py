@@ -257,6 +257,33 @@ def test_translate_file_lines_match_the_output_lines(run, tmp_path, capsys, monk
     assert capsys.readouterr().out.split("\n") == lines
 
 
+def test_a_long_file_prints_each_chunk_as_it_is_translated_with_the_same_lines(
+    run, tmp_path, capsys, monkeypatch
+):
+    import seqlab.commands
+    import seqlab.tasks.translation
+
+    out, _ = run
+    src = tmp_path / "in.txt"
+    src.write_text("the cat\n\nthe big dog\nthe red house\n\n\nthe cat sees a tree\n", encoding="utf-8")
+    base = ["translate", "--checkpoint", str(out), "--beam", "1", "--file", str(src)]
+    assert main(base) == 0
+    whole = capsys.readouterr().out
+    printed, translate = [], seqlab.tasks.translation.translate
+
+    def recorded(model, tok, texts, **kw):  # what was printed before each chunk's translation began
+        printed.append(capsys.readouterr().out)
+        return translate(model, tok, texts, **kw)
+
+    monkeypatch.setattr(seqlab.commands, "TRANSLATE_CHUNK", 2)
+    monkeypatch.setattr(seqlab.tasks.translation, "translate", recorded)
+    assert main(base) == 0
+    rest = capsys.readouterr().out
+    # lines printed since the last chunk began: none; 1-2; 3-4 and the blank 5-6 (nothing to translate), then 7
+    assert [p.count("\n") for p in printed] == [0, 2, 4] and rest.count("\n") == 1
+    assert "".join(printed) + rest == whole  # the same lines as translated at once
+
+
 def test_a_line_too_long_for_the_model_is_named_by_its_number(run, tmp_path, capsys):
     out, _ = run
     src = tmp_path / "in.txt"

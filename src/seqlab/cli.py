@@ -30,7 +30,7 @@ from seqlab.commands_speech import add_transcribe, add_viz_speech, compare_speec
 from seqlab.commands_train import add_train
 from seqlab.commands_video import add_viz_video, compare_video_command
 from seqlab.commands_vision import add_caption, add_classify, add_viz_attention, add_viz_caption
-from seqlab.console import escape_unencodable, escapes_note, say
+from seqlab.console import escape_unencodable, escapes_note, out_of_memory, say
 from seqlab.outfiles import add_out_file
 from seqlab.run import (
     config_fields,
@@ -360,12 +360,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     except Exception as e:
         if args.debug:
             raise
-        traceback.print_exc()
-        print(
-            f"error: unexpected {type(e).__name__} (a bug in seqlab or a library it calls; the traceback is "
-            f"above, and `seqlab --debug ...` raises it for a debugger)",
-            file=sys.stderr,
-        )
+        if (line := out_of_memory(e)) is None:  # else a bug: its traceback, then the line
+            traceback.print_exc()
+            line = (
+                f"error: unexpected {type(e).__name__} (a bug in seqlab or a library it calls; the traceback "
+            )
+            line += "is above, and `seqlab --debug ...` raises it for a debugger)"
+        say(line)
         return 1
 
 

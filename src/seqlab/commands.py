@@ -110,6 +110,11 @@ def _texts(args: argparse.Namespace) -> list[str]:
     return [args.text]
 
 
+TRANSLATE_CHUNK = 256
+"""Lines of a --file translated (batched by length) before they are printed; what a line becomes never depends
+on the lines beside it."""
+
+
 def _cmd_translate(args: argparse.Namespace) -> int:
     from seqlab.tasks.translation import translate
 
@@ -117,10 +122,16 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     model, tok, _ = _translator(args.checkpoint)
     if args.file is not None:
         _check_line_lengths(model, tok, texts, _file_name(args))
-    given = [t for t in texts if t]
-    done = iter(translate(model, tok, given, beam_size=args.beam, max_new_tokens=args.max_new_tokens))
-    for text in texts:
-        print(next(done) if text else "")  # a blank line stays a blank line
+    for start in range(0, len(texts), TRANSLATE_CHUNK):  # a long file's lines print as each chunk is done
+        part = texts[start : start + TRANSLATE_CHUNK]
+        given = [t for t in part if t]
+        done = iter(
+            translate(model, tok, given, beam_size=args.beam, max_new_tokens=args.max_new_tokens)
+            if given
+            else ()
+        )
+        for text in part:
+            print(next(done) if text else "", flush=True)  # a blank line stays a blank line
     return 0
 
 

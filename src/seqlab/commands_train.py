@@ -116,6 +116,7 @@ def _resumed_run(run: dict, where: Path, out: Path) -> dict:
     saved = saved_run(where, ("model", "task", "train"), resume_in_python)
     _say_what_a_resume_changes(saved["train"], run["train"], where)
     saved["train"].update({k: v for k, v in run["train"].items() if k in RESUME_MAY_CHANGE})
+    saved["out"] = run["out"]  # where the run is now (a folder may be moved or copied)
     if saved != run:
         check_names(run)
         if changes := "; ".join(settings_diff(saved, run)):  # settings given that the saved ones override

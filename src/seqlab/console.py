@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import re
 import sys
 import threading
 import time
@@ -82,3 +83,27 @@ def said_if_slow(what: str, after: float = 5.0):
         timer.join()  # a notice on its way is out before the line that closes it
         if said.is_set():
             print(f"{what}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """The ``error:`` line for an allocation that failed (torch's CPU allocator raises a plain RuntimeError, CUDA
+    an OutOfMemoryError, Python a MemoryError), or None for any other error."""
+    text = str(error)
+    if not (
+        isinstance(error, MemoryError)
+        or type(error).__name__ == "OutOfMemoryError"
+        or "can't allocate memory" in text
+    ):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    size = (
+        f"{int(asked.group(1)) / 1e9:,.1f} GB"
+        if asked
+        else text.strip().splitlines()[0]
+        if text.strip()
+        else "?"
+    )
+    return (
+        f"error: out of memory (an allocation of {size} failed); a smaller batch (task.batch_size), shorter sequences "
+        "or a smaller model need less (`seqlab params` counts a model's parameters)"
+    )

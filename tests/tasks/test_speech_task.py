@@ -8,17 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from seqlab.tasks import create_task
+from seqlab.tasks import create_task, speech_folder
 from seqlab.tasks.base import MissingDependencyError
-from seqlab.tasks.speech_data import (
-    Features,
-    Utterances,
-    read_speech_folder,
-    read_wav,
-    split_by_speaker,
-    write_wav,
-)
+from seqlab.tasks.speech_data import Features, Utterances, read_wav, split_by_speaker, write_wav
 from seqlab.tasks.speech_decode import beam_search, error_rates, greedy_decode
+from seqlab.tasks.speech_folder import MAX_SECONDS, read_speech_folder
 
 needs_espeak = pytest.mark.skipif(
     shutil.which("espeak-ng") is None, reason="needs espeak-ng: apt-get install -y espeak-ng"
@@ -165,6 +159,69 @@ def test_tasks_on_a_folder(tmp_path):
         create_task("keywords", source="folder")
 
 
+def _no_audio_read(monkeypatch):
+    """Any WAV file read from here on is a test failure: the folder's checks come before the audio."""
+
+    def read_wav(path, sample_rate):
+        raise AssertionError(f"{path} was read before the folder's files were checked")
+
+    monkeypatch.setattr(speech_folder, "read_wav", read_wav)
+
+
+def test_missing_files_are_named_together_before_any_audio_is_read(tmp_path, monkeypatch):
+    folder = tone_folder(tmp_path / "f", ["ab", "ba", "c"] * 4)
+    for i in (3, 7, 9, 10, 11):  # the last lines too: each was found only after every file before it was read
+        (folder / f"u{i}.wav").unlink()
+    (folder / "u5.wav").unlink()
+    (folder / "u5.wav").mkdir()  # a folder of that name is not a recording either
+    _no_audio_read(monkeypatch)
+    with pytest.raises(FileNotFoundError) as e:
+        read_speech_folder(folder, Features())
+    said = str(e.value)
+    assert "6 of the 12 WAV files it names are not there" in said
+    assert f"line 5: {folder / 'u3.wav'} does not exist" in said  # line 1 is the comment
+    assert f"line 7: {folder / 'u5.wav'} is a folder, not a file" in said
+    assert "line 12" in said and "; and 1 more" in said and "line 13" not in said  # the first 5 named
+
+
+def _long_folder(path, seconds: dict[int, float], n=12, sr=8000):
+    """``tone_folder`` with the recordings ``seconds`` names (row: length in seconds) made that long."""
+    folder = tone_folder(path, ["ab", "ba", "c"] * (n // 3))
+    for i, s in seconds.items():
+        t = np.arange(int(s * sr)) / sr
+        write_wav(folder / f"u{i}.wav", (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), sr)
+    return folder
+
+
+def test_recordings_longer_than_max_seconds_are_refused_before_any_audio_is_read(tmp_path, monkeypatch):
+    """A 30-minute recording was trained on: F.ctc_loss asked for 517 GB. Refused from the files' headers."""
+    folder = _long_folder(tmp_path / "f", {2: MAX_SECONDS + 1})  # at the default limit
+    _no_audio_read(monkeypatch)
+    with pytest.raises(ValueError) as e:
+        read_speech_folder(folder, Features())
+    said = str(e.value)
+    assert f"1 of its 12 recordings is longer than max_seconds={MAX_SECONDS:g} s" in said
+    assert f"line 4: u2.wav ({MAX_SECONDS + 1:,.1f} s)" in said
+    assert "cut long recordings into utterances" in said and "--task.max_seconds=" in said
+    monkeypatch.undo()
+    assert len(read_speech_folder(folder, Features(), max_seconds=MAX_SECONDS + 2)) == 12  # raised: read
+
+
+def test_the_tasks_take_max_seconds_and_name_every_long_recording(tmp_path):
+    folder = _long_folder(tmp_path / "f", {i: 1.5 for i in range(1, 8)})
+    says = (
+        r"7 of its 12 recordings are longer than max_seconds=1 s \(line 3: u1.wav \(1.5 s\).*; and 2 more\)"
+    )
+    for name in ("speech_ctc", "keywords"):
+        with pytest.raises(ValueError, match=says):
+            create_task(name, source="folder", path=str(folder), max_seconds=1)
+    task = create_task("speech_ctc", source="folder", path=str(folder), max_seconds=2.0, batch_size=4)
+    assert task.describe()["max_seconds"] == 2.0 and sum(task.n_utterances.values()) == 12
+    for bad in (0, 0.05, -1, "long", True, None, float("nan")):
+        with pytest.raises(ValueError, match=r"max_seconds must be a number of seconds above 0.1"):
+            create_task("speech_ctc", source="folder", path=str(folder), max_seconds=bad)
+
+
 # ---- decoding and scores ------------------------------------------------------------------------------------
 
 
@@ -258,3 +315,23 @@ def test_a_tiny_corpus_held_out_voices_cache_and_batches(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus, "build_corpus", lambda *a: pytest.fail("the cached corpus was rebuilt"))
     again = create_task("speech_ctc", **kw)
     assert again.data["test"].texts == task.data["test"].texts
+
+
+def test_a_folders_features_are_computed_on_one_thread_and_the_count_restored(tmp_path):
+    folder = tone_folder(tmp_path / "f", ["ab", "ba", "c"] * 4)
+    features, seen = Features(), []
+
+    class Recorded:  # the same features, noting the thread count each file is computed on
+        sample_rate = features.sample_rate
+
+        def __call__(self, wave):
+            seen.append(torch.get_num_threads())
+            return features(wave)
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        read_speech_folder(folder, Recorded())
+        assert seen == [1] * 12 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -78,3 +78,22 @@ def test_sigterm_and_sighup_save_like_ctrl_c(tmp_path):
         assert json.loads(summary.strip().splitlines()[-1])["signal"] == sig.name
         step = int((out / "latest").read_text().strip().rsplit("-", 1)[1])
         assert 9 <= step < STEPS  # saved there, not at the start (save_every is 100,000)
+
+
+def test_a_stopped_run_says_how_to_continue_it_where_it_runs(tmp_path, caplog):
+    import logging
+
+    from seqlab.training.interrupt import StopFlag, resume_hint
+
+    flag = StopFlag()
+    with caplog.at_level(logging.WARNING, logger="seqlab.train"):
+        flag.say_stopped(7, tmp_path)
+        with resume_hint("the same seqlab compare continues it"):
+            flag.say_stopped(8, tmp_path)
+        flag.say_stopped(9, None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"stopped by Ctrl-C at step 7, saved in {tmp_path}; continue with the same command and --resume",
+        f"stopped by Ctrl-C at step 8, saved in {tmp_path}; the same seqlab compare continues it",
+        "stopped by Ctrl-C at step 9",
+    ]

@@ -78,6 +78,7 @@ def _run(
     from seqlab.run import build_run
     from seqlab.training import Trainer
     from seqlab.training.checkpoint import load_config, resumable_checkpoint
+    from seqlab.training.interrupt import resume_hint
 
     check_not_stopped()
     torch.set_num_threads(1)
@@ -92,7 +93,8 @@ def _run(
     )
     model, task, train = build_run(run)
     t0 = time.perf_counter()
-    summary = Trainer(model, task, train, where, run).fit(resume=started)
+    with resume_hint("the same seqlab compare continues it (finished runs are reused)"):
+        summary = Trainer(model, task, train, where, run).fit(resume=started)
     if summary.get("interrupted"):  # Ctrl-C: saved at a step boundary; the compare stops too
         stop_after_interrupt()
     return {"label": label, "steps": train.steps, "seconds": time.perf_counter() - t0, "summary": summary}

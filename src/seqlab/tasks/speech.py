@@ -9,8 +9,9 @@ Sources (nothing is downloaded):
     generated  ``seqlab.tasks.speech_corpus``: espeak-ng voices, rates, pitches and noise, built once into the
                user's data folder; train, validation and test are spoken by disjoint voice variants, so the
                test scores are on voices never heard in training
-    folder     a user's WAV files and ``transcripts.txt`` (``seqlab.tasks.speech_data``), split 80/10/10 by
-               speaker when the file names speakers, else by file (the same for every seed)
+    folder     a user's WAV files and ``transcripts.txt`` (``seqlab.tasks.speech_folder``), split 80/10/10 by
+               speaker when the file names speakers, else by file (the same for every seed); a recording longer
+               than ``max_seconds`` (default 60) is refused before any audio is read
 
 Tasks:
 
@@ -52,8 +53,9 @@ from seqlab.tasks.base import (
     epoch_rows,
     model_device,
 )
-from seqlab.tasks.speech_data import Features, Utterances, read_speech_folder, split_by_speaker
+from seqlab.tasks.speech_data import Features, Utterances, split_by_speaker
 from seqlab.tasks.speech_decode import ctc_frames_needed, decode_ids, transcribe_batch
+from seqlab.tasks.speech_folder import MAX_SECONDS, check_max_seconds, read_speech_folder
 
 __all__ = ["CHARACTERS", "KeywordTask", "SpeechCTCTask", "decode_ids", "transcribe_batch"]
 
@@ -120,7 +122,7 @@ class SpeechTask(Task):
         return {split: corpus.subset(rows) for split, rows in splits.items()}
 
     def _load_folder(self) -> dict[str, Utterances]:
-        everything = read_speech_folder(self.path, self._features)
+        everything = read_speech_folder(self.path, self._features, self.max_seconds)
         if len(everything) < 10:
             raise ValueError(f"a speech folder needs at least 10 utterances to split, got {len(everything)}")
         return {
@@ -217,7 +219,9 @@ class KeywordTask(SpeechTask):
         seed: int = 0,
         cache_dir: str | None = None,
         jobs: int = 2,
+        max_seconds: float = MAX_SECONDS,
     ):
+        self.max_seconds = check_max_seconds(max_seconds)  # a folder's longest recording
         self._setup(source, path, n_train, n_eval, snrs, n_mels, batch_size, seed, cache_dir, jobs)
         if source == "generated":
             from seqlab.tasks.speech_corpus import KEYWORDS
@@ -284,7 +288,9 @@ class SpeechCTCTask(SpeechTask):
         seed: int = 0,
         cache_dir: str | None = None,
         jobs: int = 2,
+        max_seconds: float = MAX_SECONDS,
     ):
+        self.max_seconds = check_max_seconds(max_seconds)  # a folder's longest recording
         self.min_digits, self.max_digits = (
             check_int("min_digits", min_digits, 1),
             check_int("max_digits", max_digits, 1),

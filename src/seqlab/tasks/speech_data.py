@@ -1,4 +1,4 @@
-r"""Speech as spectrogram slices: WAV files in and out, log-mel features, a set of utterances, a user's folder.
+r"""Speech as spectrogram slices: WAV files in and out, log-mel features, a set of utterances, their split.
 
 Notation: ``n`` samples, ``t`` frames, ``m`` mel bands, ``f`` FFT bins (n_fft / 2 + 1), ``b`` batch.
 
@@ -19,13 +19,8 @@ polyphase resampler (``scipy.signal.resample_poly``: upsample by p, FIR low-pass
 every q-th sample, p/q = target / rate reduced); several channels are averaged. An empty file, a silent one
 (peak below -80 dBFS) and an unreadable one are ValueErrors that name the file.
 
-A user's folder (``read_speech_folder``):
-
-    FOLDER/transcripts.txt   one line per utterance: FILE.wav <TAB> transcript [<TAB> speaker];
-                             blank lines and lines starting with # are skipped
-    FOLDER/FILE.wav          any rate, any channel count (see above)
-
-With a speaker column the folder is split by speaker (no test speaker is heard in training), otherwise by file.
+A user's folder of WAV files and transcripts is read by ``seqlab.tasks.speech_folder``; with a speaker column it
+is split by speaker (``split_by_speaker``: no test speaker is heard in training), otherwise by file.
 """
 
 from __future__ import annotations
@@ -33,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import warnings
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -52,8 +46,9 @@ __all__ = [
     "Features",
     "Utterances",
     "check_audio_file",
-    "read_speech_folder",
     "read_wav",
+    "soundfile_module",
+    "split_by_speaker",
     "write_wav",
 ]
 
@@ -66,7 +61,8 @@ MIN_SECONDS = 0.1
 """A clip shorter than this is too short to hold a spoken word (the shortest last about 0.1-0.2 s)."""
 
 
-def _soundfile():
+def soundfile_module():
+    """The ``soundfile`` module; a MissingDependencyError saying how to install it where it cannot load."""
     try:
         import soundfile
     except ImportError as e:  # a seqlab dependency, but its C library can be missing
@@ -88,7 +84,7 @@ def check_audio_file(path: str | Path) -> Path:
 
 def read_wav(path: str | Path, sample_rate: int) -> np.ndarray:
     """The mono waveform (n,) float32 in [-1, 1] of an audio file, resampled to ``sample_rate``."""
-    sf, path = _soundfile(), check_audio_file(path)
+    sf, path = soundfile_module(), check_audio_file(path)
     try:
         wave, rate = sf.read(str(path), dtype="float32", always_2d=True)  # (n, channels)
     except (RuntimeError, sf.LibsndfileError) as e:
@@ -137,7 +133,7 @@ def write_wav(path: str | Path, wave: np.ndarray, sample_rate: int) -> Path:
     """Write a mono waveform (n,) in [-1, 1] as 16-bit PCM."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _soundfile().write(str(path), np.clip(wave, -1.0, 1.0), sample_rate, subtype="PCM_16")
+    soundfile_module().write(str(path), np.clip(wave, -1.0, 1.0), sample_rate, subtype="PCM_16")
     return path
 
 
@@ -276,62 +272,6 @@ class Utterances:
         frames = torch.from_numpy(np.load(folder / "frames.npy", allow_pickle=False))
         offsets = torch.from_numpy(np.load(folder / "offsets.npy", allow_pickle=False))
         return Utterances(frames, offsets, meta["texts"], meta["speakers"])
-
-
-def normalize_text(text: str) -> str:
-    """Lowercase, whitespace collapsed to single spaces: the form transcripts are compared in."""
-    return " ".join(text.lower().split())
-
-
-def _read_transcripts(folder: Path) -> list[tuple[str, str, str, str]]:
-    """(file, transcript, speaker or "", where) per line of the folder's transcript file."""
-    path = folder / TRANSCRIPTS
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} does not exist: a speech folder needs {TRANSCRIPTS}, one line per WAV file: "
-            "FILE.wav<TAB>transcript[<TAB>speaker]"
-        )
-    rows, first = [], {}
-    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        cells = [c.strip() for c in line.split("\t")]
-        where = f"{path}, line {number}"
-        if len(cells) not in (2, 3) or not cells[0] or not normalize_text(cells[1]):
-            raise ValueError(
-                f"{where}: expected FILE.wav<TAB>transcript[<TAB>speaker], got {line!r} "
-                "(the separators are tab characters)"
-            )
-        key = os.path.normpath(cells[0])  # ./u0.wav is u0.wav
-        if key in first:  # a second row would make a second sample, which the split could part
-            raise ValueError(
-                f"{where}: {cells[0]!r} is named again (first at line {first[key]}); {TRANSCRIPTS} takes one "
-                "line per WAV file"
-            )
-        first[key] = number
-        rows.append((cells[0], normalize_text(cells[1]), cells[2] if len(cells) == 3 else "", where))
-    if not rows:
-        raise ValueError(f"{path} names no utterances")
-    return rows
-
-
-def read_speech_folder(folder: str | Path, features: Features) -> Utterances:
-    """The utterances of a user's folder (module docstring), as features; the speaker is "" when not given."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"speech folder not found: {folder}")
-    seqs, texts, speakers = [], [], []
-    for name, text, speaker, where in _read_transcripts(folder):
-        wav = folder / name
-        if not wav.is_file():
-            raise FileNotFoundError(f"{where}: {wav} does not exist")
-        try:
-            seqs.append(features(read_wav(wav, features.sample_rate)))
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from e
-        texts.append(text)
-        speakers.append(speaker)
-    return Utterances.of(seqs, texts, speakers)
 
 
 def split_by_speaker(speakers: list[str], seed: int) -> dict[str, list[int]]:

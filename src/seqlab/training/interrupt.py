@@ -17,10 +17,21 @@ from collections.abc import Iterator
 
 log = logging.getLogger("seqlab.train")
 
-__all__ = ["STOP_SIGNALS", "StopFlag", "stop_on_interrupt"]
+__all__ = ["STOP_SIGNALS", "StopFlag", "resume_hint", "stop_on_interrupt"]
 
 
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # the ones this platform has are handled
+_HINTS = ["continue with the same command and --resume"]  # how a stopped run with a run folder continues
+
+
+@contextlib.contextmanager
+def resume_hint(text: str) -> Iterator[None]:
+    """Within it, a stopped run says ``text`` for how to continue it (a compare reruns, it has no --resume)."""
+    _HINTS.append(text)
+    try:
+        yield
+    finally:
+        _HINTS.pop()
 
 
 class StopFlag:
@@ -36,7 +47,7 @@ class StopFlag:
         return "Ctrl-C" if self.signum in (None, signal.SIGINT) else signal.Signals(self.signum).name
 
     def say_stopped(self, step: int, out_dir) -> None:
-        saved = f", saved in {out_dir}; continue with the same command and --resume" if out_dir else ""
+        saved = f", saved in {out_dir}; {_HINTS[-1]}" if out_dir else ""
         log.warning("stopped by %s at step %d%s", self.name, step, saved)
 
     def summary(self) -> dict:
