@@ -271,9 +271,51 @@ def test_read_pairs_tsv_refuses_what_is_not_a_small_regular_file(tmp_path):
             read_pairs_tsv("/dev/null")
     big = tmp_path / "big.tsv"
     big.write_text("a\tb\n" * 100, encoding="utf-8")
-    with pytest.raises(ValueError, match="400 bytes, over the limit of 399"):
+    with pytest.raises(ValueError, match="400 bytes, over the limit of 399") as refused:
         read_pairs_tsv(big, max_bytes=399)
+    assert "--task.max_bytes=400" in str(refused.value)  # what a user can do, not a name they cannot pass
+    assert "read_pairs_tsv(path, max_bytes=400)" in str(refused.value)
     assert len(read_pairs_tsv(big, max_bytes=400)) == 100
+
+
+def _lines(n: int) -> list[bytes]:
+    rng = random.Random(n)
+    words = ["cat", "naïve", "日本語", "😀", "Привет", "x"]
+    return [
+        f"{' '.join(rng.choices(words, k=rng.randint(1, 9)))}\t{rng.choice(words)}\tg{i % 7}".encode()
+        for i in range(n)
+    ]
+
+
+def test_read_pairs_tsv_block_by_block_reads_what_it_reads_whole(tmp_path, monkeypatch):
+    path = tmp_path / "pairs.tsv"
+    lines = _lines(500)
+    path.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(lines[:250]) + b"\n\n  \n" + b"\n".join(lines[250:]))
+    whole = read_pairs_tsv(path)
+    assert len(whole) == 500 and whole[0].source == lines[0].decode().split("\t")[0]
+    for block in (1, 7, 64, 1000):  # boundaries between lines and inside multi-byte characters' lines
+        monkeypatch.setattr(parallel, "BLOCK", block)
+        assert read_pairs_tsv(path) == whole
+
+
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [
+        ({400: b"\xe2\x82"}, r":401: not UTF-8 \(byte 0xe2\)"),  # a character cut short, far into the file
+        ({30: b"no tab", 400: b"\xff"}, r":401: not UTF-8"),  # the encoding is checked before any line
+        ({30: b"\xff", 400: b"a\x00"}, r":401: NUL byte"),  # and NUL bytes before the encoding
+        ({30: b"no tab", 400: b"a\tb\tc\td"}, r":31: no tab"),  # then the lines, the first error first
+    ],
+)
+def test_read_pairs_tsv_errors_past_the_first_block_name_their_line(tmp_path, monkeypatch, broken, message):
+    lines = _lines(500)
+    for i, line in broken.items():
+        lines[i] = line
+    path = tmp_path / "bad.tsv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    monkeypatch.setattr(parallel, "BLOCK", 100)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + message):
+        read_pairs_tsv(path)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -322,6 +364,32 @@ def test_random_group_split_gives_small_data_a_val_and_test_pair():
     for seed in range(20):
         splits = random_group_split(pairs, seed=seed)
         assert splits["val"] and splits["test"] and len(splits["train"]) >= 2
+
+
+def _random_group_split_ref(pairs, seed, val_fraction=0.05, test_fraction=0.05):
+    """The split as first written: every key ranked by a full sort."""
+    keys = [f"group:{p.group}" if p.group else f"pair:{p.source}\t{p.target}" for p in pairs]
+    unit = {key: parallel._unit(seed, key) for key in keys}
+    ranked = sorted(unit, key=lambda key: (unit[key], key))
+    test = {key for key in ranked if unit[key] < test_fraction}
+    if not test and test_fraction > 0 and len(ranked) >= 3:
+        test = {ranked[0]}
+    val = {key for key in ranked if key not in test and unit[key] < test_fraction + val_fraction}
+    if not val and val_fraction > 0 and len(ranked) >= 3:
+        val = {next(key for key in ranked if key not in test)}
+    splits = {"train": [], "val": [], "test": []}
+    for pair, key in zip(pairs, keys, strict=True):
+        splits["test" if key in test else "val" if key in val else "train"].append(pair)
+    return splits
+
+
+@pytest.mark.parametrize(
+    ("n", "val", "test"), [(3, 0.05, 0.05), (40, 1e-9, 1e-9), (2000, 0.05, 0.1), (500, 0.0, 0.3)]
+)
+def test_random_group_split_is_the_sorted_split(n, val, test):
+    pairs = [Pair(f"s{i % (n // 2 + 1)}", f"t{i}", f"g{i % 9}" if i % 3 == 0 else "") for i in range(n)]
+    for seed in (0, 1, 5):
+        assert random_group_split(pairs, seed, val, test) == _random_group_split_ref(pairs, seed, val, test)
 
 
 @pytest.mark.parametrize(("val", "test"), [(-0.1, 0.1), (0.5, 0.5), (0.1, -0.01)])

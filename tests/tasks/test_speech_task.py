@@ -91,6 +91,9 @@ def test_wav_round_trip_resampling_and_channels(tmp_path):
     sf.write(tmp_path / "stereo.wav", np.stack([tone, -0.5 * tone], 1), sr)
     stereo = read_wav(tmp_path / "stereo.wav", sr)
     np.testing.assert_allclose(stereo, 0.25 * tone, atol=1e-3)  # the channels' mean
+    sf.write(tmp_path / "cancel.wav", np.stack([tone, -tone], 1), sr)  # loud channels, a silent mean
+    with pytest.raises(ValueError, match=r"channels cancel when averaged to mono \(peak 0\.50 in a channel"):
+        read_wav(tmp_path / "cancel.wav", sr)
 
 
 def test_bad_audio_files_say_what_is_wrong(tmp_path):

@@ -393,3 +393,13 @@ def test_evaluate_scores_max_batches_of_windows_spread_over_the_split_and_the_ba
     assert scores["val_naive_mase"] != pytest.approx(task.baseline_scores("val")["naive_mase"], rel=1e-6)
     with pytest.raises(ValueError, match="max_batches"):
         task.evaluate(model, max_batches=0)
+
+
+def test_a_constant_target_and_a_target_periodic_at_its_season_are_named_apart():
+    from seqlab.tasks.series_data import seasonal_scale
+
+    with pytest.raises(ValueError, match=r"the target is constant \(5\) over the training span's 40 points"):
+        seasonal_scale(np.full(40, 5.0), 1)
+    with pytest.raises(ValueError, match=r"repeats itself exactly every season m=2 points.*task\.season"):
+        seasonal_scale(np.tile([1.0, 3.0], 20), 2)
+    assert seasonal_scale(np.tile([1.0, 3.0], 20), 1) == 2.0

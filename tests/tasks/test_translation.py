@@ -147,6 +147,7 @@ def test_translate_returns_alignments_with_token_labels(task):
         ({"vocab_size": 10}, "vocab_size"),
         ({"label_smoothing": 1.0}, "label_smoothing"),
         ({"max_len": 1}, "max_len"),
+        ({"max_bytes": 0}, "max_bytes"),
     ],
 )
 def test_bad_settings_are_refused(kwargs, message):

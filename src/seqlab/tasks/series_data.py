@@ -359,8 +359,16 @@ def seasonal_scale(train_target: np.ndarray, m: int) -> float:
             f"the training span ({len(train_target)} points) must be longer than the season m={m}"
         )
     scale = float(np.abs(train_target[m:] - train_target[:-m]).mean())
+    if scale == 0 and np.ptp(train_target) == 0:
+        raise ValueError(
+            f"the target is constant ({train_target[0]:g}) over the training span's {len(train_target)} points: "
+            "there is nothing to learn to forecast, and MASE (error / the naive forecast's) is undefined"
+        )
     if scale == 0:
-        raise ValueError("the training span is constant at lag m: MASE is undefined; choose another season")
+        raise ValueError(
+            f"the training span repeats itself exactly every season m={m} points, so the seasonal-naive forecast "
+            "has no error and MASE is undefined; choose another season (task.season)"
+        )
     return scale
 
 

@@ -16,10 +16,13 @@ store it (``tokenizer.json``): ``encode(text) -> LongTensor``, ``decode(ids) -> 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,6 +45,24 @@ def _lib():
             "subword tokenizers need the Hugging Face 'tokenizers' package: pip install 'seqlab[hf]'"
         ) from None
     return tokenizers
+
+
+def _fast_encoder(tokenizer):
+    """``tokenizer.encode_batch_fast``, or ``encode_batch`` (the same ids, slower) where the installed tokenizers
+    predates it, said once."""
+    fast = getattr(tokenizer, "encode_batch_fast", None)
+    if fast is None:
+        _say_no_fast_encoder()
+    return fast or tokenizer.encode_batch
+
+
+@functools.cache
+def _say_no_fast_encoder() -> None:
+    logging.getLogger("seqlab.tasks").info(
+        "tokenizers %s has no encode_batch_fast (0.20.1 and later): encoding with encode_batch, which also "
+        "computes the offsets of every token (slower); pip install -U tokenizers for the fast one",
+        _lib().__version__,
+    )
 
 
 def _chunks(text: str | Iterable[str], size: int = 1 << 16) -> Iterable[str]:
@@ -72,6 +93,16 @@ class SubwordTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Many texts at once (the library encodes them in parallel): a list of id lists."""
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Many texts at once, stored flat: (ids int32 (sum of lengths,), lengths int64 (n,)), text i's ids
+        one after another, the ids of :meth:`encode_batch`. Through ``encode_batch_fast`` (tokenizers 0.20.1 and
+        later: no character offsets computed); give chunks of some thousand texts, each lives as a Python list
+        until it is copied."""
+        rows = [e.ids for e in _fast_encoder(self.tokenizer)(list(texts))]
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
+        return ids, lengths
 
     def token_to_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)

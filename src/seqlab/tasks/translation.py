@@ -7,14 +7,16 @@ Data (``source``):
   seen in training (``seqlab.tasks.parallel.BIBLE_SPLIT``).
 * ``"freedict"``: German–English example sentences of the Debian package dict-freedict-deu-eng, read where
   installed (GPL, never copied into seqlab); split by dictionary entry.
-* a path to a file of ``source<TAB>target`` lines (an optional third column names a group to split by).
+* a path to a file of ``source<TAB>target`` lines (an optional third column names a group to split by), of
+  at most ``max_bytes`` (200 MB unless raised: preparing it takes about 5 times the file's size in memory).
   The random splits (freedict and files) are the same for every seed (``base.SPLIT_SEED``).
 
 Tokens: byte-level BPE through Hugging Face ``tokenizers``, trained on the training split only, one shared
 vocabulary for both sides (the default: it lets a model tie its tables) or one per side; ``<pad>``, ``<s>`` and
 ``</s>`` are ids 0, 1 and 2. A source is its tokens then ``</s>``; the decoder reads ``<s> y`` and predicts
 ``y </s>``. Pairs with more than ``max_len`` tokens on either side are left out of every split (``describe``
-reports how many).
+reports how many). The ids are kept flat, one int32 array a side of a split (``pair_ids.TokenRows``); preparing
+a corpus of 100,000 pairs or more says what it does at INFO level (``seqlab train`` shows it).
 
 Batches: each epoch shuffles the training pairs with the task's seed, sorts windows of 50 batches by source
 length (little padding) and shuffles the batches; batch ``i`` is a pure function of the seed and ``i``.
@@ -28,9 +30,11 @@ import functools
 import itertools
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -45,8 +49,10 @@ from seqlab.tasks.base import (
     check_split,
     model_device,
 )
+from seqlab.tasks.pair_ids import BOS, EOS, PAD, epoch_batches, fixed_batches, prepare, say
 from seqlab.tasks.parallel import (
     BIBLE_SPLIT,
+    MAX_BYTES,
     Pair,
     bible_pairs,
     check_eval_splits,
@@ -60,7 +66,6 @@ from seqlab.tasks.tokenizers import TranslationTokenizer
 
 __all__ = ["TranslationTask"]
 
-PAD, BOS, EOS = 0, 1, 2
 BUILT_IN = {"bible": ("en", "es"), "freedict": ("de", "en")}
 WINDOW = 50  # batches per length-sorted window
 
@@ -90,8 +95,10 @@ class TranslationTask(Task):
         batch_size: int = 64,
         label_smoothing: float = 0.1,
         seed: int = 0,
+        max_bytes: int = MAX_BYTES,
     ):
         self.source, self.seed = source, seed
+        self.max_bytes = check_int("max_bytes", max_bytes, 1)
         self.vocab_size = check_int("vocab_size", vocab_size, 256 + len(TranslationTokenizer.SPECIALS))
         self.shared_vocab = check_bool("shared_vocab", shared_vocab)
         self.max_len = check_int("max_len", max_len, 2)
@@ -99,17 +106,14 @@ class TranslationTask(Task):
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
         self.label_smoothing = float(label_smoothing)
-        self.src_lang, self.tgt_lang, splits = _read(source, src_lang, tgt_lang)
+        self.src_lang, self.tgt_lang, splits = _read(source, src_lang, tgt_lang, self.max_bytes)
         if not splits["train"]:
             n = sum(len(v) for v in splits.values())
             raise ValueError(
                 f"the training split of {source!r} is empty: its {n} pairs all went to validation and test "
                 f"(identical pairs share a split); give more distinct pairs"
             )
-        self.tokenizer = TranslationTokenizer.train(
-            [p.source for p in splits["train"]], [p.target for p in splits["train"]], vocab_size, shared_vocab
-        )
-        self.data = {name: self._encode(pairs) for name, pairs in splits.items()}
+        self.tokenizer, self.data = prepare(splits, vocab_size, shared_vocab, self.max_len)
         left_out = {k: len(splits[k]) - len(self.data[k][0]) for k in splits}  # pairs past max_len, per split
         self.dropped_long = sum(left_out.values())
         if left_out["val"] or left_out["test"]:  # the scores would be of the shorter, easier pairs only: said
@@ -128,9 +132,7 @@ class TranslationTask(Task):
 
     def check_model(self, model) -> None:
         """Before step 1: the longest sentences against the model's limit (:func:`parallel.check_fits`)."""
-        check_fits(
-            model, *(max(len(s) for d in self.data.values() for s in d[i]) for i in (0, 1)), self.max_len
-        )
+        check_fits(model, *(max(d[i].longest for d in self.data.values()) for i in (0, 1)), self.max_len)
 
     # ---- settings reported by describe() ---------------------------------------------------------------
 
@@ -165,34 +167,16 @@ class TranslationTask(Task):
 
     # ---- data ----------------------------------------------------------------------------------------------
 
-    def _encode(self, pairs: list[Pair]) -> tuple[list[list[int]], list[list[int]], list[Pair]]:
-        """(source ids + eos, target ids + eos, the pairs), keeping pairs within max_len on both sides."""
-        src = self.tokenizer.source.encode_batch([p.source for p in pairs])
-        tgt = self.tokenizer.target.encode_batch([p.target for p in pairs])
-        keep = [i for i in range(len(pairs)) if len(src[i]) < self.max_len and len(tgt[i]) < self.max_len]
-        return [[*src[i], EOS] for i in keep], [[*tgt[i], EOS] for i in keep], [pairs[i] for i in keep]
-
     @functools.lru_cache(maxsize=2)  # noqa: B019 - one task object per run; the cache lives as long as it
-    def _epoch(self, epoch: int) -> list[list[int]]:
-        """The training batches of one epoch, as lists of pair indices."""
-        n = len(self.data["train"][0])
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        order = torch.randperm(n, generator=g).tolist()
-        lengths = [len(s) for s in self.data["train"][0]]
-        span = WINDOW * self.batch_size
-        batches = []
-        for start in range(0, n, span):
-            window = sorted(order[start : start + span], key=lambda i: lengths[i])
-            batches += [window[j : j + self.batch_size] for j in range(0, len(window), self.batch_size)]
-        perm = torch.randperm(len(batches), generator=g).tolist()
-        return [batches[i] for i in perm]
+    def _epoch(self, epoch: int) -> list[np.ndarray]:
+        """The training batches of one epoch, as arrays of pair indices (:func:`pair_ids.epoch_batches`)."""
+        lengths = self.data["train"][0].lengths
+        return epoch_batches(lengths, self.batch_size, WINDOW, self.seed * 1_000_003 + epoch)
 
     @functools.lru_cache(maxsize=3)  # noqa: B019
-    def _fixed(self, split: str) -> list[list[int]]:
+    def _fixed(self, split: str) -> list[np.ndarray]:
         """Validation and test batches: every pair once, sorted by source length."""
-        src = self.data[split][0]
-        order = sorted(range(len(src)), key=lambda i: len(src[i]))
-        return [order[j : j + self.batch_size] for j in range(0, len(order), self.batch_size)]
+        return fixed_batches(self.data[split][0].lengths, self.batch_size)
 
     def batches_per_epoch(self, split: str = "train") -> int:
         check_split(split)
@@ -210,11 +194,7 @@ class TranslationTask(Task):
                 raise ValueError(f"the {split} split of {self.source!r} is empty")
             rows = fixed[index % len(fixed)]
         src, tgt = self.data[split][0], self.data[split][1]
-        return {
-            "x": _pad([src[i] for i in rows]),
-            "tgt_in": _pad([[BOS, *tgt[i][:-1]] for i in rows]),
-            "y": _pad([tgt[i] for i in rows]),
-        }
+        return {"x": src.pad(rows), "tgt_in": tgt.pad(rows, start=BOS), "y": tgt.pad(rows)}
 
     def tokens_in(self, batch: Batch) -> int:
         return int((batch["y"] != PAD).sum())
@@ -375,7 +355,9 @@ def _strip(ids: list[int]) -> list[int]:
     return out
 
 
-def _read(source: str, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str, dict[str, list[Pair]]]:
+def _read(
+    source: str, src_lang: str | None, tgt_lang: str | None, max_bytes: int = MAX_BYTES
+) -> tuple[str, str, dict[str, list[Pair]]]:
     """(source language, target language, pairs by split) for a built-in corpus or a TSV file."""
     if not isinstance(source, str) or not source:
         raise ValueError(f"task.source must be 'bible', 'freedict' or a path to a .tsv file, got {source!r}")
@@ -395,5 +377,8 @@ def _read(source: str, src_lang: str | None, tgt_lang: str | None) -> tuple[str,
         raise ValueError(
             f"unknown translation source {source!r}: use 'bible', 'freedict' or a path to a .tsv file"
         )
-    pairs = read_pairs_tsv(path)
+    t0 = time.perf_counter()
+    pairs = read_pairs_tsv(path, max_bytes)
+    n, seconds = f"{len(pairs):,}", time.perf_counter() - t0
+    say(len(pairs), "translation data: read %s pairs from %s in %.0f s", n, path, seconds)
     return src_lang or "src", tgt_lang or "tgt", random_group_split(pairs, SPLIT_SEED)
