@@ -238,8 +238,10 @@ def test_settings_of_the_wrong_kind_are_one_error_line(tmp_path, capsys):
         assert "mixer_config must be a mapping of the mixer's fields" in capsys.readouterr().err
     from seqlab.tasks.speech import _check_snrs
 
-    for bad in (5, ["abc"], "x"):
-        with pytest.raises(ValueError, match="snrs must be a list of signal-to-noise ratios in dB"):
+    for bad in (5, ["abc"], "x", [], [float("nan")], [None, float("inf")]):  # none to draw; no ratio at all
+        with pytest.raises(
+            ValueError, match="snrs must be a non-empty list of finite signal-to-noise ratios"
+        ):
             _check_snrs(bad)
     assert _check_snrs([None, 20, "10"]) == [None, 20.0, 10.0]
     afile = tmp_path / "afile"

@@ -42,6 +42,7 @@ from seqlab.run import (
     positive_float,
     positive_int,
     probability,
+    seed,
     split_overrides,
 )
 
@@ -172,7 +173,7 @@ def _add_generate(sub) -> None:
         default=None,
         help="nucleus sampling: only among the most likely tokens whose probabilities sum to p",
     )
-    g.add_argument("--seed", type=int, default=0, help="seed of the sampler (the same seed, the same text)")
+    g.add_argument("--seed", type=seed, default=0, help="seed of the sampler (the same seed, the same text)")
     g.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when available"
     )
@@ -226,7 +227,7 @@ def _add_compare(sub) -> None:
         "--mixers", type=names, help="comma-separated subset of the mixers listed below (default: all)"
     )
     c.add_argument("--tasks", type=names, help="comma-separated subset of the suite's tasks (listed below)")
-    c.add_argument("--seed", type=int, default=0, help="seed of the models and the data (default 0)")
+    c.add_argument("--seed", type=seed, default=0, help="seed of the models and the data (default 0)")
     c.add_argument(
         "--threads", type=positive_int, default=None, help="torch threads (default: PyTorch's choice)"
     )
@@ -264,7 +265,7 @@ def _add_viz(sub) -> None:
         "--cells", type=one_of(CELLS), default=list(CELLS), help=f"comma-separated: {','.join(CELLS)}"
     )
     vg.add_argument("--d-model", type=positive_int, default=64, help="hidden size of each cell (default 64)")
-    vg.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    vg.add_argument("--seed", type=seed, default=0, help="seed of the weights and the data")
     vg.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     vg.set_defaults(func=_cmd_viz_gradients)
 
@@ -309,22 +310,8 @@ def make_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--version", action="version", version=f"seqlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (
-        add_train,
-        _add_generate,
-        add_translate,
-        add_caption,
-        add_classify,
-        add_forecast,
-        add_transcribe,
-        add_eval,
-        _add_compare,
-        _add_viz,
-        add_params,
-        add_export,
-        _add_list,
-        add_doctor,
-    ):
+    for add in (add_train, _add_generate, add_translate, add_caption, add_classify, add_forecast, add_transcribe,
+                add_eval, _add_compare, _add_viz, add_params, add_export, _add_list, add_doctor):  # fmt: skip
         add(sub)
     return p
 

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from seqlab.console import said_if_slow
 from seqlab.outfiles import add_out_file, nearest_existing
 from seqlab.run import int_at_least, positive_int
 
@@ -190,9 +191,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             f"--hypotheses is for translation checkpoints; {where} holds a {run['task']['name']!r} run"
         )
     split = args.split or ("test" if hasattr(task, "score") else "val")
-    metrics = task.evaluate(model, args.batches, split=split)
+    with said_if_slow(f"evaluating on the {split} split"):
+        metrics = task.evaluate(model, args.batches, split=split)
     if hasattr(task, "score") and args.beam > 0:
-        scored = task.score(model, split, beam_size=args.beam, limit=args.limit)
+        with said_if_slow(f"decoding the {split} split (beam {args.beam}) for its scores"):
+            scored = task.score(model, split, beam_size=args.beam, limit=args.limit)
         metrics.update({f"{split}_{k}": v for k, v in scored.items() if isinstance(v, float)})
         others = {k: v for k, v in scored.items() if not isinstance(v, float) and k != "hypotheses"}
         if args.hypotheses is not None and "hypotheses" in scored:  # one decoded sentence per line

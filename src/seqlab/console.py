@@ -95,15 +95,11 @@ def out_of_memory(error: BaseException) -> str | None:
         or "can't allocate memory" in text
     ):
         return None
-    asked = re.search(r"allocate (\d+) bytes", text)
-    size = (
-        f"{int(asked.group(1)) / 1e9:,.1f} GB"
-        if asked
-        else text.strip().splitlines()[0]
-        if text.strip()
-        else "?"
-    )
+    asked = re.search(r"allocate (\d+) bytes", text)  # torch's CPU allocator
+    numpy = re.search(r"Unable to allocate ([\d.]+ \w+) for an array", text)  # numpy's MemoryError
+    size = f"{int(asked.group(1)) / 1e9:,.1f} GB" if asked else numpy.group(1) if numpy else "some memory"
     return (
-        f"error: out of memory (an allocation of {size} failed); a smaller batch (task.batch_size), shorter sequences "
-        "or a smaller model need less (`seqlab params` counts a model's parameters)"
+        f"error: out of memory (an allocation of {size} failed); less data held at once (task.batch_size, n_train, "
+        "image or frame sizes), shorter sequences or a smaller model need less (`seqlab params` counts a model's "
+        "parameters)"
     )

@@ -304,6 +304,10 @@ def positive_int(text: str) -> int:
     return _number(int, text, lambda v: v >= 1, "a positive integer")
 
 
+def seed(text: str) -> int:  # torch's generators take 64-bit seeds
+    return _number(int, text, lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1")
+
+
 def non_negative_int(text: str) -> int:
     return int_at_least(0)(text)
 

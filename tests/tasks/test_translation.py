@@ -148,6 +148,7 @@ def test_translate_returns_alignments_with_token_labels(task):
         ({"label_smoothing": 1.0}, "label_smoothing"),
         ({"max_len": 1}, "max_len"),
         ({"max_bytes": 0}, "max_bytes"),
+        ({"vocab_size": 10**9}, "vocab_size must be at most 1,000,000"),
     ],
 )
 def test_bad_settings_are_refused(kwargs, message):

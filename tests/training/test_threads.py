@@ -80,3 +80,28 @@ def test_cpu_seconds_reads_this_machine():
         x = torch.tanh(x @ x)
     busy2, mine2 = cpu_seconds()
     assert mine2 > mine and busy2 >= busy and busy2 > 0
+
+
+def test_more_threads_than_the_machine_has_are_refused_with_its_count(monkeypatch):
+    import os
+
+    from seqlab.training import TrainConfig
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert TrainConfig(threads=4).threads == 4
+    with pytest.raises(ValueError, match=r"train.threads=1000 is more than this machine's 4 CPU threads"):
+        TrainConfig(threads=1000)
+
+
+def test_a_seed_past_64_bits_is_refused_by_name():
+    import argparse
+
+    from seqlab.run import seed
+    from seqlab.training import TrainConfig
+
+    assert TrainConfig(seed=2**63 - 1).seed == 2**63 - 1 and seed("7") == 7
+    for bad in (2**63, 10**23, -1):
+        with pytest.raises(ValueError, match=r"train.seed must be an integer from 0 to 2\*\*63 - 1"):
+            TrainConfig(seed=bad)
+        with pytest.raises(argparse.ArgumentTypeError, match="an integer from 0"):
+            seed(str(bad))

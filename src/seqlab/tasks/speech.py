@@ -34,6 +34,7 @@ endless sequence of seeded epochs; evaluation reads each utterance once. Batches
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict
 from typing import Any, Literal
 
@@ -72,12 +73,13 @@ def _check_snrs(snrs) -> list[float | None] | None:
     if snrs is None:
         return None
     try:
-        if isinstance(snrs, str | bytes) or not hasattr(snrs, "__iter__"):
-            raise TypeError
-        return [None if s is None else float(s) for s in snrs]
+        out = [None if s is None else float(s) for s in snrs if not isinstance(snrs, str | bytes)]
+        if not out or not all(s is None or math.isfinite(s) for s in out):
+            raise ValueError  # none to draw from, or a NaN or infinite ratio
+        return out
     except (TypeError, ValueError):
         raise ValueError(
-            f"snrs must be a list of signal-to-noise ratios in dB (null for clean speech), e.g. "
+            f"snrs must be a non-empty list of finite signal-to-noise ratios in dB (null for clean speech), e.g. "
             f"--task.snrs='[null, 20, 10]'; got {snrs!r}"
         ) from None
 

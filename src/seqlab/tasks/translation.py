@@ -68,6 +68,7 @@ __all__ = ["TranslationTask"]
 
 BUILT_IN = {"bible": ("en", "es"), "freedict": ("de", "en")}
 WINDOW = 50  # batches per length-sorted window
+MAX_VOCAB = 1_000_000  # far past any translation vocabulary (32k-64k is usual)
 
 
 class TranslationTask(Task):
@@ -100,6 +101,10 @@ class TranslationTask(Task):
         self.source, self.seed = source, seed
         self.max_bytes = check_int("max_bytes", max_bytes, 1)
         self.vocab_size = check_int("vocab_size", vocab_size, 256 + len(TranslationTokenizer.SPECIALS))
+        if vocab_size > MAX_VOCAB:  # the BPE trainer sizes its tables by it: 1e9 aborted the process (70 GB)
+            raise ValueError(
+                f"vocab_size must be at most {MAX_VOCAB:,} (BPE merges learnt), got {vocab_size:,}"
+            )
         self.shared_vocab = check_bool("shared_vocab", shared_vocab)
         self.max_len = check_int("max_len", max_len, 2)
         self.batch_size = check_int("batch_size", batch_size, 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +77,10 @@ class TrainConfig:
         check_positive_floats(self, ("lr",), "train.")
         check_positive_floats(self, ("grad_clip", "max_minutes"), "train.", allow_none=True)
         check_positive_ints(self, ("threads",), "train.", allow_none=True)
+        if self.threads is not None and self.threads > (
+            cores := os.cpu_count() or 1
+        ):  # never faster; may fail
+            raise ValueError(f"train.threads={self.threads} is more than this machine's {cores} CPU threads")
         self._check_ranges()
 
     def _check_ranges(self) -> None:
@@ -86,8 +91,8 @@ class TrainConfig:
         for name in ("progress",):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"train.seed must be an integer, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"train.seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
         self._check_device()
         self._check_loggers()
         self._check_strategy()
