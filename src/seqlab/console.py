@@ -5,7 +5,8 @@ a latin-1 or cp1252 console). Printing would raise ``UnicodeEncodeError`` and lo
 model its time. :func:`escape_unencodable` makes stdout write such characters as ``\\xf6``/``\\u2014`` escapes
 instead, and :func:`escapes_note` says afterwards, once, that it happened and how to get the characters.
 :func:`say` puts a closing line (an error) on a line of its own, below any progress bar still drawn, and
-:func:`said_if_slow` says what a long silent step is doing once it has taken a few seconds.
+:func:`said_if_slow` says what a long silent step is doing once it has taken a few seconds, and
+:func:`out_of_memory` turns a failed allocation into one line that says what to lower.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import threading
 import time
 
-__all__ = ["escape_unencodable", "escapes_note", "said_if_slow", "say"]
+__all__ = ["escape_unencodable", "escapes_note", "out_of_memory", "said_if_slow", "say"]
 
 _HANDLER = "seqlab-escape"
 _escaped: list[int] = [0]  # characters escaped so far in this process
