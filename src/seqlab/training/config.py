@@ -77,10 +77,12 @@ class TrainConfig:
         check_positive_floats(self, ("lr",), "train.")
         check_positive_floats(self, ("grad_clip", "max_minutes"), "train.", allow_none=True)
         check_positive_ints(self, ("threads",), "train.", allow_none=True)
-        if self.threads is not None and self.threads > (
-            cores := os.cpu_count() or 1
-        ):  # never faster; may fail
-            raise ValueError(f"train.threads={self.threads} is more than this machine's {cores} CPU threads")
+        cores = os.cpu_count() or 1  # more threads than that are never faster, and thousands fail to start
+        if self.threads is not None and self.threads > cores:
+            raise ValueError(
+                f"train.threads={self.threads} is more than this machine's {cores} CPU threads; give "
+                f"--train.threads={cores} or fewer (a resume may change it)"
+            )
         self._check_ranges()
 
     def _check_ranges(self) -> None:
