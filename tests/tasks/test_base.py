@@ -79,3 +79,18 @@ def test_channel_stats_match_torch_float64_statistics_chunk_by_chunk(channel_dim
         assert mean.dtype == std.dtype == torch.float32 and mean.shape == (images.size(channel_dim),)
     _, std = channel_stats(torch.full((1, 2, 1, 1), 7, dtype=torch.uint8), 1)
     assert std.tolist() == [0.0, 0.0]  # one value per channel: no spread (not nan)
+
+
+def test_torch_threads_sets_the_count_within_and_restores_it_after_an_error():
+    from seqlab.tasks.base import torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+            raise KeyError("x")
+    except KeyError:
+        pass
+    assert torch.get_num_threads() == before
+    with torch_threads(None):
+        assert torch.get_num_threads() == before  # None: left as it was

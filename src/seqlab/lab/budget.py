@@ -23,6 +23,7 @@ import torch
 
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.models import build, make_config
+from seqlab.tasks.base import torch_threads
 
 if TYPE_CHECKING:
     from seqlab.lab.suite import Entry, Suite
@@ -131,10 +132,7 @@ def calibrate(
     from seqlab.training import Trainer
 
     seed = config.seed
-    saved = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         t0 = time.perf_counter()
         task = create_task(entry.task, **entry.task_args, seed=seed)
         model, _, _ = build_lab_model(mixer, suite, task.model_overrides(), seed)
@@ -146,8 +144,6 @@ def calibrate(
             trainer.train_step()
             n += 1
         return Calibration(mixer, entry, (time.perf_counter() - t1) / n, setup)
-    finally:
-        torch.set_num_threads(saved)
 
 
 def makespan(seconds: list[float], workers: int) -> float:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from seqlab.lab.translation import slug, timed_train, train_all
+from seqlab.tasks.base import torch_threads
 from seqlab.tasks.timeseries import ForecastTask
 
 DATASETS = ("sunspots", "co2", "sf_temps")
@@ -154,12 +155,8 @@ def compare_timeseries(
     )
     if todo:
         trained.update(train_all(todo, out, 0.0, seed, jobs, _planned))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # scoring is small: one thread, as each run trained, spares a shared machine
-    try:
+    with torch_threads(1):  # scoring is small: one thread, as each run trained, spares a shared machine
         records, datasets_info = _score_all(runs, trained, out)
-    finally:
-        torch.set_num_threads(threads)
     minutes = (time.perf_counter() - t0) / 60
     results = {"datasets": datasets_info, "records": records, "minutes": minutes, "trained": len(todo)}
     (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
@@ -196,8 +193,8 @@ def _score_all(runs, trained, out: Path) -> tuple[list[dict[str, Any]], dict[str
             info[name] = describe_data(task)
             records += _baseline_records(task)
         model = load_model(resolve_checkpoint(out / "runs" / slug(label))).eval()
-        every = len(tasks[name].starts["train"])  # batches enough for every window of a split
-        test, val = (_scores(tasks[name].evaluate(model, every, split=s), s) for s in ("test", "val"))
+        task = tasks[name]  # as many batches as windows: every window of the split is scored
+        test, val = (_scores(task.evaluate(model, len(task.starts[s]), split=s), s) for s in ("test", "val"))
         records.append(
             {
                 "dataset": name,

@@ -10,6 +10,7 @@ and tells the model factory which sizes the data fixes through ``model_overrides
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import numbers
 import typing
@@ -225,6 +226,28 @@ def channel_stats(images: Tensor, channel_dim: int, chunk: int = 256) -> tuple[T
         (n * b - a * a) / (255**2 * n * max(1, n - 1)) for a, b in zip(s1.tolist(), s2.tolist(), strict=True)
     ]
     return torch.tensor(mean, dtype=torch.float32), torch.tensor(var, dtype=torch.float64).sqrt().float()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """Within it, torch runs on ``n`` intra-op threads (None: as many as before); the count is restored after."""
+    saved = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+MAX_NAMED = 5
+"""Items an error names one by one (missing files, recordings too long); the rest are counted."""
+
+
+def first_named(items: list[str], sep: str = ", ", last: str = " and") -> str:
+    """The first ``MAX_NAMED`` of ``items`` joined by ``sep``, then how many more there are: 'a, b and 3 more'."""
+    more = f"{last} {len(items) - MAX_NAMED} more" if len(items) > MAX_NAMED else ""
+    return sep.join(items[:MAX_NAMED]) + more
 
 
 def spread(rows: np.ndarray, n: int) -> np.ndarray:

@@ -43,9 +43,9 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from seqlab.tasks.base import check_int
+from seqlab.tasks.base import check_int, first_named
 from seqlab.tasks.clips import EVENTS, Clips
-from seqlab.tasks.image_files import MAX_NAMED, _open_rgb
+from seqlab.tasks.image_files import _open_rgb
 from seqlab.tasks.vision import IMAGE_SUFFIXES
 
 __all__ = ["LABELS_FILE", "read_clip", "read_clip_folder"]
@@ -201,10 +201,9 @@ def _load_clips(folder: Path, names: list[str], frame_size: int | None) -> tuple
     paths = {name: _clip_path(folder, name) for name in dict.fromkeys(names)}
     missing = [name for name, p in paths.items() if p is None]
     if missing:
-        more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
         raise ValueError(
             f"{folder / LABELS_FILE}: {len(missing)} clip(s) it names are not in the folder (as NAME.npy or "
-            f"NAME/): {', '.join(missing[:MAX_NAMED])}{more}"
+            f"NAME/): {first_named(missing)}"
         )
     clips = {}
     for name, p in paths.items():

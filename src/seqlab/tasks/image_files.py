@@ -37,7 +37,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
-from seqlab.tasks.base import MissingDependencyError, check_int
+from seqlab.tasks.base import MissingDependencyError, check_int, first_named
 
 __all__ = [
     "TUXPAINT_DIR",
@@ -51,7 +51,6 @@ __all__ = [
 TUXPAINT_DIR = "/usr/share/tuxpaint/stamps"
 TUXPAINT_INSTALL = "apt-get install -y --no-install-recommends tuxpaint-stamps-default"
 WHITE = (255, 255, 255)
-MAX_NAMED = 5  # missing images named in an error message; the rest are counted
 log = logging.getLogger("seqlab.tasks")
 
 
@@ -225,10 +224,8 @@ def read_captions_file(path: str | os.PathLike) -> list[tuple[Path, str]]:
         pairs.append((path.parent / Path(image.strip()), caption.strip()))  # an absolute path stays as is
     missing = sorted({str(p) for p, _ in pairs if not p.is_file()})
     if missing:
-        more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
         raise ValueError(
-            f"{path}: {len(missing)} of the images it names do not exist: "
-            f"{', '.join(missing[:MAX_NAMED])}{more}"
+            f"{path}: {len(missing)} of the images it names do not exist: {first_named(missing)}"
         )
     return pairs
 

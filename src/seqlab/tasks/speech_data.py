@@ -92,13 +92,14 @@ def read_wav(path: str | Path, sample_rate: int) -> np.ndarray:
     if wave.shape[0] == 0:
         raise ValueError(f"{path} is empty: it holds no samples")
     _check_samples(path, wave, rate)
-    loudest = float(np.abs(wave).max())
-    wave = wave.mean(1)  # (n,): channels averaged
+    channels, wave = wave, wave.mean(1)  # (n, channels) -> (n,): channels averaged
     if rate != sample_rate:
         wave = resample(wave, rate, sample_rate)
         log.info("resampled %s from %d Hz to %d Hz (scipy.signal.resample_poly)", path, rate, sample_rate)
     peak = float(np.abs(wave).max())
-    if peak < SILENT_PEAK <= loudest:  # each channel holds sound; their mean does not
+    if (
+        peak < SILENT_PEAK <= (loudest := float(np.abs(channels).max()))
+    ):  # each channel has sound, the mean not
         raise ValueError(
             f"{path}'s channels cancel when averaged to mono (peak {loudest:.2f} in a channel, {peak:.1e} in their "
             "mean: one is the other inverted); keep one channel of it, or fix the recording's wiring"

@@ -21,8 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from seqlab.tasks.base import first_named, torch_threads
 from seqlab.tasks.speech_data import (
     MIN_SECONDS,
     TRANSCRIPTS,
@@ -37,8 +36,6 @@ __all__ = ["MAX_SECONDS", "check_max_seconds", "normalize_text", "read_speech_fo
 MAX_SECONDS = 60.0
 """The longest recording a folder may hold unless ``max_seconds`` says otherwise: a minute, past the longest
 utterance of LibriSpeech (35 s) and Common Voice (10 s), short of a recording that wants cutting into them."""
-SHOWN = 5
-"""Files an error names one by one; the rest are counted."""
 
 
 def check_max_seconds(value: Any) -> float:
@@ -86,12 +83,6 @@ def _read_transcripts(path: Path) -> list[tuple[str, str, str, int]]:
     return rows
 
 
-def _first_few(items: list[str]) -> str:
-    """The first ``SHOWN`` of ``items``, then how many more there are."""
-    more = f"; and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
-    return "; ".join(items[:SHOWN]) + more
-
-
 def _check_files_exist(path: Path, rows: list[tuple[str, str, str, int]]) -> None:
     """Every file the transcripts (``path``) name is a file: one FileNotFoundError naming those that are not."""
     wavs = [(path.parent / name, n) for name, *_, n in rows]
@@ -103,8 +94,8 @@ def _check_files_exist(path: Path, rows: list[tuple[str, str, str, int]]) -> Non
     if bad:
         are = "is" if len(bad) == 1 else "are"
         raise FileNotFoundError(
-            f"{path}: {len(bad):,} of the {len(rows):,} WAV files it names {are} not there ({_first_few(bad)}); "
-            f"add the missing files to {path.parent}, or remove their lines"
+            f"{path}: {len(bad):,} of the {len(rows):,} WAV files it names {are} not there "
+            f"({first_named(bad, '; ', '; and')}); add the missing files to {path.parent}, or remove their lines"
         )
 
 
@@ -125,10 +116,10 @@ def _check_durations(path: Path, rows: list[tuple[str, str, str, int]], max_seco
         are = "is" if len(long) == 1 else "are"
         raise ValueError(
             f"{path}: {len(long):,} of its {len(rows):,} recordings {are} longer than max_seconds={max_seconds:g} "
-            f"s ({_first_few(long)}). A line of {TRANSCRIPTS} is one utterance, a sentence or so: cut long "
-            "recordings into utterances, each with its own line and transcript, or raise the task's max_seconds "
-            f"(e.g. --task.max_seconds={2 * max_seconds:g}; a training step's memory grows with the square of an "
-            "utterance's length)"
+            f"s ({first_named(long, '; ', '; and')}). A line of {TRANSCRIPTS} is one utterance, a sentence or so: "
+            "cut long recordings into utterances, each with its own line and transcript, or raise the task's "
+            f"max_seconds (e.g. --task.max_seconds={2 * max_seconds:g}; a training step's memory grows with the "
+            "square of an utterance's length)"
         )
 
 
@@ -144,16 +135,13 @@ def read_speech_folder(
     rows = _read_transcripts(path)
     _check_files_exist(path, rows)
     _check_durations(path, rows, max_seconds)
-    seqs, threads = [], torch.get_num_threads()
-    torch.set_num_threads(
-        1
-    )  # one file's features are small ops: a team of threads waits at each one's end, and
-    try:  # on a busy machine for a core (150 utterances, 2-core AMD EPYC at load 3: 0.11 s on 1 thread, 0.39 on 2)
+    seqs = []
+    # one file's features are small ops: a team of threads waits at each one's end, and on a busy machine for a
+    # core (150 utterances, 2-core AMD EPYC at load 3: 0.11 s on 1 thread, 0.39 s on 2)
+    with torch_threads(1):
         for name, *_, n in rows:
             try:
                 seqs.append(features(read_wav(folder / name, features.sample_rate)))
             except ValueError as e:
                 raise ValueError(f"{path}, line {n}: {e}") from e
-    finally:
-        torch.set_num_threads(threads)
     return Utterances.of(seqs, [text for _, text, *_ in rows], [speaker for _, _, speaker, _ in rows])
