@@ -94,3 +94,19 @@ def test_torch_threads_sets_the_count_within_and_restores_it_after_an_error():
     assert torch.get_num_threads() == before
     with torch_threads(None):
         assert torch.get_num_threads() == before  # None: left as it was
+
+
+def test_the_shared_helpers_refuse_what_they_cannot_use():
+    import numpy as np
+
+    from seqlab.tasks.base import spread, torch_threads
+
+    images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+    for bad, dim in ((images.float(), 1), (images, 0), (images, 4), (images.numpy(), 1)):
+        with pytest.raises(ValueError, match="channel_stats takes uint8 images"):
+            channel_stats(bad, dim)
+    for n in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="threads must be an integer >= 1"), torch_threads(n):
+            pass
+    with pytest.raises(ValueError, match="n must be an integer >= 1"):
+        spread(np.arange(5), 0)

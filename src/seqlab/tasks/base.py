@@ -215,6 +215,12 @@ def channel_stats(images: Tensor, channel_dim: int, chunk: int = 256) -> tuple[T
     """(c,) float32 mean and standard deviation (n - 1) of the uint8 ``images``' values / 255 in each channel
     (``channel_dim``; dim 0 counts the examples), from sums of x and x² kept exactly in integers, ``chunk``
     examples at a time: no float copy of the whole set (50,000 RGB images of 64 px would take 4.9 GB)."""
+    if not isinstance(images, Tensor) or images.dtype != torch.uint8 or not 0 < channel_dim < images.dim():
+        raise ValueError(
+            "channel_stats takes uint8 images (N, ...) with channel_dim past dim 0, got "
+            f"{getattr(images, 'dtype', type(images).__name__)} of shape {tuple(getattr(images, 'shape', ()))} "
+            f"and channel_dim={channel_dim}"
+        )
     dims = tuple(d for d in range(images.dim()) if d != channel_dim)
     s1 = s2 = torch.zeros(images.size(channel_dim), dtype=torch.int64)
     for part in images.split(chunk):
@@ -231,6 +237,8 @@ def channel_stats(images: Tensor, channel_dim: int, chunk: int = 256) -> tuple[T
 @contextlib.contextmanager
 def torch_threads(n: int | None):
     """Within it, torch runs on ``n`` intra-op threads (None: as many as before); the count is restored after."""
+    if n is not None:
+        check_int("threads", n, 1)
     saved = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)
@@ -252,6 +260,7 @@ def first_named(items: list[str], sep: str = ", ", last: str = " and") -> str:
 
 def spread(rows: np.ndarray, n: int) -> np.ndarray:
     """``rows``, or ``n`` of them spread evenly (the first and last included) when there are more."""
+    check_int("n", n, 1)
     return rows if len(rows) <= n else rows[np.linspace(0, len(rows) - 1, n).round().astype(int)]
 
 
