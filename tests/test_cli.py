@@ -283,7 +283,25 @@ def test_eval_of_a_text_lm_on_heldout_is_refused(text_file, tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(tmp_path / "run"), "--split", "heldout"]) == 2
     err = capsys.readouterr().err
     assert "--split heldout is the captioning scenes' split of unseen pairs" in err
-    assert "'text' run: use --split val or --split test" in err
+    assert "'text' run: use --split val\n" in err
+
+
+def test_eval_of_a_text_lm_refuses_what_it_cannot_measure(text_file, tmp_path, capsys):
+    """--split test printed test_loss computed on the val windows; --beam and --limit were ignored."""
+    _train(text_file, tmp_path / "run")
+    run = str(tmp_path / "run")
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", run, "--split", "test"]) == 2
+    assert (
+        "a text run has one held-out part, val (the last task.val_fraction of the text), no test split"
+        in (capsys.readouterr().err)
+    )
+    assert main(["eval", "--checkpoint", run, "--beam", "3", "--limit", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--beam and --limit set the decoding of translation and captioning runs" in err
+    assert "'text' run, scored by its loss (--batches) only" in err
+    assert main(["eval", "--checkpoint", run, "--batches", "2"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"val_loss"}
 
 
 def test_an_override_followed_by_an_option_has_no_value(tmp_path, capsys):

@@ -131,6 +131,11 @@ def test_a_model_the_tasks_cannot_train_and_a_diverging_run(capsys, tmp_path):
     ]
     msg = _error(capsys, [*argv, "--train.grad_clip=null", "--train.progress=false", "--out", str(run)])
     assert "loss is inf at step 2" in msg and "last good checkpoint is" in msg and "step-00000001" in msg
+    assert "lower train.lr (now 1e+30) or set train.grad_clip." in msg
+    msg = _error(
+        capsys, [*argv, "--train.grad_clip=1.0", "--train.progress=false", "--out", str(tmp_path / "c")]
+    )
+    assert "lower train.lr (now 1e+30). " in msg and "grad_clip" not in msg  # it is set: not the advice
 
 
 def _text_run(tmp_path) -> list[str]:

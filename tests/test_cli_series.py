@@ -132,7 +132,7 @@ def test_series_classification_trains_from_the_command_line(tmp_path):
         (
             "rolling",
             ["--horizon", "2", "--dataset", "nile"],
-            r"nile cannot be read .* val span has 15 points",
+            r"nile has 100 points, too few .* \(12 \+ 4\) = 16 points, so it needs at least 104",
         ),
     ],
 )

@@ -177,11 +177,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     _check_hypotheses_file(args.hypotheses)  # refused before the decoding
     where = resolve_checkpoint(args.checkpoint)
     run = saved_run(where, ("task",), "evaluate it from Python with task.evaluate(model)")
-    if args.split == "heldout" and run["task"].get("name") != "captioning":
-        raise ValueError(
-            f"--split heldout is the captioning scenes' split of unseen pairs; {where} holds a "
-            f"{run['task'].get('name')!r} run: use --split val or --split test"
-        )
+    _check_eval_options(args, run["task"].get("name"), where)
     model = load_model(where).eval()
     announce(where)
     task = build_task(run)
@@ -191,11 +187,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             f"--hypotheses is for translation checkpoints; {where} holds a {run['task']['name']!r} run"
         )
     split = args.split or ("test" if hasattr(task, "score") else "val")
+    beam = 5 if args.beam is None else args.beam
     with said_if_slow(f"evaluating on the {split} split"):
         metrics = task.evaluate(model, args.batches, split=split)
-    if hasattr(task, "score") and args.beam > 0:
-        with said_if_slow(f"decoding the {split} split (beam {args.beam}) for its scores"):
-            scored = task.score(model, split, beam_size=args.beam, limit=args.limit)
+    if hasattr(task, "score") and beam > 0:
+        with said_if_slow(f"decoding the {split} split (beam {beam}) for its scores"):
+            scored = task.score(model, split, beam_size=beam, limit=args.limit)
         metrics.update({f"{split}_{k}": v for k, v in scored.items() if isinstance(v, float)})
         others = {k: v for k, v in scored.items() if not isinstance(v, float) and k != "hypotheses"}
         if args.hypotheses is not None and "hypotheses" in scored:  # one decoded sentence per line
@@ -206,6 +203,31 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
     print(json.dumps(finite_or_none(rounded)))  # strict JSON: a metric with nothing to measure is null
     return 0
+
+
+_TEXT_TASKS = ("text", "shakespeare")  # one held-out part, val
+_DECODING_TASKS = ("translation", "captioning")  # the tasks eval decodes for scores
+
+
+def _check_eval_options(args: argparse.Namespace, task: str | None, where: Path) -> None:
+    """Options the run's task cannot use, refused before the model and the data are loaded."""
+    held_out = "--split val" if task in _TEXT_TASKS else "--split val or --split test"
+    if args.split == "heldout" and task != "captioning":
+        raise ValueError(
+            f"--split heldout is the captioning scenes' split of unseen pairs; {where} holds a {task!r} run: "
+            f"use {held_out}"
+        )
+    if args.split == "test" and task in _TEXT_TASKS:
+        raise ValueError(
+            f"a text run has one held-out part, val (the last task.val_fraction of the text), no test split; "
+            f"{where} holds a {task!r} run: use --split val"
+        )
+    given = [o for o, v in (("--beam", args.beam), ("--limit", args.limit)) if v is not None]
+    if task not in _DECODING_TASKS and given:
+        raise ValueError(
+            f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the decoding of translation and "
+            f"captioning runs; {where} holds a {task!r} run, scored by its loss (--batches) only"
+        )
 
 
 def _check_hypotheses_file(name: str | None) -> None:
@@ -256,13 +278,17 @@ def add_eval(sub) -> None:
         help="default: test for translation and captioning, else val; heldout: the scenes' unseen pairs",
     )
     e.add_argument(
-        "--batches", type=positive_int, default=1000, help="at most this many batches for the loss"
+        "--batches",
+        type=positive_int,
+        default=1000,
+        help="batches for the loss: a split of fixed examples (images, pairs, clips, series windows) stops at "
+        "its end; text and generated tasks draw this many",
     )
     e.add_argument(
         "--beam",
         type=beam_width(0),
-        default=5,
-        help="translation, captioning: beam size; 0 skips decoding",
+        default=None,
+        help="translation, captioning: beam size (default 5; 1: greedy); 0 skips the beam search's scores",
     )
     e.add_argument(
         "--limit", type=positive_int, default=None, help="translation, captioning: score the first N only"

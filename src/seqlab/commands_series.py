@@ -52,6 +52,7 @@ def _forecaster(path: str):
 def _task(saved: dict, args: argparse.Namespace):
     """The forecasting task of the checkpoint's settings on the series the command names."""
     from seqlab.tasks import create_task
+    from seqlab.tasks.series_data import SeriesTooShort, feature_names
     from seqlab.tasks.timeseries import ForecastTask
 
     if args.csv is not None and args.dataset is not None:
@@ -68,8 +69,16 @@ def _task(saved: dict, args: argparse.Namespace):
         settings.update(source=source, column=args.column, season=None)
     if args.interpolate:
         settings["gaps"] = "interpolate"
+    inputs = feature_names(saved.get("features"))
+    if args.column is not None and args.column in inputs:
+        raise ValueError(
+            f"--column {args.column}: this checkpoint reads that column as an input beside its target "
+            f"(its features: {','.join(inputs)}); --column names the column to forecast, its first input"
+        )
     try:
         return create_task("forecast", **settings)
+    except SeriesTooShort as e:
+        raise ValueError(_too_short(settings, e.n_points)) from e
     except ValueError as e:
         said = str(e)
         # the data loader's hints, in this command's flags
@@ -80,6 +89,22 @@ def _task(saved: dict, args: argparse.Namespace):
         raise ValueError(
             f"{settings['source']} cannot be read with this checkpoint's settings: {said}"
         ) from e
+
+
+def _too_short(settings: dict, n_points: int) -> str:
+    """Why a series is too short for this checkpoint, in what ``seqlab forecast`` can change: the series."""
+    from seqlab.tasks.series_data import min_points
+
+    c, h = settings["context"], settings["horizon"]
+    val, test = settings.get("val_frac", 0.15), settings.get("test_frac", 0.15)
+    need = min_points(c + h, val, test)
+    return (
+        f"{settings['source']} has {n_points} points, too few for this checkpoint: it reads a series as in "
+        f"training, split {1 - val - test:.0%}/{val:.0%}/{test:.0%} into train, val and test spans, each "
+        f"holding a whole window of its context + trained horizon ({c} + {h}) = {c + h} points, so it "
+        f"needs at least {need} points; give a longer series, or train a checkpoint with a shorter "
+        "--task.context (or --task.horizon)"
+    )
 
 
 _FORECAST_FLAGS = {"--task.gaps=interpolate": "--interpolate", "--task.column=NAME": "--column NAME"}

@@ -4,12 +4,15 @@ per-frame CTC posteriors, or its keyword probabilities) and ``seqlab compare --s
 
     seqlab transcribe --checkpoint runs/digits one.wav two.wav        # the transcripts (prefix beam search)
     seqlab transcribe --checkpoint runs/digits --greedy one.wav       # the best path instead
+    seqlab transcribe --checkpoint runs/words one.wav                 # a keyword model: 'seven (p = 0.93)'
     seqlab viz speech --checkpoint runs/digits one.wav --out fig.png
     seqlab viz speech --checkpoint runs/digits --test-item 3 --out fig.png   # an utterance of the test voices
 
 A WAV file is read at any sample rate and channel count (resampled, channels averaged) and turned into the
 features saved with the checkpoint; no corpus is needed. ``--test-item`` rebuilds the checkpoint's task from
-its saved settings (a generated corpus comes from the cache, built first if it is gone).
+its saved settings (a generated corpus comes from the cache, built first if it is gone). An option the
+checkpoint's model cannot use (--beam-size or --greedy with a keyword model, which has no decoding to
+choose) is refused before the model loads, never ignored.
 """
 
 from __future__ import annotations
@@ -29,9 +32,17 @@ SPEECH_TASKS = ("keywords", "speech_ctc")
 
 
 def _speech_model(path: str):
-    """(model in eval mode, the task description saved with it) of a speech checkpoint; any other is an error."""
+    """(model in eval mode, the task description saved with it, checkpoint dir) of a speech checkpoint."""
+    from seqlab.training.checkpoint import load_model
+
+    task, where = _speech_checkpoint(path)
+    return load_model(where).eval(), task, where
+
+
+def _speech_checkpoint(path: str) -> tuple[dict, Path]:
+    """(the task description saved with it, checkpoint dir) of a speech checkpoint; any other is an error."""
     from seqlab.commands import announce
-    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
+    from seqlab.training.checkpoint import load_config, resolve_checkpoint
 
     where = resolve_checkpoint(path)
     config = load_config(where)
@@ -43,7 +54,7 @@ def _speech_model(path: str):
             "--model.name=speech-lstm --task.name=speech_ctc`"
         )
     announce(where)
-    return load_model(where).eval(), task, where
+    return task, where
 
 
 def _wav_features(path: str, task: dict) -> torch.Tensor:
@@ -69,13 +80,39 @@ def _outputs(model, task: dict, feats: torch.Tensor, beam_size: int) -> tuple[st
     return (greedy if beam_size <= 1 else beam), logits.softmax(-1)
 
 
+def _beam(args: argparse.Namespace, task: dict, where: Path) -> int:
+    """The prefix beam search's width for ``transcribe`` (1: the best path). Decoding options the checkpoint's
+    kind of model cannot use are refused before it loads: a keyword model picks the most probable word of
+    the whole utterance (no beam search, no path to choose); --greedy with --beam-size is two answers to one
+    question."""
+    given = [
+        o for o, v in (("--greedy", args.greedy), (f"--beam-size {args.beam_size}", args.beam_size)) if v
+    ]
+    if task["name"] == "keywords" and given:
+        them = "them" if len(given) > 1 else "it"
+        raise ValueError(
+            f"{' and '.join(given)}: {where} holds a keyword-spotting model (task 'keywords'), which "
+            "answers the most probable word of the whole utterance: it has no beam search and no path to "
+            "choose (--greedy and --beam-size decode the transcripts of CTC models, task 'speech_ctc'); "
+            f"drop {them}"
+        )
+    if len(given) == 2:
+        raise ValueError(
+            f"--greedy and --beam-size {args.beam_size} contradict: --greedy reads the best path (a beam of "
+            "1), --beam-size sets the width of the prefix beam search; give one of them"
+        )
+    return 1 if args.greedy else args.beam_size or task.get("beam_size", 8)
+
+
 def _cmd_transcribe(args: argparse.Namespace) -> int:
     from seqlab.tasks.speech_data import check_audio_file
+    from seqlab.training.checkpoint import load_model
 
     for path in args.files:  # every file, before the model loads and the first one is decoded
         check_audio_file(path)
-    model, task, _ = _speech_model(args.checkpoint)
-    beam = 1 if args.greedy else args.beam_size or task.get("beam_size", 8)
+    task, where = _speech_checkpoint(args.checkpoint)
+    beam = _beam(args, task, where)
+    model = load_model(where).eval()
     # every file read (and refused) before the first is decoded
     feats = [_wav_features(path, task) for path in args.files]
     for path, x in zip(args.files, feats, strict=True):
@@ -93,10 +130,15 @@ def add_transcribe(sub) -> None:
         "--checkpoint", required=True, help="run directory or checkpoint directory of a speech model"
     )
     t.add_argument(
-        "--beam-size", type=beam_width(), default=None, help="prefix beam search width (default: the task's)"
+        "--beam-size",
+        type=beam_width(),
+        default=None,
+        help="a CTC model's prefix beam search width (default: the task's); a keyword model has none",
     )
     t.add_argument(
-        "--greedy", action="store_true", help="the best path (greedy decoding) instead of the beam"
+        "--greedy",
+        action="store_true",
+        help="a CTC model's best path (greedy decoding) instead of the beam; not with --beam-size",
     )
     t.set_defaults(func=_cmd_transcribe)
 
@@ -110,20 +152,25 @@ def _test_item(args: argparse.Namespace, where: Path) -> tuple[torch.Tensor, str
     from seqlab.training.checkpoint import load_config
 
     task = build_task({"task": load_config(where)["run"]["task"]})
-    utts = task.data[task.check_split(args.split)]
+    split = args.split or "test"
+    utts = task.data[task.check_split(split)]
     if args.test_item >= len(utts):
         raise ValueError(
-            f"--test-item {args.test_item}: the {args.split} split has {len(utts)} utterances (0..{len(utts) - 1})"
+            f"--test-item {args.test_item}: the {split} split has {len(utts)} utterances (0..{len(utts) - 1})"
         )
     return utts.get(args.test_item), utts.texts[args.test_item]
 
 
 def _cmd_viz_speech(args: argparse.Namespace) -> int:
-    model, task, where = _speech_model(args.checkpoint)
     if (args.file is None) == (args.test_item is None):
         raise ValueError(
             "give a WAV file or --test-item N (an utterance of the checkpoint's own data), one of them"
         )
+    if args.split is not None and args.test_item is None:
+        raise ValueError(
+            f"--split {args.split} picks the split of --test-item N; a WAV file is in no split: drop --split"
+        )
+    model, task, where = _speech_model(args.checkpoint)
     if args.file is not None:
         feats, truth = _wav_features(args.file, task), None
     else:
@@ -202,7 +249,12 @@ def add_viz_speech(vsub) -> None:
     v.add_argument(
         "--test-item", type=non_negative_int, default=None, help="an utterance of the checkpoint's data"
     )
-    v.add_argument("--split", default="test", help="with --test-item: train, val or test (default: test)")
+    v.add_argument(
+        "--split",
+        choices=("train", "val", "test"),
+        default=None,
+        help="with --test-item: train, val or test (default: test)",
+    )
     add_out_file(v, "runs/viz/speech.png", "PNG file to write")
     v.set_defaults(func=_cmd_viz_speech)
 

@@ -77,7 +77,9 @@ def test_config_validation():
         create("test-lstm-lm", n_layer=2)
     with pytest.raises(ValueError, match="stacked layout has no channel MLP"):
         create("test-lstm-lm", d_ff=64)
-    with pytest.raises(ValueError, match="tie_weights needs token inputs"):
+    with pytest.raises(
+        ValueError, match=r"model.tie_weights .* needs token inputs .* got d_input=3, .*: set it false"
+    ):
         create("test-lstm-lm", tie_weights=True, d_input=3)
     with pytest.raises(ValueError, match="unknown model"):
         create("no-such-model")

@@ -175,7 +175,7 @@ def test_train_config_validation():
 
 def test_detach_state_keeps_named_tuples():
     from seqlab.layers.attention import KVCache
-    from seqlab.training.trainer import detach_state
+    from seqlab.training.loop_state import detach_state
 
     k = torch.ones(1, 1, 2, 2, requires_grad=True) * 2
     cache = detach_state([KVCache(k, k, torch.tensor(2)), (k, k)])

@@ -107,7 +107,8 @@ class LMConfig:
             raise ValueError(f"the stacked layout has no channel MLP; got d_ff={self.d_ff}")
         if self.tie_weights and not self._tokens_in_and_out:
             raise ValueError(
-                "tie_weights needs token inputs and next-token outputs (d_input = d_output = None)"
+                "model.tie_weights (one embedding for the inputs and the head) needs token inputs and outputs, "
+                f"got d_input={self.d_input}, d_output={self.d_output} (None: tokens): set it false"
             )
         self.mixer_config = dataclasses.asdict(make_mixer_config(self.mixer, self.mixer_config))
         if self.position == "learned" and not mixer_spec(self.mixer).counts_positions:

@@ -30,8 +30,8 @@ naive forecast scores MASE = 1 on the training span's one-step windows by constr
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ import numpy as np
 
 from seqlab.tasks.base import SPLITS, MissingDependencyError, check_fraction
 from seqlab.tasks.series_baselines import LinearAR, naive_forecast, seasonal_naive_forecast
+from seqlab.tasks.series_labels import label_not_an_input, macro_f1, majority_class, read_labels
 
 log = logging.getLogger("seqlab.tasks")
 
@@ -50,9 +51,14 @@ __all__ = [
     "WINDOW_STD_FLOOR",
     "LinearAR",
     "Series",
+    "SeriesTooShort",
+    "feature_names",
     "forecast_scores",
+    "label_not_an_input",
     "load_series",
+    "macro_f1",
     "majority_class",
+    "min_points",
     "naive_forecast",
     "seasonal_naive_forecast",
     "seasonal_scale",
@@ -212,51 +218,16 @@ def fill_gaps(
     return values, slice(first, last)
 
 
-def _labels(frame, label: str, source: str) -> tuple[np.ndarray, list[str]]:
-    """(class ids (T,), class names sorted) of a label column; a missing label is an error naming its row."""
-    if label not in frame.columns:
-        raise ValueError(f"{source} has no label column {label!r}; its columns: {list(frame.columns)}")
-    text = frame[label].astype(str).str.strip().to_numpy()
-    empty = np.flatnonzero(text == "")
-    if len(empty):
-        raise ValueError(f"{source}: the label column {label!r} is empty at data row {int(empty[0]) + 1}")
-    text = _one_spelling_per_number(text, label, source)
-    classes = sorted(set(text))
-    lookup = {c: i for i, c in enumerate(classes)}
-    return np.array([lookup[x] for x in text], dtype=np.int64), classes
-
-
-def _one_spelling_per_number(text: np.ndarray, label: str, source: str) -> np.ndarray:
-    """``text`` with labels that write one number several ways ('1', '1.0', '01') read as one class, named by
-    the spelling that sorts first, and a warning naming them."""
-    spellings: dict[float, list[str]] = {}
-    for name in sorted(set(text)):
-        with contextlib.suppress(ValueError):  # a name, not a number, stays as it is
-            spellings.setdefault(float(name), []).append(name)
-    same = {s: ways[0] for ways in spellings.values() if len(ways) > 1 for s in ways}
-    if not same:
-        return text
-    groups = sorted({" = ".join(repr(s) for s in ways) for ways in spellings.values() if len(ways) > 1})
-    log.warning(
-        "%s: the label column %r writes a number more than one way; each read as one class: %s",
-        source,
-        label,
-        "; ".join(groups[:5]),
-    )
-    return np.array([same.get(x, x) for x in text])
-
-
-def majority_class(labels: np.ndarray, classes: list[str], span: tuple[int, int], where: str) -> int:
-    """The most frequent class id in the training span [a, b), which must hold at least two classes (with one,
-    every loss and score would be trivially perfect)."""
-    a, b = span
-    present = [classes[i] for i in np.unique(labels[a:b])]
-    if len(present) < 2:
+def feature_names(text: str | None) -> list[str]:
+    """The column names of a comma-separated ``task.features``; one named twice is refused."""
+    names = [x.strip() for x in (text or "").split(",") if x.strip()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
         raise ValueError(
-            f"{where}: the training span (data rows {a + 1}-{b}) holds only the class(es) {present}; "
-            f"classification needs at least 2 classes there (all classes: {classes})"
+            f"task.features ({','.join(names)}) names {', '.join(map(repr, twice))} more than once: "
+            "give each column once"
         )
-    return int(np.bincount(labels[a:b], minlength=len(classes)).argmax())
+    return names
 
 
 def load_series(
@@ -268,20 +239,27 @@ def load_series(
     season: int | None = None,
 ) -> Series:
     """A built-in series or a CSV file: ``column`` the target (built-ins: their default), ``features`` more
-    input columns, ``label`` a column of class names (classification). Gaps: see :func:`fill_gaps`."""
+    input columns (the target among them is refused), ``label`` a column of class names (classification).
+    Gaps: see :func:`fill_gaps`."""
     frame, builtin = _read_frame(source)
-    spec = BUILTIN.get(source) if builtin else None
+    spec, given = BUILTIN.get(source) if builtin else None, column
     column = column or (spec.target if spec else None)
     if column is None:
         raise ValueError(
             f"a CSV source needs column=NAME (--task.column=NAME); its columns: {list(frame.columns)}"
         )
-    columns = [column, *[f for f in features or [] if f != column]]
+    if column in (features := features or []):
+        whose = "" if given else f", {source}'s default"
+        raise ValueError(
+            f"task.features ({','.join(features)}) names the target column {column!r} (task.column{whose}), "
+            "which is already the model's first input: leave it out of task.features, the extra inputs"
+        )
+    columns = [column, *features]
     values = np.stack([_numeric(frame, c, source) for c in columns], axis=1)  # (T, F)
     values, kept = fill_gaps(values, columns, source, builtin or gaps == "interpolate")
     labels = classes = None
     if label is not None:
-        labels, classes = _labels(frame, label, source)
+        labels, classes = read_labels(frame, label, source)
         labels = labels[kept]
     m = season if season is not None else (spec.season if spec else 1)
     return Series(source, values, columns, m, spec.unit if spec else "step", labels, classes)
@@ -290,17 +268,43 @@ def load_series(
 # ---- splits and windows ---------------------------------------------------------------------------------
 
 
+class SeriesTooShort(ValueError):
+    """A series too short for its split or its windows; ``n_points`` is its length (a command that cannot
+    change the fractions or the window says what it can instead: :func:`min_points`)."""
+
+    def __init__(self, message: str, n_points: int):
+        super().__init__(message)
+        self.n_points = n_points
+
+
+def _split_sizes(n_points: int, val_frac: float, test_frac: float) -> tuple[int, int, int]:
+    n_test, n_val = round(n_points * test_frac), round(n_points * val_frac)
+    return n_points - n_val - n_test, n_val, n_test
+
+
 def split_spans(n_points: int, val_frac: float, test_frac: float) -> dict[str, tuple[int, int]]:
     """Chronological spans [start, end) of train, val and test: the last ``test_frac`` of the series is the
     test span, the ``val_frac`` before it the validation span, the rest the training span."""
     val_frac, test_frac = check_fraction("val_frac", val_frac), check_fraction("test_frac", test_frac)
-    n_test, n_val = round(n_points * test_frac), round(n_points * val_frac)
-    n_train = n_points - n_val - n_test
+    n_train, n_val, n_test = _split_sizes(n_points, val_frac, test_frac)
     if min(n_test, n_val, n_train) < 1:
-        raise ValueError(
-            f"{n_points} points cannot be split {1 - val_frac - test_frac:.2f}/{val_frac}/{test_frac}"
+        raise SeriesTooShort(
+            f"{n_points} points cannot be split {1 - val_frac - test_frac:.2f}/{val_frac}/{test_frac}",
+            n_points,
         )
     return {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, n_points)}
+
+
+def min_points(length: int, val_frac: float, test_frac: float) -> int | None:
+    """The least length from which on every series splits into spans of at least ``length`` points each
+    (None where the fractions leave the training span nothing)."""
+    least = min(val_frac, test_frac, 1 - val_frac - test_frac)
+    if least <= 0:
+        return None
+    n = math.ceil((length + 2) / least)  # round() loses at most 1/2 a span, the training span at most 1
+    while n > 1 and min(_split_sizes(n - 1, val_frac, test_frac)) >= length:
+        n -= 1
+    return n
 
 
 def window_starts(spans: dict[str, tuple[int, int]], length: int, what: str) -> dict[str, np.ndarray]:
@@ -309,9 +313,10 @@ def window_starts(spans: dict[str, tuple[int, int]], length: int, what: str) -> 
     for split in SPLITS:
         a, b = spans[split]
         if b - a < length:
-            raise ValueError(
+            raise SeriesTooShort(
                 f"the {split} span has {b - a} points, fewer than {what} = {length}; shorten them "
-                f"or give the {split} span a larger fraction"
+                f"or give the {split} span a larger fraction",
+                spans["test"][1],
             )
         out[split] = np.arange(a, b - length + 1)
     return out
@@ -377,18 +382,6 @@ def forecast_scores(pred: np.ndarray, truth: np.ndarray, scale: float) -> dict[s
     err = pred - truth
     mae = float(np.abs(err).mean())
     return {"mae": mae, "rmse": float(np.sqrt((err**2).mean())), "mase": mae / scale}
-
-
-def macro_f1(pred: np.ndarray, truth: np.ndarray, n_classes: int) -> float:
-    """Mean F1 (scikit-learn's) over the classes that occur in the truth or the predictions: a class absent from
-    both has no F1 (counting it as 0 would keep a perfect classifier below 1 on a split that lacks a class);
-    one predicted but absent from the truth scores 0. ``n_classes`` bounds the labels."""
-    from sklearn.metrics import f1_score
-
-    labels = sorted(set(np.asarray(truth).tolist()) | set(np.asarray(pred).tolist()))
-    if labels and not (labels[0] >= 0 and labels[-1] < n_classes):
-        raise ValueError(f"class labels must be in [0, {n_classes}), got {labels[0]} .. {labels[-1]}")
-    return float(f1_score(truth, pred, labels=labels, average="macro", zero_division=0))
 
 
 def season_lag_ok(context: int, season: int) -> None:

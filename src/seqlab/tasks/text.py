@@ -175,11 +175,11 @@ class CharLMTask(Task):
 
     @torch.no_grad()
     def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
-        """Mean cross-entropy over ``max_batches`` held-out windows (the text has one held-out part: 'test'
-        reads the same windows as 'val'; 'heldout', the captioning scenes' split, is refused here)."""
-        if split not in ("val", "test"):
+        """Mean cross-entropy over ``max_batches`` windows of the held-out text. A text has one held-out part,
+        'val' (the text's last ``val_fraction``): 'test' is refused rather than report the val windows as a test."""
+        if split != "val":
             raise ValueError(
-                f"a text task evaluates on 'val' (its held-out part; 'test' reads the same), not {split!r}"
+                f"a text task has one held-out part, 'val' (the last task.val_fraction of the text), no {split!r}"
             )
         device = next(model.parameters()).device
         total = 0.0

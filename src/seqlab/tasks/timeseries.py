@@ -113,10 +113,6 @@ def forecast_z(model, context: Tensor, horizon: int, mode: str) -> Tensor:
     return torch.cat(outs).double().cpu()
 
 
-def _names(text: str | None) -> list[str]:
-    return [x.strip() for x in (text or "").split(",") if x.strip()]
-
-
 def _eval_mode(model):
     """Put ``model`` in eval mode; returns the function that restores its previous mode."""
     was = getattr(model, "training", False)
@@ -214,7 +210,7 @@ class ForecastTask(_SeriesTask):
         self.val_frac, self.test_frac = val_frac, test_frac
         if season is not None:
             check_int("season", season, 1)
-        series = sd.load_series(source, column, _names(features), gaps=gaps, season=season)
+        series = sd.load_series(source, column, sd.feature_names(features), gaps=gaps, season=season)
         spec = sd.BUILTIN.get(source)
         self.source, self.column, self.season = source, series.columns[0], series.season
         self.features = ",".join(series.columns[1:]) or None
@@ -313,7 +309,8 @@ class SeriesClassificationTask(_SeriesTask):
     or of its last day (``"last"``) from the ``context`` preceding days' numeric columns.
 
     Built in: ``seattle_weather``, 1,461 days, features precipitation, temp_max, temp_min and wind, label
-    ``weather`` (drizzle, fog, rain, snow, sun). A CSV needs ``label=COLUMN`` and ``features=A,B,...``.
+    ``weather`` (drizzle, fog, rain, snow, sun). A CSV needs ``label=COLUMN`` and ``features=A,B,...``; a
+    label that looks continuous, or is also an input, is refused (``series_labels``).
     The model maps ``x`` (b, c, F) to logits (b, c, K), read at the last position; cross-entropy.
     ``evaluate`` scores the windows of ``eval_starts``: ``accuracy``, ``macro_f1`` and ``loss``, beside the
     training span's majority class (``majority_accuracy``, ``majority_f1``).
@@ -341,7 +338,9 @@ class SeriesClassificationTask(_SeriesTask):
         self.seed, self.val_frac, self.test_frac = check_int("seed", seed, 0), val_frac, test_frac
         spec = sd.BUILTIN.get(source)
         self.source, self.label = source, label or (spec.label if spec else None)
-        names = _names(features or DEFAULT_FEATURES.get(source))
+        names = sd.feature_names(features or DEFAULT_FEATURES.get(source))
+        if self.label is not None:  # never an input: refused in task.features, left out of the defaults
+            names = sd.label_not_an_input(self.label, names, source, defaults=not features)
         if self.label is None or not names:
             raise ValueError(
                 f"classifying {source!r} needs label=COLUMN and features=A,B,... (its numeric columns)"

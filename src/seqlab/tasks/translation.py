@@ -11,6 +11,10 @@ Data (``source``):
   at most ``max_bytes`` (200 MB unless raised: preparing it takes about 5 times the file's size in memory).
   The random splits (freedict and files) are the same for every seed (``base.SPLIT_SEED``).
 
+``src_lang`` and ``tgt_lang`` choose a built-in corpus's direction (one named alone implies the other); a
+file's columns fix its direction, so there they are refused, as ``max_bytes`` is for a built-in corpus
+(``translation_sources``).
+
 Tokens: byte-level BPE through Hugging Face ``tokenizers``, trained on the training split only, one shared
 vocabulary for both sides (the default: it lets a model tie its tables) or one per side; ``<pad>``, ``<s>`` and
 ``</s>`` are ids 0, 1 and 2. A source is its tokens then ``</s>``; the decoder reads ``<s> y`` and predicts
@@ -30,8 +34,6 @@ import functools
 import itertools
 import logging
 import math
-import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,7 +42,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqlab.tasks.base import (
-    SPLIT_SEED,
     Batch,
     Task,
     check_bool,
@@ -49,30 +50,20 @@ from seqlab.tasks.base import (
     check_split,
     model_device,
 )
-from seqlab.tasks.pair_ids import BOS, EOS, PAD, epoch_batches, fixed_batches, prepare, say
-from seqlab.tasks.parallel import (
-    BIBLE_SPLIT,
-    MAX_BYTES,
-    Pair,
-    bible_pairs,
-    check_eval_splits,
-    check_fits,
-    freedict_pairs,
-    random_group_split,
-    read_pairs_tsv,
-    split_pairs,
-)
+from seqlab.tasks.pair_ids import BOS, EOS, PAD, epoch_batches, fixed_batches, prepare
+from seqlab.tasks.parallel import MAX_BYTES, Pair, check_eval_splits, check_fits
 from seqlab.tasks.tokenizers import TranslationTokenizer
+from seqlab.tasks.translation_sources import read_source
 
 __all__ = ["TranslationTask"]
 
-BUILT_IN = {"bible": ("en", "es"), "freedict": ("de", "en")}
 WINDOW = 50  # batches per length-sorted window
 MAX_VOCAB = 1_000_000  # far past any translation vocabulary (32k-64k is usual)
 
 
 class TranslationTask(Task):
-    """Translate ``src_lang`` into ``tgt_lang``. Models: family 'seq2seq' or 'transformer'."""
+    """Translate ``src_lang`` into ``tgt_lang`` (a built-in corpus's; a file's first column into its second).
+    Models: family 'seq2seq' or 'transformer'."""
 
     name = "translation"
     model_families = ("seq2seq", "transformer")
@@ -111,7 +102,7 @@ class TranslationTask(Task):
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
         self.label_smoothing = float(label_smoothing)
-        self.src_lang, self.tgt_lang, splits = _read(source, src_lang, tgt_lang, self.max_bytes)
+        self.src_lang, self.tgt_lang, splits = read_source(source, src_lang, tgt_lang, self.max_bytes)
         if not splits["train"]:
             n = sum(len(v) for v in splits.values())
             raise ValueError(
@@ -358,32 +349,3 @@ def _strip(ids: list[int]) -> list[int]:
         if i != PAD:
             out.append(i)
     return out
-
-
-def _read(
-    source: str, src_lang: str | None, tgt_lang: str | None, max_bytes: int = MAX_BYTES
-) -> tuple[str, str, dict[str, list[Pair]]]:
-    """(source language, target language, pairs by split) for a built-in corpus or a TSV file."""
-    if not isinstance(source, str) or not source:
-        raise ValueError(f"task.source must be 'bible', 'freedict' or a path to a .tsv file, got {source!r}")
-    if source in BUILT_IN:
-        src_lang, tgt_lang = src_lang or BUILT_IN[source][0], tgt_lang or BUILT_IN[source][1]
-        reader = bible_pairs if source == "bible" else freedict_pairs
-        pairs = reader(src_lang, tgt_lang)
-        if source == "bible":
-            return (
-                src_lang,
-                tgt_lang,
-                split_pairs(pairs, val_groups=BIBLE_SPLIT["val"], test_groups=BIBLE_SPLIT["test"]),
-            )
-        return src_lang, tgt_lang, random_group_split(pairs, SPLIT_SEED)
-    path = Path(source)
-    if path.suffix.lower() not in (".tsv", ".txt") and not path.exists():
-        raise ValueError(
-            f"unknown translation source {source!r}: use 'bible', 'freedict' or a path to a .tsv file"
-        )
-    t0 = time.perf_counter()
-    pairs = read_pairs_tsv(path, max_bytes)
-    n, seconds = f"{len(pairs):,}", time.perf_counter() - t0
-    say(len(pairs), "translation data: read %s pairs from %s in %.0f s", n, path, seconds)
-    return src_lang or "src", tgt_lang or "tgt", random_group_split(pairs, SPLIT_SEED)

@@ -4,6 +4,8 @@ a job scheduler's cancel, a closed terminal) are taken the same way: the steps s
 A KeyboardInterrupt raised in the middle of a step could land inside the optimizer's update and leave the
 weights half-updated, which no checkpoint should hold. So while :meth:`Trainer.fit` runs, the first SIGINT only
 sets a flag that the loop reads after each complete step; the loop then writes a checkpoint and returns.
+A step of several batches (``train.grad_accum``) in one process reads the flag between its batches too and is
+dropped there, before any update (``StopFlag.drops_steps``): a stop never waits for hundreds of batches.
 The handler is installed only in the main thread (where Python delivers signals) and restored on the way out.
 """
 
@@ -40,6 +42,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.set = False
         self.signum: int | None = None
+        self.drops_steps = False  # the loop drops a step of several batches half-way rather than finish it
 
     @property
     def name(self) -> str:
@@ -70,9 +73,8 @@ def stop_on_interrupt() -> Iterator[StopFlag]:
         for s, handler in previous.items():  # a second signal stops at once
             signal.signal(s, handler)
         again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
-        log.warning(
-            f"{flag.name}: finishing this step, then saving a checkpoint ({again} again to stop at once)"
-        )
+        now = "dropping this step after its current batch" if flag.drops_steps else "finishing this step"
+        log.warning(f"{flag.name}: {now}, then saving a checkpoint ({again} again to stop at once)")
 
     for s in signums:
         signal.signal(s, first_stop)

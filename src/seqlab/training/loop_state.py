@@ -1,9 +1,10 @@
 """What the training loop carries between steps: the recurrent state (detached: truncated BPTT), the loss window
-of the train records, and moving nested states between devices."""
+of the train records, what a step dropped half-way puts back, and moving nested states between devices."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Window", "detach_state", "move_to", "to_device"]
+log = logging.getLogger("seqlab.train")
+
+__all__ = ["StepStart", "Window", "detach_state", "move_to", "progress_bar", "restored_carry", "to_device"]
 
 
 def detach_state(state: Any) -> Any:
@@ -52,6 +55,49 @@ class Window:
     def restore(self, loss: float = 0.0, n: int = 0) -> None:
         """Take up the loss sums of a window saved with a checkpoint."""
         self.loss, self.n = float(loss), int(n)
+
+
+class StepStart:
+    """The random number generators' states and the carried recurrent state at a step's start: a step dropped
+    between two of its ``grad_accum`` batches (a stop signal) puts them back, so that the checkpoint saved then
+    is the one the previous step would have written and a resume redoes the step exactly."""
+
+    def __init__(self, carry: Any, device: torch.device):
+        self.carry, self.cpu = carry, torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.device = device
+
+    def restore(self) -> Any:
+        """Put the generators back; returns the carried state to take up again."""
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
+        return self.carry
+
+
+def restored_carry(state: dict[str, Any], world, device: torch.device) -> Any:
+    """This rank's carried recurrent state of a checkpoint's trainer ``state``; a change of world size (``world``:
+    its size and rank) starts the streams afresh (said)."""
+    saved = state.get("carry_ranks") or [state["carry"]]
+    if len(saved) == world.size:
+        return move_to(saved[world.rank], device)
+    if any(c is not None for c in saved):
+        log.warning(
+            "the recurrent state carried between batches was saved by %d process(es) and is resumed by %d: "
+            "it starts afresh at the next batch (the loss is not exactly the uninterrupted run's)",
+            len(saved),
+            world.size,
+        )
+    return None
+
+
+def progress_bar(show: bool, steps: int, initial: int):
+    """The training loop's tqdm bar (``show`` false: None)."""
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=steps, initial=initial, desc="train", dynamic_ncols=True, leave=True)
 
 
 def move_to(obj: Any, device: torch.device) -> Any:

@@ -44,10 +44,10 @@ from torch import nn
 from seqlab.models import check_can_train
 from seqlab.training import checkpoint as ckpt
 from seqlab.training import distributed
+from seqlab.training import loop_state as loop
 from seqlab.training import manifest as run_files
 from seqlab.training.config import TrainConfig
 from seqlab.training.interrupt import stop_on_interrupt
-from seqlab.training.loop_state import Window, detach_state, move_to, to_device
 from seqlab.training.optim import clip_gradients, lr_at, make_optimizer
 from seqlab.training.run_dir import check_saves, open_run_dir
 from seqlab.training.threads import governor_for
@@ -79,11 +79,13 @@ class Trainer:
         self.net = distributed.wrap(model, self.world, config.strategy, self.device)  # what training calls
         distributed.seed_rank_streams(config.seed, self.world)  # the weights alike, dropout's draws not
         self.optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
-        self.step = 0
+        self.step, self._saved_step = 0, None  # the step of the newest checkpoint written or resumed
         self.elapsed = 0.0  # seconds of training, summed over resumed segments
         self.carry: Any = None  # recurrent state carried between batches (stateful tasks only)
         self.history: list[dict[str, Any]] = []  # every metrics record of this process
-        self.window = Window()  # loss since the last train record (saved), tokens and time (this process)
+        self.window = (
+            loop.Window()
+        )  # loss since the last train record (saved), tokens and time (this process)
         self.last: dict[str, Any] = {"train_loss": None}  # the newest train loss and eval metrics
         self.grad_norm: float | None = None  # the last step's gradient norm before clipping
         self.tb = None  # the TensorBoard writer, with train.loggers: [tensorboard]
@@ -118,7 +120,7 @@ class Trainer:
         }
         if self.world.size > 1 and self.task.stateful:  # every rank's streams, for a resume on as many ranks
             state["carry_ranks"] = distributed.gather_objects(
-                move_to(self.carry, torch.device("cpu")), self.world
+                loop.move_to(self.carry, torch.device("cpu")), self.world
             )
         state["world_size"] = self.world.size
         shards = self.out_dir / "checkpoints" / f".tmp-step-{self.step:08d}-shards" if fsdp else None
@@ -139,6 +141,7 @@ class Trainer:
                 shards=shards,
             )
         distributed.barrier(self.world)
+        self._saved_step = self.step
         return path
 
     def resume(self, path: str | Path | None = None) -> None:
@@ -163,7 +166,8 @@ class Trainer:
             for index, rng in distributed.cuda_rng_to_restore(state, self.world, self.device, count).items():
                 torch.cuda.set_rng_state(rng, index)
         self.step, self.elapsed = int(state["step"]), float(state["elapsed"])
-        self.carry = self._restored_carry(state)
+        self._saved_step = self.step
+        self.carry = loop.restored_carry(state, self.world, self.device)
         self.window.restore(**state.get("log_window", {}))  # older checkpoints: an empty window
         if self.step > self.config.steps:
             raise ValueError(
@@ -173,20 +177,6 @@ class Trainer:
         if self.out_dir is not None:
             self._cut_metrics()
         log.info("resumed from %s at step %d", where, self.step)
-
-    def _restored_carry(self, state: dict[str, Any]) -> Any:
-        """This rank's carried recurrent state; a change of world size starts the streams afresh (said)."""
-        saved = state.get("carry_ranks") or [state["carry"]]
-        if len(saved) == self.world.size:
-            return move_to(saved[self.world.rank], self.device)
-        if any(c is not None for c in saved):
-            log.warning(
-                "the recurrent state carried between batches was saved by %d process(es) and is resumed by %d: "
-                "it starts afresh at the next batch (the loss is not exactly the uninterrupted run's)",
-                len(saved),
-                self.world.size,
-            )
-        return None
 
     def _cut_metrics(self) -> None:
         """Cut ``metrics.jsonl`` back to the resumed step; the newest train loss and eval metrics it keeps
@@ -229,30 +219,38 @@ class Trainer:
         dtype = self.config.autocast_dtype()
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype)
 
-    def train_step(self) -> tuple[float, int]:
-        """One optimizer step over ``grad_accum`` batches. Returns (mean loss, tokens seen)."""
+    def train_step(self, stop=None) -> tuple[float, int] | None:
+        """One optimizer step over ``grad_accum`` batches. Returns (mean loss, tokens seen), or None when
+        ``stop`` (a StopFlag) is set between two of the step's batches in a one-process run: the step is
+        dropped (no update; gradients, RNG and carried state as at its start) rather than finished."""
         c, task = self.config, self.task
         lr = lr_at(self.step, c.lr, c.steps, c.warmup_steps, c.min_lr if c.min_lr is not None else c.lr / 10)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total, tokens = 0.0, 0
+        start = loop.StepStart(self.carry, self.device) if stop is not None and stop.drops_steps else None
         for micro in range(c.grad_accum):
+            if start is not None and micro > 0 and stop.set:
+                self.carry = start.restore()
+                self.optimizer.zero_grad(set_to_none=True)
+                return None
             batch = task.get_batch("train", self.step * c.grad_accum + micro)
-            batch = to_device(distributed.shard_batch(batch, self.world), self.device)
+            batch = loop.to_device(distributed.shard_batch(batch, self.world), self.device)
             state = None
             if task.stateful:
                 reset = batch.pop("reset", None)
-                state = None if reset is None or bool(reset) else detach_state(self.carry)
+                state = None if reset is None or bool(reset) else loop.detach_state(self.carry)
             with distributed.no_sync(self.net, micro == c.grad_accum - 1):
                 with self._autocast():
                     loss, _, new_state = task.loss(self.net, batch, state)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
-                        f"loss is {loss.item()} at step {self.step + 1}; lower train.lr or set train.grad_clip. "
+                        f"loss is {loss.item()} at step {self.step + 1}; lower train.lr (now {c.lr:g})"
+                        + (" or set train.grad_clip. " if c.grad_clip is None else ". ")
                         + self._last_good()
                     )
                 (loss / c.grad_accum).backward()
-            self.carry = detach_state(new_state) if task.stateful else None
+            self.carry = loop.detach_state(new_state) if task.stateful else None
             total += loss.item()
             tokens += task.tokens_in(batch)
         if c.grad_clip is not None:  # the norm before clipping, for the records; refused when not finite
@@ -278,11 +276,12 @@ class Trainer:
     def _fit(self, resume: bool | str | Path, until: int | None) -> dict[str, Any]:
         c = self.config
         self._start(resume)
-        bar = self._progress_bar()
+        bar = loop.progress_bar(c.progress and self.world.main, c.steps, self.step)
         window, last = self.window, self.last
         window.start = time.perf_counter()
         stop = None
         with stop_on_interrupt() as interrupted:
+            interrupted.drops_steps = c.grad_accum > 1 and self.world.size == 1  # ranks would need to agree
             while self.step < c.steps and stop is None:
                 stop = self._one_step(window, last, bar, until, interrupted)
         if stop == "budget":
@@ -308,8 +307,13 @@ class Trainer:
         c = self.config
         self._governor.tick()
         t0 = time.perf_counter()
-        window.add(*self.train_step())
+        result = self.train_step(interrupted)
         self.elapsed += time.perf_counter() - t0
+        if result is None:  # dropped half-way by a stop: save the last whole step unless it is saved
+            if self.out_dir is not None and self._saved_step != self.step:
+                self.save()
+            return "interrupted"
+        window.add(*result)
         stop = self._stop_reason(until, interrupted.set)
         done = self.step >= c.steps or stop is not None
         # a Ctrl-C or a pause saves mid-window without a record, so a resume logs as if never cut
@@ -347,13 +351,6 @@ class Trainer:
             self.tb = TensorBoardLog(self.out_dir / "tb", purge_step=self.step + 1 if self.step else None)
         self.model.train()
 
-    def _progress_bar(self):
-        if not self.config.progress or not self.world.main:
-            return None
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.config.steps, initial=self.step, desc="train", dynamic_ncols=True, leave=True)
-
     def _stop_reason(self, until: int | None, interrupted: bool = False) -> str | None:
         """'interrupted' after a Ctrl-C, 'paused' at step ``until``, 'budget' past train.max_minutes, else None
         (go on); with several processes, a stop one rank sees is taken by all."""
@@ -366,7 +363,7 @@ class Trainer:
             return "paused"
         return "budget" if over else None
 
-    def _log_train(self, window: Window, bar) -> float:
+    def _log_train(self, window: loop.Window, bar) -> float:
         """Record the mean training loss since the last multiple of ``log_every`` and the throughput since
         the last record; returns the loss."""
         now = time.perf_counter()
@@ -385,7 +382,7 @@ class Trainer:
             bar.set_postfix(loss=f"{rec['loss']:.3f}", refresh=False)
         return rec["loss"]
 
-    def _log_eval(self, window: Window, bar, train_loss: float) -> dict[str, float]:
+    def _log_eval(self, window: loop.Window, bar, train_loss: float) -> dict[str, float]:
         """Evaluate, record the metrics and return them; evaluation time does not count against throughput."""
         t_eval = time.perf_counter()
         metrics = self.evaluate()

@@ -1,0 +1,62 @@
+"""A stop signal in the middle of a step of many batches (train.grad_accum): the step is dropped at its next
+batch, not finished, and the run resumes exactly as if never stopped (dropout's random draws included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from seqlab.cli import main
+from seqlab.tasks.synthetic import AddingTask
+
+ACCUM = 40
+ARGS = [
+    "train",
+    "--model.name=test-gpt",
+    "--model.tie_weights=false",
+    "--model.dropout=0.3",
+    "--task.name=adding",
+    "--task.seq_len=8",
+    "--task.batch_size=4",
+    f"--train.grad_accum={ACCUM}",
+    "--train.steps=4",
+    "--train.log_every=1",
+    "--train.eval_every=2",
+    "--train.eval_batches=1",
+    "--train.warmup_steps=1",
+    "--train.threads=1",
+    "--train.progress=false",
+]
+
+
+def _records(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("elapsed_s", "tokens_per_s")} for r in rows]
+
+
+@pytest.mark.parametrize("save_every", [1, 100])  # step 2 saved before the stop, or by it
+def test_a_stop_drops_a_long_step_and_resume_redoes_it_exactly(save_every, tmp_path, monkeypatch, caplog):
+    fresh, out = tmp_path / "fresh", tmp_path / "run"
+    args = [*ARGS, f"--train.save_every={save_every}"]
+    assert main([*args, "--out", str(fresh)]) == 0
+    drawn, original = [], AddingTask.get_batch
+
+    def get_batch(self, split, index):
+        if split == "train":
+            drawn.append(index)
+            if index == 2 * ACCUM + 5:  # the sixth batch of the third step
+                os.kill(os.getpid(), signal.SIGINT)
+        return original(self, split, index)
+
+    monkeypatch.setattr(AddingTask, "get_batch", get_batch)
+    assert main([*args, "--out", str(out)]) == 130
+    assert max(drawn) == 2 * ACCUM + 5  # stopped at the next batch, not after the 40th
+    assert "dropping this step after its current batch" in caplog.text
+    assert "stopped by Ctrl-C at step 2" in caplog.text
+    assert (out / "latest").read_text().strip().endswith("step-00000002")
+    monkeypatch.setattr(AddingTask, "get_batch", original)
+    assert main([*args, "--out", str(out), "--resume"]) == 0
+    assert _records(out) == _records(fresh)
