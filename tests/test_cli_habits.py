@@ -133,7 +133,9 @@ def test_a_resume_with_an_overridden_setting_builds_the_task_once(tmp_path, capl
     out = str(tmp_path / "run")
     assert main([*RUN, "--train.steps=4", "--out", out]) == 0
     built, build_task = [], seqlab.run.build_task
-    monkeypatch.setattr(seqlab.run, "build_task", lambda run: built.append(run["task"]) or build_task(run))
+    monkeypatch.setattr(
+        seqlab.run, "build_task", lambda run, *a: built.append(run["task"]) or build_task(run, *a)
+    )
     with caplog.at_level(logging.WARNING, logger="seqlab"):
         assert main([*RUN, "--train.steps=6", "--task.seq_len=9", "--out", out, "--resume"]) == 0
     assert "task.seq_len: 8 -> 9" in caplog.text
@@ -169,7 +171,7 @@ def test_a_pinned_thread_count_holds_while_the_task_prepares_its_data(tmp_path, 
 
     seen, build_task = [], seqlab.run.build_task
     monkeypatch.setattr(
-        seqlab.run, "build_task", lambda run: seen.append(torch.get_num_threads()) or build_task(run)
+        seqlab.run, "build_task", lambda run, *a: seen.append(torch.get_num_threads()) or build_task(run, *a)
     )
     before = torch.get_num_threads()
     try:

@@ -284,6 +284,30 @@ def test_a_long_file_prints_each_chunk_as_it_is_translated_with_the_same_lines(
     assert "".join(printed) + rest == whole  # the same lines as translated at once
 
 
+def test_sentences_translated_to_nothing_are_counted_in_a_note(run, tmp_path, capsys, monkeypatch):
+    """A wide beam on an undertrained model can return the empty translation (ending at once scores best): the
+    blank output lines are then said to be the model's answer, not a lost line."""
+    import seqlab.tasks.translation
+
+    out, _ = run
+    src = tmp_path / "in.txt"
+    src.write_text("the cat\n\nthe big dog\nthe red house\n", encoding="utf-8")
+    base = ["translate", "--checkpoint", str(out), "--beam", "7", "--file", str(src)]
+    assert main(base) == 0
+    assert "note:" not in capsys.readouterr().err  # the trained model translates every line
+    translate = seqlab.tasks.translation.translate
+
+    def some_empty(model, tok, texts, **kw):
+        done = translate(model, tok, texts, **kw)
+        return ["" if t == "the big dog" else y for t, y in zip(texts, done, strict=True)]
+
+    monkeypatch.setattr(seqlab.tasks.translation, "translate", some_empty)
+    assert main(base) == 0
+    printed = capsys.readouterr()
+    assert printed.out.split("\n")[1:3] == ["", ""]  # the blank line, then the empty translation
+    assert "note: 1 of 3 sentence(s) translated to nothing" in printed.err and "--beam 7" in printed.err
+
+
 def test_a_line_too_long_for_the_model_is_named_by_its_number(run, tmp_path, capsys):
     out, _ = run
     src = tmp_path / "in.txt"

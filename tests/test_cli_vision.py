@@ -62,6 +62,10 @@ def test_eval_scores_the_held_out_scenes(captioner, capsys):
     scores = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     for key in ("heldout_exact", "heldout_bleu4", "heldout_cider_d", "heldout_nll"):
         assert 0 <= scores[key] < float("inf"), key
+    # --beam 0 skips decoding: the loss alone (it printed greedy captions' scores)
+    assert main(["eval", "--checkpoint", str(captioner), "--beam", "0", "--batches", "1"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert "test_nll" in scores and not any(k.endswith(("bleu4", "cider_d", "exact")) for k in scores)
 
 
 def test_vit_attention_and_eval(vit, capsys, tmp_path):

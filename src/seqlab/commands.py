@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from seqlab.console import said_if_slow
+from seqlab.console import said_if_slow, say
 from seqlab.outfiles import add_out_file, nearest_existing
 from seqlab.run import int_at_least, positive_int
 
@@ -123,6 +123,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     model, tok, _ = _translator(args.checkpoint)
     if args.file is not None:
         _check_line_lengths(model, tok, texts, _file_name(args))
+    empty = 0  # sentences translated to nothing
     for start in range(0, len(texts), TRANSLATE_CHUNK):  # a long file's lines print as each chunk is done
         part = texts[start : start + TRANSLATE_CHUNK]
         given = [t for t in part if t]
@@ -132,7 +133,15 @@ def _cmd_translate(args: argparse.Namespace) -> int:
             else ()
         )
         for text in part:
-            print(next(done) if text else "", flush=True)  # a blank line stays a blank line
+            out = next(done) if text else ""  # a blank line stays a blank line
+            empty += bool(text) and not out.strip()
+            print(out, flush=True)
+    if empty:
+        say(
+            f"note: {empty} of {sum(map(bool, texts))} sentence(s) translated to nothing: the model scores "
+            "ending at once above every translation the search found (an undertrained model often does, and a "
+            f"wider beam finds that ending more often; --beam {args.beam}): train longer or try --beam 1"
+        )
     return 0
 
 
@@ -180,7 +189,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     _check_eval_options(args, run["task"].get("name"), where)
     model = load_model(where).eval()
     announce(where)
-    task = build_task(run)
+    task = build_task(run, saved=True)
     check_same_data(task, where)
     if args.hypotheses is not None and not isinstance(task, TranslationTask):
         raise ValueError(
@@ -188,8 +197,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         )
     split = args.split or ("test" if hasattr(task, "score") else "val")
     beam = 5 if args.beam is None else args.beam
+    decodes = {"decode": False} if task.name == "captioning" else {}  # its scores: task.score's, below
     with said_if_slow(f"evaluating on the {split} split"):
-        metrics = task.evaluate(model, args.batches, split=split)
+        metrics = task.evaluate(model, args.batches, split=split, **decodes)
     if hasattr(task, "score") and beam > 0:
         with said_if_slow(f"decoding the {split} split (beam {beam}) for its scores"):
             scored = task.score(model, split, beam_size=beam, limit=args.limit)

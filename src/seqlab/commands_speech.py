@@ -151,7 +151,7 @@ def _test_item(args: argparse.Namespace, where: Path) -> tuple[torch.Tensor, str
     from seqlab.run import build_task
     from seqlab.training.checkpoint import load_config
 
-    task = build_task({"task": load_config(where)["run"]["task"]})
+    task = build_task({"task": load_config(where)["run"]["task"]}, saved=True)
     split = args.split or "test"
     utts = task.data[task.check_split(split)]
     if args.test_item >= len(utts):

@@ -276,7 +276,9 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     where = resumable_checkpoint(out) if args.resume else None  # the newest complete, verified one
     if where is not None:  # the run's own settings win, so that the continuation is exact; steps may grow
         run = _resumed_run(run, where, out)
-    model, task, train = build_run(run)  # built once: a task's data may take minutes to prepare
+    model, task, train = build_run(
+        run, saved=where is not None
+    )  # built once: a task's data may take minutes to prepare
     if where is not None:
         check_same_data(task, where)
     trainer = Trainer(model, task, train, out, run)

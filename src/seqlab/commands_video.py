@@ -34,7 +34,7 @@ def _video_run(path: str):
         )
     announce(where)
     config = load_config(where)
-    task = build_task({"task": config["run"]["task"]})
+    task = build_task({"task": config["run"]["task"]}, saved=True)
     # the folder, read again, must be the one it trained on
     check_same_description(
         task, config.get("task", {}), ("class_names", "mean", "std"), f"the data of {where}"

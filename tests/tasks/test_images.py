@@ -143,6 +143,21 @@ def test_validation_reads_the_test_set_in_order_and_wraps(tiny_fashion):
     assert task.get_batch("test", 1)["y"].tolist() == [(100 + i) % 10 for i in range(5, 10)]
 
 
+def test_evaluation_counts_each_test_image_once(tiny_fashion):
+    """It drew max_batches batches, wrapping around: 1,000 batches weighted some test images 4 times over."""
+    task = SequentialImageTask(batch_size=5, data_dir=tiny_fashion)  # 12 test images: 3 batches, one short
+
+    def model(x):  # logits that always name class 3
+        return torch.zeros(x.shape[0], x.shape[1], 10).index_fill_(2, torch.tensor([3]), 1.0)
+
+    model.eval = model.train = lambda *a: None
+    labels = torch.tensor([(100 + i) % 10 for i in range(N_TEST)])
+    for max_batches in (1, 3, 1000):
+        n = min(N_TEST, 5 * max_batches)
+        scores = task.evaluate(model, max_batches, split="val")
+        assert scores["val_accuracy"] == pytest.approx((labels[:n] == 3).float().mean().item())
+
+
 def test_training_epochs_are_permutations(tiny_fashion):
     task = SequentialImageTask(batch_size=8, seed=3, data_dir=tiny_fashion)
     epoch = stream(task, "train", range(N_TRAIN // 8))

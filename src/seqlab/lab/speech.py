@@ -1,5 +1,6 @@
 """``seqlab compare --suite speech``: which token mixer hears best? Measured on the espeak-ng corpus
-(``seqlab.tasks.speech_corpus``), on voices never heard in training.
+(``seqlab.tasks.speech_corpus``), on voices never heard in training, or (from Python, ``compare_speech(data=
+{"source": "folder", "path": ...})``) on a user's folder, without the suite's corpus sizes.
 
 Every registered token mixer runs in two layers over the frames of the same front end (two convolutions over
 40 log-mel bands, the first with stride 3: 33 output frames a second, ``seqlab.models.speech``), causal (output
@@ -90,8 +91,17 @@ def plan(
     return runs
 
 
+def _suite_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The corpus settings of every run: the suite's (``TASK``) that apply to ``data``'s source (a folder's
+    own recordings are its data: the task refuses corpus sizes there), then ``data``'s own."""
+    from seqlab.tasks.speech_settings import GENERATED_ONLY
+
+    generated = data.get("source", "generated") == "generated"
+    return {**{k: v for k, v in TASK.items() if generated or k not in GENERATED_ONLY}, **data}
+
+
 def _task_fields(task: str, data: dict[str, Any], seed: int) -> dict[str, Any]:
-    return {**TASK, **data, **TASKS[task], "seed": seed}
+    return {**_suite_data(data), **TASKS[task], "seed": seed}
 
 
 def _planned(label: str, fields: dict[str, Any], minutes: float, seed: int) -> dict[str, Any]:
@@ -117,7 +127,8 @@ def compare_speech(
 ) -> dict[str, Any]:
     """Train every (task, mixer) run (``jobs`` at a time, one thread each), score it on the test voices, write
     the report. ``steps`` overrides STEPS per task and ``data`` the corpus settings (``n_train``, ``n_eval``,
-    ``batch_size``, ``cache_dir``: a smaller suite). The corpora are built first, here, once."""
+    ``batch_size``, ``cache_dir``: a smaller suite), or names a folder (``source='folder'``, ``path``: then
+    ``TASK``'s corpus sizes are left out). The corpora are built (the folders read) first, here, once."""
 
     from seqlab.run import build_task
 
@@ -161,7 +172,8 @@ def _score_all(runs, trained, out: Path, tasks: dict) -> list[dict[str, Any]]:
                 "d_model": spec["model"]["d_model"],
                 "params": count_parameters(model),
                 "steps": steps,
-                "data": {**TASK, **spec["data"]},
+                "data": _suite_data(spec["data"]),
+                "n_train": task.n_utterances["train"],
                 "n_test": task.n_utterances["test"],
                 "ms_per_step": 1000 * summary["elapsed_s"] / max(1, steps),
                 "test": {k.removeprefix("test_"): v for k, v in test.items()},
@@ -185,6 +197,24 @@ COLUMNS = {
 }
 
 
+def _data_said(records: list[dict[str, Any]], tasks: list[str]) -> str:
+    """The table's words on the data: the training utterances, the learning rate, the test utterances and
+    whom they were spoken by (the corpus's held-out voices, or a folder's held-out speakers)."""
+    n_train = {r["task"]: r["n_train"] for r in records}
+    n_test = {r["task"]: r["n_test"] for r in records}
+    if len(set(n_train.values())) == 1:
+        trained_on = f"{records[0]['n_train']} training utterances per task"
+    else:
+        trained_on = f"training utterances {', '.join(f'{t} {n_train[t]}' for t in tasks)}"
+    data = records[0]["data"]
+    if data.get("source", "generated") == "generated":
+        held_out = "spoken by espeak-ng voice variants never heard in training"
+    else:
+        held_out = f"from {data.get('path')}, by speakers (or files) held out of training"
+    tested = ", ".join(f"{t} {n_test[t]}" for t in tasks)
+    return f"{trained_on}, AdamW lr {LR}. Scores on the test split ({tested} utterances), {held_out}"
+
+
 def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Path:
     from seqlab.lab.report import cpu_name
     from seqlab.layers import mixer_spec
@@ -194,15 +224,13 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
     tasks = [t for t in TASKS if any(r["task"] == t for r in records)]
     heads = [h for t in tasks for h, _ in COLUMNS[t]]
     steps, data = {r["task"]: r["steps"] for r in records}, records[0]["data"]
-    n_test = {r["task"]: r["n_test"] for r in records}
     lines = [
         f"# Speech: every token mixer on spoken keywords and digit strings, {cpu_name()}",
         "",
         f"torch {torch.__version__}, fp32, one thread per run, {len(records)} runs in {minutes:.1f} min. "
         f"`seqlab compare --suite speech`. Steps {', '.join(f'{t} {steps[t]}' for t in tasks)}; batch "
-        f"{data['batch_size']} utterances, {data['n_train']} training utterances per task, AdamW lr {LR}. "
-        f"Scores on the test split ({', '.join(f'{t} {n_test[t]}' for t in tasks)} utterances), spoken by "
-        "espeak-ng voice variants never heard in training. CER/WER: jiwer; beam: prefix beam search, width 8. "
+        f"{data['batch_size']} utterances, {_data_said(records, tasks)}. CER/WER: jiwer; beam: prefix beam "
+        "search, width 8. "
         "Parameters: the keyword model's (the CTC head differs a little). ms/step: training time per step, "
         "with the other run of the pair on the second core.",
         "",

@@ -1,5 +1,6 @@
 """``seqlab compare --suite video``: which token mixer fits which shape of video problem? Measured on the
-generated moving objects (``seqlab.tasks.clips``).
+generated moving objects (``seqlab.tasks.clips``), or (from Python, ``compare_video(data={"source": "folder",
+"path": ...})``) on a user's folder of clips, without the generated clips' settings and the task 'long'.
 
 Every registered token mixer runs over the frames of the same per-frame encoder (ViT's patch embedding and one
 linear map, ``seqlab.models.video``), at matched parameter counts (the temporal width d_model of each mixer
@@ -97,12 +98,39 @@ def plan(
     return runs
 
 
+def _applying(fields: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` without the generated clips' settings when ``data`` names a folder (its clips are the data:
+    the task refuses them there)."""
+    from seqlab.tasks.video_settings import GENERATED_ONLY
+
+    folder = data.get("source") == "folder"
+    return {k: v for k, v in fields.items() if not (folder and k in GENERATED_ONLY)}
+
+
+def _task_fields(task: str, data: dict[str, Any], seed: int) -> dict[str, Any]:
+    return {**_applying(TASK, data), **data, **_applying(TASKS[task], data), "seed": seed}
+
+
+def _suite_tasks(tasks: list[str] | None, data: dict[str, Any]) -> list[str] | None:
+    """The tasks to run: for a folder, every task but 'long' (the generated clips' long setting) unless named;
+    'long' named with a folder is refused."""
+    if data.get("source") != "folder":
+        return tasks
+    if tasks is not None and "long" in tasks:
+        raise ValueError(
+            "the video suite's task 'long' is the long setting of the generated clips (task.setting='long'), "
+            f"which does not apply to source='folder' (the folder's clips are the data); leave it out of the "
+            f"tasks (those for a folder: {', '.join(t for t in TASKS if t != 'long')})"
+        )
+    return tasks or [t for t in TASKS if t != "long"]
+
+
 def _planned(label: str, fields: dict[str, Any], minutes: float, seed: int) -> dict[str, Any]:
     """A run's dict: its fixed steps (``minutes`` is unused: this suite matches steps, not time)."""
     steps = fields["steps"]
     return {
         "model": {"name": "video-lstm", **fields["model"]},
-        "task": {**TASK, **fields.get("data", {}), **TASKS[fields["task"]], "seed": seed},
+        "task": _task_fields(fields["task"], fields.get("data", {}), seed),
         "train": timed_train(
             steps, seed, lr=LR, warmup_steps=steps // 10, weight_decay=0.01, eval_batches=16
         ),
@@ -120,8 +148,10 @@ def compare_video(
 ) -> dict[str, Any]:
     """Train every (task, contender) run (``jobs`` at a time, one thread each), score it on the test clips,
     write the report. ``steps`` overrides STEPS per task and ``data`` the clips' settings (``n_train``,
-    ``n_eval``, ``batch_size``: a smaller suite)."""
+    ``n_eval``, ``batch_size``: a smaller suite), or names a folder (``source='folder'``, ``path``: then the
+    generated clips' settings are left out, and so is the task 'long')."""
 
+    tasks = _suite_tasks(tasks, dict(data or {}))
     out = Path(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     runs = {k: {**v, "data": dict(data or {})} for k, v in plan(mixers, tasks, steps).items()}
@@ -149,7 +179,7 @@ def _score_all(runs, trained, out: Path, seed: int) -> list[dict[str, Any]]:
     for label, spec in runs.items():
         key = spec["task"]
         if key not in tasks:
-            tasks[key] = build_task({"task": {**TASK, **spec["data"], **TASKS[key], "seed": seed}})
+            tasks[key] = build_task({"task": _task_fields(key, spec["data"], seed)})
         where = resolve_checkpoint(out / "runs" / slug(label))
         if load_config(where)["task"].get("vocabulary") != tasks[key].describe().get("vocabulary"):
             raise RuntimeError(f"{where} was trained with another vocabulary than the suite's task builds")
@@ -164,7 +194,10 @@ def _score_all(runs, trained, out: Path, seed: int) -> list[dict[str, Any]]:
                 "d_model": spec["model"]["d_model"],
                 "params": count_parameters(model),
                 "steps": trained[label]["steps"],
-                "data": {**TASK, **spec["data"]},
+                "data": {**_applying(TASK, spec["data"]), **spec["data"]},
+                "n_train": tasks[key].n_clips["train"],
+                "n_test": tasks[key].n_clips["test"],
+                "clips": (tasks[key].n_frames, tasks[key].frame_size, tasks[key].channels),
                 "ms_per_step": 1000 * summary["elapsed_s"] / max(1, trained[label]["steps"]),
                 "test": {k.removeprefix("test_"): v for k, v in test.items()},
             }
@@ -201,14 +234,20 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
     }
     heads = [h for t in tasks for h, _ in cols[t]]
     steps, data = {r["task"]: r["steps"] for r in records}, records[0]["data"]
+    n_frames, side, channels = records[0]["clips"]
+    n_train, n_test, colour = (
+        records[0]["n_train"],
+        records[0]["n_test"],
+        "grey" if channels == 1 else "colour",
+    )
     lines = [
         f"# Video: every token mixer on four shapes of frame-sequence problem, {cpu_name()}",
         "",
         f"torch {torch.__version__}, fp32, one thread per run, {len(records)} runs in {minutes:.1f} min. "
         f"`seqlab compare --suite video`. Steps {', '.join(f'{t} {steps[t]}' for t in tasks)}; batch "
-        f"{data['batch_size']} clips of 16 frames (32×32 grey), {data['n_train']} training clips, AdamW lr {LR}. "
-        f"Metrics on {data['n_eval']} test clips. Parameters: the action model's (the heads differ a little). "
-        "ms/step: training time per step, measured with the other run of the pair on the second core.",
+        f"{data['batch_size']} clips of {n_frames} frames ({side}×{side} {colour}), {n_train} training "
+        f"clips, AdamW lr {LR}. Metrics on {n_test} test clips. Parameters: the action model's (the heads "
+        "differ a little). ms/step: training time per step, measured with the other run of the pair on the second core.",
         "",
         f"| model | family | parameters | {' | '.join(heads)} | ms/step (action) |",
         f"|---|---|---:|{'---:|' * len(heads)}---:|",

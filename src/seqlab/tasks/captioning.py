@@ -12,11 +12,14 @@ Sources (nothing is downloaded):
     folder    a captions file (CSV or JSON lines, ``seqlab.tasks.image_files``) naming the user's images
 
 For the two file sources the images are split 80/10/10 into train/val/test by image (the same split for every
-seed: ``base.SPLIT_SEED``), every caption of an image stays with it and all of them are its references.
+seed: ``base.SPLIT_SEED``), every caption of an image stays with it and all of them are its references;
+``n_train`` and ``n_eval`` cap the training and the val and test images each (the first ones of that fixed order;
+the defaults keep all), and ``max_objects``, a setting of the generated scenes, is refused. ``image_size`` is the
+side every image is letterboxed into: at least 32 for the scenes (``scenes.render``), 8 for the files.
 Words: a word-level vocabulary (Hugging Face ``tokenizers``' WordLevel model, lowercased, punctuation split
 off) trained on the training captions; ids 0-3 are ``<pad> <s> </s> <unk>``, so the captioners' default
 ``pad_id=0, bos_id=1, eos_id=2`` hold. Pixels are scaled to [0, 1] and standardized per channel with the training
-images' statistics.
+images' statistics. A ViT encoder of more than ``max_patches`` patches per image is refused (``check_model``).
 
 Batch: ``images`` (b, 3, S, S) float; ``tgt_in`` (b, t) = ``<s>`` + caption, ``tgt_out`` (b, t) = caption +
 ``</s>``, right-padded with 0; ``index`` (b,) the image in its split. Training batch ``i`` holds positions
@@ -32,6 +35,7 @@ CIDEr-D (pycocoevalcap) and on scenes the attribute scores.
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import lru_cache
 from typing import Any, Literal
@@ -41,7 +45,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqlab.tasks.base import (
-    SPLIT_SEED,
     Batch,
     Task,
     channel_stats,
@@ -51,6 +54,8 @@ from seqlab.tasks.base import (
     epoch_rows,
     model_device,
 )
+from seqlab.tasks.caption_sources import check_for_source, file_pairs
+from seqlab.tasks.vision import MAX_PATCHES, check_patches
 
 __all__ = [
     "CaptioningTask",
@@ -65,6 +70,8 @@ Source = Literal["scenes", "tuxpaint", "folder"]
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD, BOS, EOS = 0, 1, 2
 SPLITS = ("train", "val", "test", "heldout")
+N_TRAIN, N_EVAL = 20000, 1000  # the defaults: all of a file source's images
+log = logging.getLogger("seqlab.tasks")
 
 
 def word_tokenizer(captions: list[str]):
@@ -150,18 +157,6 @@ def _scenes(n: int, split: str, seed: int, image_size: int, max_objects: int):
     return make_scenes(n, split, seed=seed, image_size=image_size, max_objects=max_objects)
 
 
-def _file_pairs(source: str, captions: str | None) -> list[tuple[Any, str]]:
-    from seqlab.tasks import image_files
-
-    if source == "tuxpaint":
-        return image_files.tuxpaint_stamps()
-    if captions is None:
-        raise ValueError(
-            "source='folder' needs captions=PATH, a CSV or JSON-lines file of image,caption rows"
-        )
-    return image_files.read_captions_file(captions)
-
-
 class CaptioningTask(Task):
     """Caption images; see the module docstring."""
 
@@ -176,17 +171,18 @@ class CaptioningTask(Task):
         image_size: int = 64,
         batch_size: int = 64,
         seed: int = 0,
-        n_train: int = 20000,
-        n_eval: int = 1000,
+        n_train: int = N_TRAIN,
+        n_eval: int = N_EVAL,
         max_objects: int = 2,
+        max_patches: int = MAX_PATCHES,
     ):
         check_choice("source", source, Source)
         self.source, self.captions = source, captions
-        self.image_size = check_int("image_size", image_size, 8)
+        self.image_size, self.max_objects = check_for_source(source, image_size, max_objects), max_objects
         self.batch_size = check_int("batch_size", batch_size, 1)
         self.seed = check_int("seed", seed, 0)
         self.n_train, self.n_eval = check_int("n_train", n_train, 1), check_int("n_eval", n_eval, 1)
-        self.max_objects = max_objects
+        self.max_patches = check_int("max_patches", max_patches, 1)
         if captions is not None and source != "folder":  # the scenes would train instead, without a word
             raise ValueError(
                 f"captions=PATH belongs to source='folder' (this run has source={source!r}); add it"
@@ -200,7 +196,7 @@ class CaptioningTask(Task):
                 self._images[split], self.scenes[split] = _scenes(n, split, seed, image_size, max_objects)
                 self._refs[split] = [s.references for s in self.scenes[split]]
         else:
-            self._load_files(_file_pairs(source, captions))
+            self._load_files(file_pairs(source, captions))
         # one (image, caption) pair per training caption; scenes train on their own caption only
         self._pairs = [(i, refs[0] if source == "scenes" else c) for i, refs in enumerate(self._refs["train"])
                        for c in (refs[:1] if source == "scenes" else refs)]  # fmt: skip
@@ -210,23 +206,22 @@ class CaptioningTask(Task):
         self._ids = [self.encode(c) for _, c in self._pairs]
 
     def _load_files(self, pairs: list[tuple[Any, str]]) -> None:
-        from seqlab.tasks.image_files import load_images
+        """The split of a file source (``image_files.split_captioned``), each cut to ``n_train`` or ``n_eval``
+        images before any is read."""
+        from seqlab.tasks.image_files import load_images, split_captioned
 
-        by_image: dict[Any, list[str]] = {}
-        for path, caption in pairs:
-            by_image.setdefault(path, []).append(caption)
-        paths = sorted(by_image)
-        if len(paths) < 10:
-            raise ValueError(
-                f"captioning needs at least 10 images to split into train/val/test, got {len(paths)}"
-            )
-        order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(SPLIT_SEED)).tolist()
-        cut_val, cut_test = int(0.8 * len(paths)), int(0.9 * len(paths))
-        parts = {"train": order[:cut_val], "val": order[cut_val:cut_test], "test": order[cut_test:]}
-        for split, rows in parts.items():
-            chosen = [paths[r] for r in rows]
-            self._images[split] = load_images(chosen, self.image_size)  # (N, 3, S, S) uint8
-            self._refs[split] = [by_image[p] for p in chosen]
+        kept = {"train": ("n_train", self.n_train, N_TRAIN)}
+        for split, rows in split_captioned(pairs).items():
+            name, cap, default = kept.get(split, ("n_eval", self.n_eval, N_EVAL))
+            if cap > len(rows) and cap != default:
+                log.warning("task.%s=%d is more than the %d %s images of source=%r: all are used",
+                            name, cap, len(rows), split, self.source)  # fmt: skip
+            self._images[split] = load_images([p for p, _ in rows[:cap]], self.image_size)  # (N, 3, S, S)
+            self._refs[split] = [refs for _, refs in rows[:cap]]
+
+    def check_model(self, model) -> None:
+        """Before step 1: a ViT encoder's patch tokens per image against ``max_patches``."""
+        check_patches(model, self.max_patches)
 
     # ---- sizes -------------------------------------------------------------------------------------------
 
@@ -339,9 +334,11 @@ class CaptioningTask(Task):
         return scores
 
     @torch.no_grad()
-    def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
-        """Per-token nll, ppl and accuracy over the first ``max_batches`` batches, and the caption scores of
-        greedy decoding over the same images (each image once)."""
+    def evaluate(
+        self, model, max_batches: int = 20, split: str = "val", decode: bool = True
+    ) -> dict[str, float]:
+        """Per-token nll, ppl and accuracy over the first ``max_batches`` batches, and (``decode``) the caption
+        scores of greedy decoding over the same images (each image once)."""
         check_int("max_batches", max_batches, 1)
         split = self.check_split(split)
         n = min(len(self._refs[split]), max_batches * self.batch_size)
@@ -356,7 +353,7 @@ class CaptioningTask(Task):
                 _, m, _ = self.loss(model, batch)
                 k = self.tokens_in(batch)
                 nll, acc, tokens = nll + m["nll"] * k, acc + m["acc"] * k, tokens + k
-            scores = self.score(model, split, limit=n)
+            scores = self.score(model, split, limit=n) if decode else {}
         finally:
             model.train(was_training)
         out = {"nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 50.0)), "acc": acc / tokens, **scores}

@@ -18,21 +18,16 @@ Actions (``ACTIONS``), over the target's moving frames:
     bounce    2..3 px/frame along one axis, reflected at 0 and s - w; the first wall is hit after >= 1.5
               frames with >= 2 frames left, so at least one reversal shows
 
-Events (``EVENTS``) are a pure function of the target's integer positions p_t and visibility v_t
-(``frame_events``), with d_t = p_t - p_{t-1} and ``last`` the latest non-zero d of the current visible run:
-    absent    not v_t
-    appeared  v_t and (t = 0 or not v_{t-1})
-    still     v_t, v_{t-1} and d_t = 0
-    turned    v_t, v_{t-1}, d_t ≠ 0 and d_t · last < 0   (bounces; zigzag kinks, since |Δy| > |Δx|)
-    moving    otherwise: v_t, v_{t-1}, d_t ≠ 0, and no earlier step in the run or d_t · last >= 0
-No single frame decides its event: it takes the previous frame, and "turned" the whole visible run.
+Events (``EVENTS``, one per frame: absent, appeared, still, moving, turned) are a pure function of the
+target's track (``seqlab.tasks.clip_events.frame_events`` says how).
 
 Settings. ``short``: with probability ``event_prob`` each, the target is absent for its first k frames, and
 it stops or vanishes (equally likely; a still target only vanishes) for its last m; k, m in
 2..max(2, t // 4), keeping >= 6 moving frames. The label is the motion. ``long`` (long-range memory): the
 target moves left, right, up or down for ``early`` frames, is absent one frame, then reappears at a uniformly
 random place doing any of the eight motions, drawn independently; the label is the early direction. The
-distractor does one motion over the whole clip, without events.
+distractor does one motion over the whole clip, without events. ``event_prob`` shapes the short setting only
+and ``early`` the long one: either given other than its default for the other setting is refused.
 
 Captions, words of ``CAPTION_WORDS`` in time order:
     caption  := object phrase [ "while" object phrase ]        (target first)
@@ -53,7 +48,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Literal
 
@@ -62,6 +57,8 @@ import torch
 from torch import Tensor
 
 from seqlab.tasks.base import check_choice, check_int
+from seqlab.tasks.clip_events import EVENTS, frame_events
+from seqlab.tasks.video_settings import check_video_settings
 from seqlab.tasks.vision import _load_digits
 
 __all__ = [
@@ -70,7 +67,6 @@ __all__ = [
 ]  # fmt: skip
 
 ACTIONS = ("still", "left", "right", "up", "down", "circle", "zigzag", "bounce")
-EVENTS = ("absent", "appeared", "still", "moving", "turned")
 SHAPES = ("circle", "square", "triangle", "cross")
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -153,6 +149,7 @@ class ClipSettings:
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
             raise ValueError(f"event_prob must be a number in [0, 1], got {p!r}")
         check_int("early", self.early, 2)
+        check_video_settings(ClipSettings, "generated", self.setting, asdict(self), prefix="")
         if self.setting == "long" and self.n_frames - self.early - 1 < 4:
             raise ValueError(
                 f"early={self.early} leaves {self.n_frames - self.early - 1} frames after the one-frame gap "
@@ -185,28 +182,6 @@ class ClipObject:
     visible: np.ndarray  # (t,) bool
     action: str  # the action label (the early direction in the long setting)
     phrase: str  # e.g. "appears and moves left then stops"
-
-
-def frame_events(positions, visible) -> np.ndarray:
-    """(t,) int64 indices into EVENTS for a track: positions (t, 2) integers, visible (t,) bool."""
-    pos, vis = np.asarray(positions), np.asarray(visible, dtype=bool)
-    if pos.ndim != 2 or pos.shape[1] != 2 or vis.shape != pos.shape[:1]:
-        raise ValueError(f"expected positions (t, 2) and visible (t,), got {pos.shape} and {vis.shape}")
-    absent, appeared, still, moving, turned = range(len(EVENTS))
-    points, shown = pos.astype(np.int64).tolist(), vis.tolist()
-    out, last = [], None  # last: the latest non-zero step of the current visible run
-    for i, ((x, y), v) in enumerate(zip(points, shown, strict=True)):
-        if not v or i == 0 or not shown[i - 1]:
-            out.append(appeared if v else absent)
-            last = None
-            continue
-        dx, dy = x - points[i - 1][0], y - points[i - 1][1]
-        if dx == 0 and dy == 0:
-            out.append(still)
-            continue
-        out.append(turned if last is not None and dx * last[0] + dy * last[1] < 0 else moving)
-        last = (dx, dy)
-    return np.asarray(out, dtype=np.int64)
 
 
 @lru_cache(maxsize=1)

@@ -3,6 +3,7 @@ r"""Captioned images from files: an image loader, a captions-file reader and the
     load_image(path, size)       uint8 RGB (3, H, W); with ``size``, letterboxed into (3, size, size)
     load_images(paths, size)     uint8 (n, 3, size, size)
     read_captions_file(path)     [(image path, caption), ...] from a CSV or JSON-lines file
+    split_captioned(pairs)       {split: [(image path, [its captions]), ...]}, 80/10/10 by image
     tuxpaint_stamps()            [(image path, caption), ...] from Debian's ``tuxpaint-stamps-default``
 
 Notation: ``n`` images, ``H, W`` an image's height and width in pixels.
@@ -37,7 +38,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
-from seqlab.tasks.base import MissingDependencyError, check_int, first_named
+from seqlab.tasks.base import SPLIT_SEED, MissingDependencyError, check_int, first_named
 
 __all__ = [
     "TUXPAINT_DIR",
@@ -45,6 +46,7 @@ __all__ = [
     "load_image",
     "load_images",
     "read_captions_file",
+    "split_captioned",
     "tuxpaint_stamps",
 ]
 
@@ -228,6 +230,25 @@ def read_captions_file(path: str | os.PathLike) -> list[tuple[Path, str]]:
             f"{path}: {len(missing)} of the images it names do not exist: {first_named(missing)}"
         )
     return pairs
+
+
+def split_captioned(pairs: list[tuple[Path, str]]) -> dict[str, list[tuple[Path, list[str]]]]:
+    """(image, all its captions) per split 'train', 'val', 'test': the images, sorted, in a random order that is the
+    same for every seed (``base.SPLIT_SEED``), cut 80/10/10; every caption of an image stays with it. A prefix of
+    a split is its first images in that order (what ``n_train``/``n_eval`` keep). Fewer than 10 images: ValueError.
+    """
+    by_image: dict[Path, list[str]] = {}
+    for path, caption in pairs:
+        by_image.setdefault(path, []).append(caption)
+    paths = sorted(by_image)
+    if len(paths) < 10:
+        raise ValueError(
+            f"captioning needs at least 10 images to split into train/val/test, got {len(paths)}"
+        )
+    order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(SPLIT_SEED)).tolist()
+    cut_val, cut_test = int(0.8 * len(paths)), int(0.9 * len(paths))
+    parts = {"train": order[:cut_val], "val": order[cut_val:cut_test], "test": order[cut_test:]}
+    return {split: [(paths[r], by_image[paths[r]]) for r in rows] for split, rows in parts.items()}
 
 
 # ---- Tux Paint stamps ----------------------------------------------------------------------------------

@@ -275,6 +275,26 @@ class SequentialImageTask(Task):
             accuracy = (logits.argmax(dim=-1) == y).float().mean()
         return loss, {"loss": loss.item(), "accuracy": accuracy.item()}, None
 
+    @torch.no_grad()
+    def evaluate(self, model, max_batches: int = 20, split: str = "val") -> dict[str, float]:
+        """Loss and accuracy over the first ``max_batches`` batches of the held-out images, each image counted
+        once (fewer batches when they cover them all; the last batch's wrap-around repeats left out)."""
+        check_int("max_batches", max_batches, 1)
+        check_split(split)
+        n = min(self.n_val, max_batches * self.batch_size)
+        was_training = getattr(model, "training", False)
+        model.eval()
+        try:
+            totals: dict[str, float] = {}
+            for index in range(-(-n // self.batch_size)):
+                batch = self.get_batch(split, index)
+                keep = min(self.batch_size, n - index * self.batch_size)
+                _, metrics, _ = self.loss(model, {k: v[:keep] for k, v in batch.items()})
+                totals = {k: totals.get(k, 0.0) + v * keep for k, v in metrics.items()}
+        finally:
+            model.train(was_training)
+        return {f"{split}_{k}": v / n for k, v in totals.items()}
+
     @property
     def feature_mean(self) -> float:
         return self._data["mean"]

@@ -13,6 +13,10 @@ Sources (nothing is downloaded):
                speaker when the file names speakers, else by file (the same for every seed); a recording longer
                than ``max_seconds`` (default 60) is refused before any audio is read
 
+A setting of the other source (``n_train``, ``n_eval``, ``snrs``, ``min_digits``, ``max_digits``,
+``cache_dir`` and ``jobs`` shape the generated corpus, ``max_seconds`` a folder) is refused when given other
+than its default (``seqlab.tasks.speech_settings``): it would change nothing.
+
 Tasks:
 
     keywords    the word (10 digits and 10 commands, or a folder's distinct transcripts): cross-entropy of
@@ -34,7 +38,6 @@ endless sequence of seeded epochs; evaluation reads each utterance once. Batches
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import asdict
 from typing import Any, Literal
 
@@ -57,6 +60,8 @@ from seqlab.tasks.base import (
 from seqlab.tasks.speech_data import Features, Utterances, split_by_speaker
 from seqlab.tasks.speech_decode import ctc_frames_needed, decode_ids, transcribe_batch
 from seqlab.tasks.speech_folder import MAX_SECONDS, check_max_seconds, read_speech_folder
+from seqlab.tasks.speech_settings import check_snrs as _check_snrs
+from seqlab.tasks.speech_settings import check_source_settings
 
 __all__ = ["CHARACTERS", "KeywordTask", "SpeechCTCTask", "decode_ids", "transcribe_batch"]
 
@@ -66,22 +71,6 @@ Source = Literal["generated", "folder"]
 Units = Literal["chars", "words"]
 CHARACTERS = tuple(" abcdefghijklmnopqrstuvwxyz'")
 BLANK = "<blank>"
-
-
-def _check_snrs(snrs) -> list[float | None] | None:
-    """``snrs``: None (the corpus's own), or a list of signal-to-noise ratios in dB (null: clean speech)."""
-    if snrs is None:
-        return None
-    try:
-        out = [None if s is None else float(s) for s in snrs if not isinstance(snrs, str | bytes)]
-        if not out or not all(s is None or math.isfinite(s) for s in out):
-            raise ValueError  # none to draw from, or a NaN or infinite ratio
-        return out
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"snrs must be a non-empty list of finite signal-to-noise ratios in dB (null for clean speech), e.g. "
-            f"--task.snrs='[null, 20, 10]'; got {snrs!r}"
-        ) from None
 
 
 class SpeechTask(Task):
@@ -223,6 +212,8 @@ class KeywordTask(SpeechTask):
         jobs: int = 2,
         max_seconds: float = MAX_SECONDS,
     ):
+        sizes = {"n_train": n_train, "n_eval": n_eval, "snrs": snrs, "cache_dir": cache_dir, "jobs": jobs}
+        check_source_settings(KeywordTask, source, **sizes, max_seconds=max_seconds)
         self.max_seconds = check_max_seconds(max_seconds)  # a folder's longest recording
         self._setup(source, path, n_train, n_eval, snrs, n_mels, batch_size, seed, cache_dir, jobs)
         if source == "generated":
@@ -292,6 +283,9 @@ class SpeechCTCTask(SpeechTask):
         jobs: int = 2,
         max_seconds: float = MAX_SECONDS,
     ):
+        sizes = {"n_train": n_train, "n_eval": n_eval, "snrs": snrs, "cache_dir": cache_dir, "jobs": jobs}
+        digits = {"min_digits": min_digits, "max_digits": max_digits}
+        check_source_settings(SpeechCTCTask, source, **sizes, **digits, max_seconds=max_seconds)
         self.max_seconds = check_max_seconds(max_seconds)  # a folder's longest recording
         self.min_digits, self.max_digits = (
             check_int("min_digits", min_digits, 1),

@@ -29,6 +29,7 @@ from seqlab.tasks.parallel import (
     read_pairs_tsv,
     split_pairs,
 )
+from seqlab.tasks.source_settings import refuse
 
 __all__ = ["BUILT_IN", "FILE_LABELS", "built_in_languages", "read_source"]
 
@@ -100,7 +101,7 @@ def _check_file_languages(source: str, src_lang: Any, tgt_lang: Any) -> None:
     ]
     if given:
         them = " and ".join(given)
-        raise ValueError(
+        refuse(
             f"{them} {'do' if len(given) > 1 else 'does'} not apply to a pairs file ({source}): its first "
             "column is the source and its second the target, whatever their languages, so the setting would "
             "change nothing (task.src_lang and task.tgt_lang choose the direction of the built-in corpora "
@@ -112,7 +113,7 @@ def _check_file_languages(source: str, src_lang: Any, tgt_lang: Any) -> None:
 def _check_max_bytes(source: str, max_bytes: int) -> None:
     """``max_bytes`` at its default for a built-in corpus: it limits a pairs file read from disk only."""
     if max_bytes != MAX_BYTES:
-        raise ValueError(
+        refuse(
             f"task.max_bytes={max_bytes:,} does not apply to the built-in corpus {source!r}: it limits the "
             f"size of a pairs file read from disk, and {source!r} is not one, so it would change nothing; "
             f"leave task.max_bytes unset (default {MAX_BYTES:,})"

@@ -9,8 +9,12 @@ Sources (nothing is downloaded):
                and ``n_eval`` validation and test clips, each split from its own seed; ``setting='long'`` makes
                the action the direction of the first frames only, so that the families' memory shows
     folder     a user's clips and ``labels.csv`` (``seqlab.tasks.clip_files``), split 80/10/10 by clip (the same
-               split for every seed: ``base.SPLIT_SEED``; stratified by action for ``label='action'``); colour unless every frame is grey (``channels``
-               1 or 3 converts)
+               split for every seed: ``base.SPLIT_SEED``; stratified by action for ``label='action'``); colour
+               unless every frame is grey (``channels`` 1 or 3 converts)
+
+A setting that does not apply (for a folder those of the generated clips: ``setting``, ``n_objects``,
+``sprites``, ``event_prob``, ``n_train``, ``n_eval``; for ``setting='long'``, ``event_prob``) is refused when
+given other than its default, before any clip is read or drawn (``seqlab.tasks.video_settings``).
 
 Labels (``label``), one task per shape of the lecture's table:
 
@@ -57,6 +61,7 @@ from seqlab.tasks.captioning import (
     teacher_forcing,
     word_tokenizer,
 )
+from seqlab.tasks.video_settings import check_video_settings
 
 __all__ = ["VideoTask"]
 
@@ -105,6 +110,8 @@ class VideoTask(Task):
             check_choice("setting", setting, Setting),
         )
         self.source, self.path = check_choice("source", source, Source), path
+        drawn = {"setting": setting, "n_objects": n_objects, "sprites": sprites, "event_prob": event_prob}
+        check_video_settings(VideoTask, source, setting, {**drawn, "n_train": n_train, "n_eval": n_eval})
         generated = source == "generated"  # a folder keeps its own sizes unless they are set
         # the value given is checked, not its fallback (n_frames=0 was reported as "got 1")
         self.n_frames = check_int("n_frames", (16 if generated else 1) if n_frames is None else n_frames, 1)

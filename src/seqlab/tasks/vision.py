@@ -19,7 +19,9 @@ across runs); 'train' is the rest. The digits' and a folder's splits are stratif
 Pixels are scaled to [0, 1] and standardized with the training split's mean and standard deviation per
 channel. Training batches are augmented when ``augment`` is set: a random shift of up to ``shift`` pixels
 (padded with the background: black for the datasets, the white canvas for folder images) and, with ``flip``,
-a horizontal flip with probability 1/2.
+a horizontal flip with probability 1/2. Before step 1 (``check_model``) a ViT with more than ``max_patches``
+patch tokens per image ((image_size / patch_size)², 4,096 unless raised) is refused: attention's cost grows with
+their square.
 
 Batch: ``images`` (b, c, S, S) float, ``y`` (b,) long. The model maps images to logits (b, K); the loss is
 the cross-entropy, the metrics ``loss`` and ``accuracy``. ``tokens_in`` counts images, so the trainer's
@@ -58,7 +60,7 @@ from seqlab.tasks.base import (
 )
 from seqlab.tasks.images import FASHION_MNIST_DIR, _load_fashion_mnist
 
-__all__ = ["DARK_SOURCES", "ImageClassificationTask"]
+__all__ = ["DARK_SOURCES", "MAX_PATCHES", "ImageClassificationTask", "check_patches"]
 
 Source = Literal["fashion_mnist", "digits", "folder"]
 _AUGMENT_STREAM = 1 << 40
@@ -68,6 +70,13 @@ FASHION_MNIST_CLASSES = (
 )  # fmt: skip
 DARK_SOURCES = ("digits", "fashion_mnist")
 """Sources whose images are light strokes on black; a folder's images sit on the white canvas of letterboxing."""
+MIN_FOLDER_SIZE = 4
+"""The smallest side a folder's images are fitted into (and at least twice ``shift``)."""
+MAX_PATCHES = 4096
+"""The most patch tokens per image a ViT trains on unless ``max_patches`` says more: a 64x64 grid (256 pixels at
+patch 4, 1024 at patch 16). The ViTs of the literature take 196-1,369 (224/16 ... 518/14); attention's cost grows
+with the square of the count, and on 2 CPU cores vit-tiny-p4 takes ~2 minutes for 8 images at 4,096 (6 s at
+1,024), a single step of 62,500 (image_size=1000 at patch 4) far longer."""
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
@@ -110,6 +119,55 @@ def _load_folder(root: str, image_size: int) -> tuple[Tensor, Tensor, list[str]]
     return images, torch.tensor([k for _, k in files]), classes
 
 
+def _check_folder_size(image_size: Any, shift: int) -> int:
+    """A folder's ``image_size`` of at least 4; a smaller one is told the real least side (4, or twice ``shift``
+    when that is more), so that the shift's own check (:func:`_check_shift`) does not refuse the next try."""
+    least = max(MIN_FOLDER_SIZE, 2 * shift)
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < MIN_FOLDER_SIZE:
+        why = (
+            f" (twice task.shift={shift}, the augmentation's largest shift)"
+            if least > MIN_FOLDER_SIZE
+            else ""
+        )
+        raise ValueError(f"task.image_size must be an integer >= {least}{why}, got {image_size!r}")
+    return image_size
+
+
+def _check_shift(shift: int, image_size: int) -> None:
+    if shift > image_size // 2:  # a shift past the image leaves only the background
+        raise ValueError(
+            f"shift={shift} must be at most half the image side ({image_size} // 2 = "
+            f"{image_size // 2} pixels): a larger shift blanks many training images"
+        )
+
+
+def _in_words(n: int) -> str:
+    return f"{n / 1e9:.1f} billion" if n >= 10**9 else f"{n / 1e6:.1f} million" if n >= 10**6 else f"{n:,}"
+
+
+def check_patches(model, max_patches: int) -> None:
+    """A ViT (or a captioner's ViT encoder) attends over (image_size / patch_size)² patch tokens per image, every
+    pair of them in every layer: above ``max_patches`` a ValueError with the count and the settings that lower it
+    (a step of 62,500 tokens ran for minutes, unannounced). Reads ``model.config`` only; other models pass."""
+    c = getattr(model, "config", None)
+    patch, size = getattr(c, "patch_size", None), getattr(c, "image_size", None)
+    if not isinstance(patch, int) or not isinstance(size, int) or getattr(c, "encoder", "vit") != "vit":
+        return
+    n = (size // patch) ** 2
+    if n <= max_patches:
+        return
+    side = math.isqrt(max_patches) * patch  # the largest image_size that keeps the patch size
+    bigger = next(p for p in range(patch + 1, size + 1) if size % p == 0 and (size // p) ** 2 <= max_patches)
+    raise ValueError(
+        f"task.image_size={size} in patches of model.patch_size={patch} is a {size // patch}x{size // patch} "
+        f"grid: {n:,} patch tokens per image, more than task.max_patches={max_patches:,}; attention compares "
+        f"every pair of them ({_in_words(n * n)} per image in each layer), its time and memory growing with that "
+        f"square (62,500 tokens took minutes per step). "
+        f"Lower task.image_size (at most {side} at this patch size), raise model.patch_size (e.g. {bigger}), "
+        f"or raise task.max_patches if this machine can take it"
+    )
+
+
 class ImageClassificationTask(Task):
     """Classify whole images; see the module docstring. Trains the families that map images to classes."""
 
@@ -128,6 +186,7 @@ class ImageClassificationTask(Task):
         flip: bool | None = None,
         image_size: int | None = None,
         data_dir: str | None = None,
+        max_patches: int = MAX_PATCHES,
     ):
         check_choice("source", source, Source)
         self.source, self.seed = source, check_int("seed", seed, 0)
@@ -135,6 +194,7 @@ class ImageClassificationTask(Task):
         self.augment, self.shift = check_bool("augment", augment), check_int("shift", shift, 0)
         # digits are not mirror-symmetric
         self.flip = source == "fashion_mnist" if flip is None else check_bool("flip", flip)
+        self.max_patches = check_int("max_patches", max_patches, 1)
         if source == "folder" and data_dir is None:
             raise ValueError("source='folder' needs data_dir=PATH, a folder with one sub-folder per class")
         if source == "digits" and data_dir is not None:  # it would be ignored: the digits are generated
@@ -142,14 +202,12 @@ class ImageClassificationTask(Task):
                 "data_dir belongs to source='folder' (or 'fashion_mnist'); the digits are built in"
             )
         given_size, image_size = image_size, 32 if image_size is None else image_size
+        if source == "folder":  # both checked before any image is read
+            _check_shift(self.shift, _check_folder_size(image_size, self.shift))
         self.data_dir = data_dir or (FASHION_MNIST_DIR if source == "fashion_mnist" else None)
         train, test = self._load(source, image_size)
         self.image_size = train[0].shape[-1] if source != "folder" else image_size
-        if self.shift > self.image_size // 2:  # a shift past the image leaves only the background
-            raise ValueError(
-                f"shift={shift} must be at most half the image side ({self.image_size} // 2 = "
-                f"{self.image_size // 2} pixels): a larger shift blanks many training images"
-            )
+        _check_shift(self.shift, self.image_size)
         if given_size not in (None, self.image_size):  # it would be ignored: these images have their own size
             raise ValueError(
                 f"image_size sizes source='folder' images; source={source!r} has {self.image_size}x"
@@ -184,7 +242,7 @@ class ImageClassificationTask(Task):
         if source == "digits":
             images, labels = _load_digits()
         else:
-            images, labels, self.classes = _load_folder(self.data_dir, check_int("image_size", image_size, 4))
+            images, labels, self.classes = _load_folder(self.data_dir, image_size)
         # a fixed 20% test split, the same for every seed, each class in its share; one image of every class
         # at the end, in training (the validation images come from the front of the rest)
         order = stratified_order(labels, 12345).flip(0)
@@ -194,6 +252,10 @@ class ImageClassificationTask(Task):
                 f"{self.data_dir} holds {len(labels)} images: its 20% test split needs at least 5; add images"
             )
         return (images[order[cut:]], labels[order[cut:]]), (images[order[:cut]], labels[order[:cut]])
+
+    def check_model(self, model) -> None:
+        """Before step 1: the ViT's patch tokens per image against ``max_patches`` (:func:`check_patches`)."""
+        check_patches(model, self.max_patches)
 
     def _warn_missing_classes(self) -> None:
         """Say which classes have too few images to appear in the validation or test split."""
