@@ -300,6 +300,8 @@ def test_eval_of_a_text_lm_refuses_what_it_cannot_measure(text_file, tmp_path, c
     err = capsys.readouterr().err
     assert "--beam and --limit set the decoding of translation and captioning runs" in err
     assert "'text' run, scored by its loss (--batches) only" in err
+    assert main(["eval", "--checkpoint", run, "--beam", "0", "--hypotheses", str(tmp_path / "h.txt")]) == 2
+    assert "--hypotheses writes the decoded sentences, and --beam 0 decodes none" in capsys.readouterr().err
     assert main(["eval", "--checkpoint", run, "--batches", "2"]) == 0
     assert set(json.loads(capsys.readouterr().out)) == {"val_loss"}
 

@@ -232,6 +232,8 @@ def _check_eval_options(args: argparse.Namespace, task: str | None, where: Path)
             f"a text run has one held-out part, val (the last task.val_fraction of the text), no test split; "
             f"{where} holds a {task!r} run: use --split val"
         )
+    if args.hypotheses is not None and args.beam == 0:
+        raise ValueError("--hypotheses writes the decoded sentences, and --beam 0 decodes none: drop one")
     given = [o for o, v in (("--beam", args.beam), ("--limit", args.limit)) if v is not None]
     if task not in _DECODING_TASKS and given:
         raise ValueError(

@@ -83,9 +83,8 @@ class Trainer:
         self.elapsed = 0.0  # seconds of training, summed over resumed segments
         self.carry: Any = None  # recurrent state carried between batches (stateful tasks only)
         self.history: list[dict[str, Any]] = []  # every metrics record of this process
-        self.window = (
-            loop.Window()
-        )  # loss since the last train record (saved), tokens and time (this process)
+        # the loss since the last train record (saved), tokens and time (this process)
+        self.window = loop.Window()
         self.last: dict[str, Any] = {"train_loss": None}  # the newest train loss and eval metrics
         self.grad_norm: float | None = None  # the last step's gradient norm before clipping
         self.tb = None  # the TensorBoard writer, with train.loggers: [tensorboard]
