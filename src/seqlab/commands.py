@@ -325,12 +325,21 @@ def add_viz_alignment(vsub) -> None:
 
 
 def _cmd_params(args: argparse.Namespace) -> int:
+    from seqlab.models import PRESETS
     from seqlab.models.flops import report
     from seqlab.run import parse_overrides
 
     parsed = parse_overrides(args.overrides)
     if set(parsed) - {"model"}:
         raise ValueError("seqlab params takes --model.FIELD=VALUE overrides only")
+    if "name" in parsed.get("model", {}):
+        raise ValueError(
+            f"the preset is the command's argument (seqlab params {args.name}); give another preset there, "
+            "not --model.name"
+        )
+    family = PRESETS[args.name][0] if args.name in PRESETS else None
+    if family in ("captioner", "video") and args.context is not None:
+        raise ValueError(f"--context: a {family!r} model's FLOPs are not given per token (see without it)")
     r = report(args.name, context=args.context, **parsed.get("model", {}))
     print(f"{r.name}: {r.total:,} parameters")
     for comp, n in r.by_component.items():
@@ -339,13 +348,17 @@ def _cmd_params(args: argparse.Namespace) -> int:
             if args.shapes:
                 for pname, shape in r.shapes[comp]:
                     print(f"      {pname:<48} {tuple(shape)}")
-    from seqlab.models import PRESETS
-
-    family = PRESETS[args.name][0]
     if family in ("captioner", "video"):  # an image encoder runs once per image or frame, a decoder per word
         print(
             f"forward FLOPs per token: not given for the {family!r} family, whose convolutional or patch "
             f"encoder costs per image or frame, not per token ({r.matmul_params:,} matmul weights in all)"
+        )
+        return 0
+    if not r.attention_flops:  # no multi-head attention scores a context: the same at any length
+        source = "the attention over the source, about 4 x d_model per source token, not counted"
+        print(
+            f"forward FLOPs per token: {r.flops_per_token:,} = 2 x {r.matmul_params:,} (matmul weights; "
+            f"{source if family == 'seq2seq' else 'the same at any context length'})"
         )
         return 0
     print(

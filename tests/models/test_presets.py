@@ -88,6 +88,37 @@ def test_params_command(capsys):
     assert main(["params", "test-gpt", "--train.steps=3"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["test-gpt", "--model.name=gpt2"], "the preset is the command's argument (seqlab params test-gpt)"),
+        (["test-gpt", "--model.max_seq_len=16", "--context", "1000"], "longer than the model's 16 learned"),
+        (["test-video", "--context", "3"], "--context: a 'video' model's FLOPs are not given per token"),
+        (["vit-base-16", "--context", "100"], "a ViT reads 197 tokens per image"),
+    ],
+)
+def test_params_refuses_what_it_cannot_count(argv, message, capsys):
+    """A traceback (--model.name), FLOPs at a context the model cannot read, or --context ignored."""
+    from seqlab.cli import main
+
+    assert main(["params", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_params_names_the_components_and_the_context_it_counts(capsys):
+    """Mamba's mixers were 97.6% 'other'; a model without multi-head attention reported 'context 0'."""
+    from seqlab.cli import main
+
+    assert main(["params", "mamba-tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "other" not in out and "ssm" in out and "the same at any context length" in out
+    assert main(["params", "test-seq2seq"]) == 0
+    out = capsys.readouterr().out
+    assert "context 0" not in out and "attention over the source" in out
+    assert main(["params", "vit-base-16"]) == 0
+    assert "at context 197" in capsys.readouterr().out
+
+
 def test_a_model_larger_than_memory_is_refused_before_allocation(monkeypatch):
     import seqlab.models as models
 

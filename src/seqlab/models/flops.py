@@ -2,7 +2,7 @@ r"""Parameter and FLOP accounting for the Transformer families, on the meta devi
 
 Parameters are grouped by component: ``embeddings`` (token, position, segment tables), ``attention`` (the
 projections of every :class:`MultiheadAttention`), ``mlp`` (channel mixers), ``norms`` (LayerNorm/RMSNorm),
-``recurrent`` (RNN, LSTM, GRU layers), ``conv`` (convolutional encoders; a ViT's patch embedding counts as
+``recurrent`` (RNN, LSTM, GRU, minGRU layers), ``ssm`` (S4D and Mamba mixers), ``conv`` (convolutional encoders; a ViT's patch embedding counts as
 an embedding), ``head`` (output projection, MLM head, pooler) and ``other``. A tied head is counted once, under
 ``embeddings``.
 
@@ -33,14 +33,18 @@ import torch
 from torch import nn
 
 from seqlab.layers.attention import MultiheadAttention
+from seqlab.layers.linear_attention import LinearAttention
+from seqlab.layers.mamba import Mamba
+from seqlab.layers.mingru import MinGRU
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import LayerNorm, RMSNorm
 from seqlab.layers.recurrent_base import RNNBase
 from seqlab.layers.rnn_attention import AdditiveAttention, LuongAttention
+from seqlab.layers.s4d import S4D
 
 __all__ = ["COMPONENTS", "ModelReport", "forward_flops_per_token", "matmul_params", "report"]
 
-COMPONENTS = ("embeddings", "attention", "recurrent", "conv", "mlp", "norms", "head", "other")
+COMPONENTS = ("embeddings", "attention", "recurrent", "ssm", "conv", "mlp", "norms", "head", "other")
 
 
 @dataclass
@@ -61,10 +65,12 @@ class ModelReport:
 def _component(module: nn.Module, name: str) -> str:
     if isinstance(module, LayerNorm | RMSNorm | nn.LayerNorm):
         return "norms"
-    if isinstance(module, MultiheadAttention | AdditiveAttention | LuongAttention):
+    if isinstance(module, MultiheadAttention | AdditiveAttention | LuongAttention | LinearAttention):
         return "attention"
-    if isinstance(module, RNNBase):
+    if isinstance(module, RNNBase | MinGRU):
         return "recurrent"
+    if isinstance(module, Mamba | S4D):
+        return "ssm"
     if isinstance(module, nn.Conv2d | nn.BatchNorm2d) and "patch_embed" not in name:
         return "conv"
     if isinstance(module, MLP | SwiGLU):
@@ -122,6 +128,25 @@ def forward_flops_per_token(model: nn.Module, context: int) -> tuple[int, int]:
     return 2 * matmul_params(model) + attn, attn
 
 
+_CONTEXTS = ("max_seq_len", "n_tokens", "max_src_len")
+
+
+def _check_context(cfg, context: int) -> None:
+    """A context the model can read: within a learned position table; a ViT's own token count."""
+    tokens = getattr(cfg, "n_tokens", None)
+    if isinstance(tokens, int) and context != tokens:
+        raise ValueError(
+            f"a ViT reads {tokens} tokens per image (its patches and class token), so its context is {tokens}, "
+            f"not {context}: change model.image_size or model.patch_size instead"
+        )
+    table = getattr(cfg, "max_seq_len", None)
+    if getattr(cfg, "position", None) == "learned" and isinstance(table, int) and context > table:
+        raise ValueError(
+            f"context {context} is longer than the model's {cfg.max_seq_len} learned positions "
+            "(model.max_seq_len): it cannot read more"
+        )
+
+
 def report(name_or_model, context: int | None = None, **overrides) -> ModelReport:
     """Counts, shapes by component and forward FLOPs per token of a preset (built on meta) or a model."""
     if isinstance(name_or_model, nn.Module):
@@ -132,8 +157,9 @@ def report(name_or_model, context: int | None = None, **overrides) -> ModelRepor
         name = name_or_model
         model = create(name, device=torch.device("meta"), **overrides)
     cfg = getattr(model, "config", None)
-    if context is None:
-        context = int(getattr(cfg, "max_seq_len", 0) or getattr(cfg, "n_tokens", 0) or 0)
+    if context is None:  # the longest the model reads: its positions, a ViT's tokens, a translator's source
+        context = next((int(v) for k in _CONTEXTS if (v := getattr(cfg, k, None))), 0)
+    _check_context(cfg, context)
     by = dict.fromkeys(COMPONENTS, 0)
     shapes: dict[str, list[tuple[str, tuple[int, ...]]]] = {c: [] for c in COMPONENTS}
     for comp, pname, shape in _classify(model).values():

@@ -45,9 +45,11 @@ from torch import Tensor
 from seqlab.training.manifest import (
     MANIFEST,
     CorruptCheckpointError,
+    damaged,
     digest_dir,
     fsync_dir,
     holds_run,
+    no_checkpoint,
     read_manifest,
     umask,
     verify,
@@ -218,7 +220,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
             return target
         raise FileNotFoundError(f"{path / 'latest'} points at {target}, which is not a complete checkpoint")
     if not path.exists():
-        raise FileNotFoundError(f"no such checkpoint or run directory: {path}")
+        raise no_checkpoint(path)
     raise FileNotFoundError(
         f"{path} is neither a run directory (with a 'latest' file) nor a checkpoint "
         f"directory (with model.safetensors and config.json)"
@@ -295,8 +297,8 @@ def _read_config(file: Path) -> dict[str, Any]:
     """config.json as a dict with the 'family' and 'model' that rebuild the model; a clear error otherwise."""
     try:
         cfg = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file} is not valid JSON ({e}); the checkpoint is damaged") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, FileNotFoundError) as e:
+        raise damaged(file, f"is not valid JSON ({e})") from e
     if (
         not isinstance(cfg, dict)
         or not isinstance(cfg.get("family"), str)
@@ -313,7 +315,7 @@ def _load_tensors(file: Path, device: str | None = None) -> dict[str, Tensor]:
     try:
         return load_file(str(file), device=device or "cpu")
     except (OSError, SafetensorError) as e:
-        raise ValueError(f"{file} cannot be read as safetensors ({e}); the checkpoint is damaged") from e
+        raise damaged(file, f"cannot be read as safetensors ({e})") from e
 
 
 def load_model(ckpt: str | Path, device=None) -> torch.nn.Module:
@@ -347,8 +349,7 @@ def load_weights(model: torch.nn.Module, file: Path) -> None:
         raise ValueError(f"{misfit}: {_counted(really_missing)} missing, {_counted(unexpected)} unexpected")
 
 
-def _counted(names: list[str]) -> str:
-    """A count and the first five names, not a page of them."""
+def _counted(names: list[str]) -> str:  # a count and the first five names, not a page of them
     return f"{len(names)}" + (f" ({', '.join(names[:5])}{', ...' * (len(names) > 5)})" if names else "")
 
 

@@ -150,6 +150,34 @@ def write_manifest(ckpt_root: Path, entries: dict[str, dict[str, Any]]) -> None:
     write_text_atomic(Path(ckpt_root) / MANIFEST, text + "\n")
 
 
+def damaged(file: Path, said: str) -> ValueError:
+    """The error for a checkpoint file that cannot be read (``said``: how): damaged, or gone with its folder
+    (:func:`check_still_there`)."""
+    try:
+        check_still_there(file.parent)
+    except CorruptCheckpointError as gone:
+        return gone
+    return ValueError(f"{file} {said}; the checkpoint is damaged")
+
+
+def no_checkpoint(path: Path) -> FileNotFoundError:
+    """The error for a checkpoint or run path that is not there; a checkpoint's may have been pruned by its run."""
+    pruned = path.parent.name == "checkpoints"
+    hint = " (a run still training keeps its newest only: give the run's folder)" if pruned else ""
+    return FileNotFoundError(f"no such checkpoint or run directory: {path}{hint}")
+
+
+def check_still_there(ckpt_dir: Path) -> None:
+    """A CorruptCheckpointError that says so when ``ckpt_dir`` is gone: a run still training removed it (it keeps
+    its newest checkpoints only) between the moment a command found it and the moment it read it."""
+    if not Path(ckpt_dir).is_dir():
+        raise CorruptCheckpointError(
+            f"{ckpt_dir} was removed while it was being read: its run is still training and keeps only its "
+            "newest checkpoints (train.keep_checkpoints); run the command again to read the newest one, or "
+            "copy a checkpoint folder out of the run to read it at leisure"
+        )
+
+
 def verify(ckpt_dir: Path, names: tuple[str, ...] | None = None) -> bool:
     """Check the files ``names`` (default: every file recorded) of a checkpoint against its run's manifest.
 
@@ -159,6 +187,7 @@ def verify(ckpt_dir: Path, names: tuple[str, ...] | None = None) -> bool:
     ckpt_dir = Path(ckpt_dir)
     entry = read_manifest(ckpt_dir.parent).get(ckpt_dir.name)
     if entry is None:
+        check_still_there(ckpt_dir)  # pruned by its training run since it was found
         _say_unverified(ckpt_dir)
         return False
     for name in names if names is not None else tuple(entry["files"]):
@@ -166,6 +195,7 @@ def verify(ckpt_dir: Path, names: tuple[str, ...] | None = None) -> bool:
         if name not in entry["files"]:
             continue  # optional files (tokenizer.json, trainer state) the checkpoint was written without
         if not file.is_file():
+            check_still_there(ckpt_dir)
             raise CorruptCheckpointError(f"{file} is missing; {ckpt_dir.parent / MANIFEST} records it")
         if file_digest(file) != entry["files"][name]:
             raise CorruptCheckpointError(
