@@ -266,3 +266,21 @@ def test_an_error_is_printed_below_an_open_progress_bar(capsys):
     say("error: boom")
     err = capsys.readouterr().err
     assert "\nerror: boom\n" in err and "3/10" in err.split("\nerror: boom")[0]
+
+
+def test_a_reader_that_stops_reading_is_not_an_error():
+    """`seqlab list | head -1`: the rest of the output has nowhere to go. It printed
+    'error: [Errno 32] Broken pipe' and exited 2; now it stops quietly, as a command killed by SIGPIPE would."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "seqlab.cli", "list"], stdout=write, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")

@@ -104,11 +104,14 @@ def test_resume_continues_to_more_steps(run, tmp_path, capsys):
         (["translate", "--text", ""], "give a sentence to translate"),
         (["translate", "--text", "the cat " * 40], "this model accepts at most max_src_len=64"),
         (["translate", "--file", "/nonexistent/file.txt"], "No such file"),
+        (["viz", "alignment", "--text", " "], "--text is empty: give the sentence whose alignment to draw"),
+        (["eval", "--hypotheses", "/sys/h.txt"], "--hypotheses /sys/h.txt: the folder /sys is not writable"),
     ],
 )
 def test_translation_command_mistakes(run, capsys, argv, message):
     out, _ = run
-    assert main([argv[0], "--checkpoint", str(out), *argv[1:]]) == 2
+    head = argv[:2] if argv[0] == "viz" else argv[:1]
+    assert main([*head, "--checkpoint", str(out), *argv[len(head) :]]) == 2
     assert message in capsys.readouterr().err
 
 

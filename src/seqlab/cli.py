@@ -1,6 +1,6 @@
 """The ``seqlab`` command line: train, generate, translate, eval, compare, viz, params, list. The only module
 that parses argv (the parsers and runners of translate, eval, params and viz alignment are in
-:mod:`seqlab.commands`).
+:mod:`seqlab.commands`, generate's and list's in their own ``commands_*`` modules).
 
 Each subcommand is a ``_cmd_*`` function registered on its parser with ``set_defaults(func=...)``. Errors:
 a user's mistake (a ValueError from validation, a missing file or optional package, a diverging loss) is one
@@ -12,86 +12,41 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 
+from seqlab.cli_values import int_in
 from seqlab.commands import (
     add_eval,
-    add_params,
     add_translate,
     add_viz_alignment,
-    announce,
     compare_minutes_command,
 )
+from seqlab.commands_attention import add_viz_attention
 from seqlab.commands_doctor import add_doctor
 from seqlab.commands_export import add_export
+from seqlab.commands_generate import add_generate
+from seqlab.commands_list import add_list
+from seqlab.commands_params import add_params
 from seqlab.commands_series import add_forecast
 from seqlab.commands_speech import add_transcribe, add_viz_speech, compare_speech_command
 from seqlab.commands_train import add_train
 from seqlab.commands_video import add_viz_video, compare_video_command
-from seqlab.commands_vision import add_caption, add_classify, add_viz_attention, add_viz_caption
+from seqlab.commands_vision import add_caption, add_classify, add_viz_caption
 from seqlab.console import escape_unencodable, escapes_note, out_of_memory, say
 from seqlab.outfiles import add_out_file
 from seqlab.run import (
-    config_fields,
-    int_at_least,
     names,
-    non_negative_float,
     non_negative_int,
     one_of,
     positive_float,
     positive_int,
-    probability,
     seed,
     split_overrides,
 )
 
 # ---- the commands -----------------------------------------------------------------------------------------
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    import torch
-
-    from seqlab.training.checkpoint import load_model, load_tokenizer, resolve_checkpoint
-
-    where = resolve_checkpoint(args.checkpoint)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: this machine has no CUDA device; use --device cpu or auto")
-    device = torch.device(
-        args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    )
-    model = load_model(where, device=device)
-    announce(where)
-    tok = load_tokenizer(where, "it was not trained on text, nothing to sample", model)
-    if getattr(model, "family", "") != "lm":
-        hint = "; translate with `seqlab translate`" if model.family in ("seq2seq", "transformer") else ""
-        raise ValueError(f"the model in {where} is a {model.family!r} model, not a language model{hint}")
-    try:
-        prompt = tok.encode(args.prompt)
-    except ValueError as e:
-        newline = args.prompt == "\n"
-        given = " (the default prompt, a newline: this text has none; give --prompt)" if newline else ""
-        raise ValueError(f"the prompt cannot be encoded{given}: {e}") from None
-    if prompt.numel() == 0:
-        raise ValueError("the prompt is empty; give at least one character, e.g. --prompt 'ROMEO:'")
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
-    print(tok.decode(model.generate(prompt.to(device), args.max_new_tokens, **sampling, generator=gen)))
-    return 0
-
-
-def _cmd_list(args: argparse.Namespace) -> int:
-    from seqlab.layers.mixer import mixer_table
-    from seqlab.models import PRESETS, count_parameters, list_models
-    from seqlab.tasks import list_tasks
-
-    if not args.mixers:
-        print(f"{'model':<26} {'family':<12} {'parameters':>16}   (vocab_size 256 unless the task sets it)")
-        for name in list_models(args.pattern):
-            print(f"{name:<26} {PRESETS[name][0]:<12} {count_parameters(name):>16,}")
-        print("\ntasks: " + ", ".join(list_tasks()) + "\n")
-    print("\n".join(mixer_table(config_fields)))
-    return 0
 
 
 def _cmd_viz_gradients(args: argparse.Namespace) -> int:
@@ -156,30 +111,6 @@ def _cmd_viz_positions(args: argparse.Namespace) -> int:
 # ---- the parser -------------------------------------------------------------------------------------------
 
 
-def _add_generate(sub) -> None:
-    g = sub.add_parser("generate", help="sample text from a trained language model")
-    g.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
-    g.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    g.add_argument(
-        "--max-new-tokens", type=non_negative_int, default=500, help="tokens to sample (default 500)"
-    )
-    g.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy")
-    g.add_argument(
-        "--top-k", type=positive_int, default=None, help="sample only among the k most likely tokens"
-    )
-    g.add_argument(
-        "--top-p",
-        type=probability,
-        default=None,
-        help="nucleus sampling: only among the most likely tokens whose probabilities sum to p",
-    )
-    g.add_argument("--seed", type=seed, default=0, help="seed of the sampler (the same seed, the same text)")
-    g.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when available"
-    )
-    g.set_defaults(func=_cmd_generate)
-
-
 def _compare_epilog() -> str:
     """The suites, their tasks and the mixers, from the registries (``seqlab list`` reads the same ones)."""
     import textwrap
@@ -220,7 +151,8 @@ def _add_compare(sub) -> None:
         "--minutes",
         type=positive_float,
         default=None,
-        help="translation and captioning: minutes of training each (default 12)",
+        help="translation and captioning: minutes of training each, at most 1440 (default 12); every model "
+        "trains at least 50 steps (the log says when that is more than the minutes)",
     )
     c.add_argument("--out", default="runs/compare", help="report directory; finished runs in it are reused")
     c.add_argument(
@@ -229,7 +161,10 @@ def _add_compare(sub) -> None:
     c.add_argument("--tasks", type=names, help="comma-separated subset of the suite's tasks (listed below)")
     c.add_argument("--seed", type=seed, default=0, help="seed of the models and the data (default 0)")
     c.add_argument(
-        "--threads", type=positive_int, default=None, help="torch threads (default: PyTorch's choice)"
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch threads (default: PyTorch's choice); translation and captioning: each run's (default 1)",
     )
     c.add_argument(
         "--jobs",
@@ -250,6 +185,7 @@ def _add_compare(sub) -> None:
 
 def _add_viz(sub) -> None:
     from seqlab.viz import GRADIENT_CELLS as CELLS
+    from seqlab.viz.gradients import MAX_GRADIENT_CELLS, MAX_GRADIENT_D_MODEL, MAX_GRADIENT_LENGTH
 
     viz = sub.add_parser("viz", help="pictures: gradient flow, positional encodings, attention maps")
     vsub = viz.add_subparsers(dest="viz_command", required=True)
@@ -258,13 +194,22 @@ def _add_viz(sub) -> None:
     )
     add_out_file(vg, "runs/viz/gradient-flow.png", "PNG file to write")
     vg.add_argument(
-        "--length", type=int_at_least(2), default=100, help="sequence length T of the adding problem"
+        "--length",
+        type=int_in(2, MAX_GRADIENT_LENGTH),
+        default=100,
+        help=f"sequence length T of the adding problem (2 ... {MAX_GRADIENT_LENGTH:,}; length x d-model at most "
+        f"{MAX_GRADIENT_CELLS:,}, about 2.5 GB: every step is kept for its gradient)",
     )
     vg.add_argument("--train-steps", type=non_negative_int, default=0, help="also plot after this many steps")
     vg.add_argument(
         "--cells", type=one_of(CELLS), default=list(CELLS), help=f"comma-separated: {','.join(CELLS)}"
     )
-    vg.add_argument("--d-model", type=positive_int, default=64, help="hidden size of each cell (default 64)")
+    vg.add_argument(
+        "--d-model",
+        type=int_in(1, MAX_GRADIENT_D_MODEL),
+        default=64,
+        help=f"hidden size of each cell (default 64, at most {MAX_GRADIENT_D_MODEL:,})",
+    )
     vg.add_argument("--seed", type=seed, default=0, help="seed of the weights and the data")
     vg.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     vg.set_defaults(func=_cmd_viz_gradients)
@@ -290,13 +235,6 @@ def _add_viz(sub) -> None:
     add_viz_speech(vsub)
 
 
-def _add_list(sub) -> None:
-    ls = sub.add_parser("list", help="list model presets, tasks and token mixers")
-    ls.add_argument("pattern", nargs="?", help="shell-style filter of the presets, e.g. 'lstm*'")
-    ls.add_argument("--mixers", action="store_true", help="only the token mixers, with their config fields")
-    ls.set_defaults(func=_cmd_list)
-
-
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="seqlab", description="Sequence models from RNNs to Transformers and SSMs."
@@ -310,8 +248,8 @@ def make_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--version", action="version", version=f"seqlab {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (add_train, _add_generate, add_translate, add_caption, add_classify, add_forecast, add_transcribe,
-                add_eval, _add_compare, _add_viz, add_params, add_export, _add_list, add_doctor):  # fmt: skip
+    for add in (add_train, add_generate, add_translate, add_caption, add_classify, add_forecast, add_transcribe,
+                add_eval, _add_compare, _add_viz, add_params, add_export, add_list, add_doctor):  # fmt: skip
         add(sub)
     return p
 
@@ -321,6 +259,23 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from seqlab.tasks.base import MissingDependencyError
 
     return (ValueError, OSError, MissingDependencyError, FloatingPointError)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output's reader has gone; if so, it is pointed at /dev/null so that the interpreter's
+    last flush on the way out does not fail again."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if not any(ev & select.POLLERR for _, ev in poll.poll(0)):  # a pipe without a reader: POLLERR
+            return False
+    except (AttributeError, OSError, ValueError):  # no file behind it (captured), or no poll here
+        return False
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return True
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -334,11 +289,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             args.out = fresh_file(args.out, args.out_file_default)
         return args.func(args)
-    except KeyboardInterrupt:  # outside the training loop (which saves and returns 130 itself)
+    except KeyboardInterrupt as e:  # outside the training loop (which saves and returns 130 itself)
         if args.debug:
             raise
-        say("stopped by Ctrl-C")
-        return 130
+        say(f"stopped by {getattr(e, 'signal_name', 'Ctrl-C')}")  # a compare's stop names its signal
+        return getattr(e, "exit_status", 130)
+    except BrokenPipeError as e:  # `seqlab list | head`: the reader stopped reading, not an error
+        if args.debug or not _stdout_closed():
+            say(f"error: {e}")
+            return 2
+        return 128 + 13  # as a shell reports a command stopped by SIGPIPE
     except user_errors() as e:
         if args.debug:
             raise

@@ -1,4 +1,4 @@
-"""Subcommands that :mod:`seqlab.cli` registers: ``seqlab translate``, ``eval``, ``params``, ``viz alignment`` and
+"""Subcommands that :mod:`seqlab.cli` registers: ``seqlab translate``, ``eval``, ``viz alignment`` and
 the translation and captioning suites of ``seqlab compare`` (the suites timed in minutes).
 
 Part of :mod:`seqlab.cli` (which builds the parser and dispatches): each ``add_*`` adds one subcommand,
@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 from seqlab.console import said_if_slow, say
-from seqlab.outfiles import add_out_file, nearest_existing
+from seqlab.outfiles import add_out_file, check_writable
 from seqlab.run import int_at_least, positive_int
 
 __all__ = [
     "add_eval",
-    "add_params",
     "add_translate",
     "add_viz_alignment",
     "announce",
@@ -162,6 +160,8 @@ def _cmd_viz_alignment(args: argparse.Namespace) -> int:
     from seqlab.tasks.translation import translate
     from seqlab.viz.attention import plot_alignment
 
+    if not args.text.strip():
+        raise ValueError("--text is empty: give the sentence whose alignment to draw")
     model, tok, where = _translator(args.checkpoint)
     if getattr(model.config, "attention", "") == "none":
         raise ValueError(
@@ -249,10 +249,7 @@ def _check_hypotheses_file(name: str | None) -> None:
     path = Path(name)
     if path.exists():
         raise ValueError(f"--hypotheses {name} exists; seqlab does not overwrite files")
-    if not (parent := nearest_existing(path.parent)).is_dir():
-        raise ValueError(f"--hypotheses {name}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"--hypotheses {name}: the folder {parent} is not writable")
+    check_writable(path, "--hypotheses")  # its folder exists or can be made, and takes a file
 
 
 def _add_decoding(p: argparse.ArgumentParser) -> None:
@@ -324,64 +321,17 @@ def add_viz_alignment(vsub) -> None:
     va.set_defaults(func=_cmd_viz_alignment)
 
 
-def _cmd_params(args: argparse.Namespace) -> int:
-    from seqlab.models import PRESETS
-    from seqlab.models.flops import report
-    from seqlab.run import parse_overrides
-
-    parsed = parse_overrides(args.overrides)
-    if set(parsed) - {"model"}:
-        raise ValueError("seqlab params takes --model.FIELD=VALUE overrides only")
-    if "name" in parsed.get("model", {}):
-        raise ValueError(
-            f"the preset is the command's argument (seqlab params {args.name}); give another preset there, "
-            "not --model.name"
-        )
-    family = PRESETS[args.name][0] if args.name in PRESETS else None
-    if family in ("captioner", "video") and args.context is not None:
-        raise ValueError(f"--context: a {family!r} model's FLOPs are not given per token (see without it)")
-    r = report(args.name, context=args.context, **parsed.get("model", {}))
-    print(f"{r.name}: {r.total:,} parameters")
-    for comp, n in r.by_component.items():
-        if n:
-            print(f"  {comp:<11} {n:>16,}  {100 * n / r.total:5.1f}%")
-            if args.shapes:
-                for pname, shape in r.shapes[comp]:
-                    print(f"      {pname:<48} {tuple(shape)}")
-    if family in ("captioner", "video"):  # an image encoder runs once per image or frame, a decoder per word
-        print(
-            f"forward FLOPs per token: not given for the {family!r} family, whose convolutional or patch "
-            f"encoder costs per image or frame, not per token ({r.matmul_params:,} matmul weights in all)"
-        )
-        return 0
-    if not r.attention_flops:  # no multi-head attention scores a context: the same at any length
-        source = "the attention over the source, about 4 x d_model per source token, not counted"
-        print(
-            f"forward FLOPs per token: {r.flops_per_token:,} = 2 x {r.matmul_params:,} (matmul weights; "
-            f"{source if family == 'seq2seq' else 'the same at any context length'})"
-        )
-        return 0
-    print(
-        f"forward FLOPs per token at context {r.context}: {r.flops_per_token:,} "
-        f"= 2 x {r.matmul_params:,} (matmul weights) + {r.attention_flops:,} (4 n_layers t d_attn)"
-    )
-    return 0
-
-
-def add_params(sub) -> None:
-    pa = sub.add_parser(
-        "params", help="parameter count by component and FLOPs per token of a preset, e.g. seqlab params gpt2"
-    )
-    pa.add_argument("name", help="a preset from `seqlab list`; override fields with --model.FIELD=VALUE")
-    pa.add_argument(
-        "--context", type=positive_int, help="context length for the FLOPs (default: max_seq_len)"
-    )
-    pa.add_argument("--shapes", action="store_true", help="list every parameter's shape")
-    pa.set_defaults(func=_cmd_params, takes_overrides=True)
+MAX_COMPARE_MINUTES = 1440
+"""The longest training per model a translation or captioning compare takes."""
 
 
 def compare_minutes_command(args: argparse.Namespace) -> int:
     """The suites that give each contender the same minutes: translation and captioning."""
+    if args.minutes is not None and args.minutes > MAX_COMPARE_MINUTES:
+        raise ValueError(
+            f"--minutes {args.minutes:g} is each model's training time; at most {MAX_COMPARE_MINUTES:,} (a day "
+            "each: the suite trains several models, two at a time)"
+        )
     if args.mixers or args.tasks:
         raise ValueError(
             f"--mixers and --tasks choose runs of the quick and full suites; the {args.suite} suite has none"
@@ -391,7 +341,7 @@ def compare_minutes_command(args: argparse.Namespace) -> int:
     else:
         from seqlab.lab.captioning import compare_captioning as run_suite
     out = args.out if args.out != "runs/compare" else f"runs/compare-{args.suite}"
-    paths = run_suite(out, minutes=args.minutes or 12.0, jobs=args.jobs or 2, seed=args.seed)
+    paths = run_suite(out, args.minutes or 12.0, args.jobs or 2, args.seed, threads=args.threads)
     print(Path(paths["table"]).read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

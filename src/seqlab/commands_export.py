@@ -29,10 +29,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from seqlab.commands import announce
     from seqlab.interop.hf_export import check_exportable, check_out_dir, save_hf
     from seqlab.models import build
+    from seqlab.outfiles import check_writable
     from seqlab.tasks.tokenizers import tokenizer_from_json
     from seqlab.training.checkpoint import load_config, load_model, load_tokenizer_json, resolve_checkpoint
 
     check_out_dir(args.out)  # refuse before the minutes of loading a large model
+    check_writable(args.out)  # /sys/exp failed after loading, naming a temporary folder the user never gave
     where = resolve_checkpoint(args.checkpoint)
     config = load_config(where)
     # what to_hf would refuse, refused before loading the weights (build reads seqlab 0.1's names too)

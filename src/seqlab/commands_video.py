@@ -57,6 +57,8 @@ def classify_clips(args: argparse.Namespace, model, task: dict) -> int:
     if label == "frames" and args.top > 1:
         raise ValueError("--top applies to an action model; a frames model names one event per frame")
     check_top(args.top, names, args.checkpoint)
+    for f in args.files:
+        _check_npy(f)
     # each (t, c, s, s) uint8
     clips = [read_clip(f, frame_size=c.frame_size, channels=c.in_channels) for f in args.files]
     for f, clip in zip(args.files, clips, strict=True):
@@ -70,6 +72,22 @@ def classify_clips(args: argparse.Namespace, model, task: dict) -> int:
         answer = " ".join(names[i] for i in probs.argmax(-1).tolist()) if label == "frames" else None
         print(f"{f}\t{answer or top_classes(probs, names, args.top)}")
     return 0
+
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def _check_npy(name: str) -> None:
+    """A ``.npy`` clip that is not one (a text file renamed) is refused by name; numpy took it for a pickle and
+    advised ``allow_pickle``, which would run whatever the file holds."""
+    path = Path(name)
+    if path.suffix.lower() == ".npy" and path.is_file():
+        with path.open("rb") as f:
+            if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
+                raise ValueError(
+                    f"{name} is not a .npy array file (it does not start with numpy's header); save a clip "
+                    "with numpy.save, or give a folder of frame images"
+                )
 
 
 def _cmd_viz_video(args: argparse.Namespace) -> int:
@@ -122,7 +140,9 @@ def add_viz_video(vsub) -> None:
     v.add_argument(
         "--checkpoint", required=True, help="run directory or checkpoint directory of a video model"
     )
-    v.add_argument("--split", default="test", help="train, val or test (default: test)")
+    v.add_argument(
+        "--split", choices=("train", "val", "test"), default="test", help="the clip's split (default: test)"
+    )
     v.add_argument("--clip", type=non_negative_int, default=0, help="the clip's index in the split")
     add_out_file(v, "runs/viz/video.png", "PNG file to write")
     v.set_defaults(func=_cmd_viz_video)

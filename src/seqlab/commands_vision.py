@@ -1,6 +1,6 @@
 """Subcommands for image models that :mod:`seqlab.cli` registers: ``seqlab caption``, ``seqlab classify`` (a
-ViT's classes for image files), ``seqlab viz caption`` and ``seqlab viz attention`` (a language model's
-attention over a text, a ViT's over an image).
+ViT's classes for image files), ``seqlab viz caption``, and the images of ``seqlab viz attention`` (a ViT's
+attention over an image: :mod:`seqlab.commands_attention`).
 
 An image comes from a file (``--image``, any format Pillow reads, fitted into the model's image size on white
 with its aspect kept), or for checkpoints trained on built-in data from the data itself: ``--scene SPLIT:N``
@@ -12,16 +12,23 @@ was trained with (saved in its task description).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from seqlab.cli_values import int_in
 from seqlab.commands import beam_width
-from seqlab.outfiles import add_out_file, fresh_file, fresh_folder
-from seqlab.run import indices, non_negative_int, positive_int
+from seqlab.outfiles import add_out_file
+from seqlab.run import positive_int
 
-__all__ = ["add_caption", "add_classify", "add_viz_attention", "add_viz_caption", "vit_attention_command"]
+__all__ = [
+    "MAX_CAPTION_WORDS",
+    "add_caption",
+    "add_classify",
+    "add_viz_caption",
+    "image_from_args",
+    "standardize",
+]
 
 
 def _checkpoint(path: str, families: tuple[str, ...], what: str):
@@ -58,13 +65,16 @@ def _user_image(path: str, task: dict, size: int, channels: int) -> Tensor:
     return load_image(path, size, background, grey=channels == 1)
 
 
-def _image(args: argparse.Namespace, task: dict, size: int, channels: int) -> Tensor:
-    """The uint8 image (c, S, S) a command was asked about; exactly one source may be given."""
-    given = [k for k in ("image", "scene", "test_image") if getattr(args, k, None) is not None]
+IMAGE_SOURCES = {"image": "--image FILE", "scene": "--scene SPLIT:N", "test_image": "--test-image N"}
+
+
+def image_from_args(args: argparse.Namespace, task: dict, size: int, channels: int) -> Tensor:
+    """The uint8 image (c, S, S) a command was asked about; exactly one source may be given, and the message
+    names only the sources the command has (caption: --image, --scene; viz attention: --image, --test-image)."""
+    has = [k for k in IMAGE_SOURCES if hasattr(args, k)]
+    given = [k for k in has if getattr(args, k) is not None]
     if len(given) != 1:
-        raise ValueError(
-            "give exactly one image: --image FILE, --scene SPLIT:N (captioning) or --test-image N"
-        )
+        raise ValueError(f"give exactly one image: {' or '.join(IMAGE_SOURCES[k] for k in has)}")
     if args.image is not None:
         return _user_image(args.image, task, size, channels)
     if getattr(args, "scene", None) is not None:
@@ -72,8 +82,12 @@ def _image(args: argparse.Namespace, task: dict, size: int, channels: int) -> Te
     return _test_image(args.test_image, task)
 
 
+_image = image_from_args
+
+
 MAX_SCENE = 100_000
-ATTENTION_OUT = "runs/viz/attention"  # viz attention's default folder
+MAX_CAPTION_WORDS = 100
+"""caption's longest caption: a scene's caption is about a dozen words (beam 3 decodes 100 words in seconds; 1e8 ran for minutes, silently)."""
 
 
 def _scene(spec: str, task: dict) -> Tensor:
@@ -125,7 +139,7 @@ class _Words:
 def _captioner(args: argparse.Namespace):
     model, task = _checkpoint(args.checkpoint, ("captioner",), "captioning")
     c = model.config
-    image = _image(args, task, c.image_size, c.in_channels)
+    image = image_from_args(args, task, c.image_size, c.in_channels)
     return model, task, image, _Words(task["vocabulary"])
 
 
@@ -156,36 +170,17 @@ def _cmd_viz_caption(args: argparse.Namespace) -> int:
     return 0
 
 
-def vit_attention_command(args: argparse.Namespace, model, task: dict) -> int:
-    """``seqlab viz attention`` for a ViT checkpoint: per-head maps of the last layer and the rollout."""
-    from seqlab.viz.vision import plot_vit_attention
-
-    out = Path(args.out)
-    default = Path(ATTENTION_OUT) / "vit-attention.png"
-    out = out / "vit-attention.png" if out.suffix.lower() != ".png" else out
-    out = Path(fresh_file(str(out), str(default)))
-    c = model.config
-    image = _image(args, task, c.image_size, c.in_channels)
-    x = standardize(image[None], task)  # (1, c, S, S)
-    maps = model.attention_maps(x)  # (L, 1, h, T, T)
-    grid = model.patch_embed.grid(image.shape[-2], image.shape[-1])
-    has_cls = model.cls_token is not None
-    query = "cls" if has_cls else (grid[0] // 2) * grid[1] + grid[1] // 2  # no class token: the central patch
-    path = plot_vit_attention(image, maps, grid, out, has_cls=has_cls, query=query)
-    with torch.no_grad():
-        logits = model(x)
-    k, classes = int(logits.argmax()), task.get("classes")
-    label = classes[k] if classes else k
-    print(f"predicted: {label}\nwrote {path}")
-    return 0
-
-
 def _add_image_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
     p.add_argument("--image", help="an image file (PNG, JPEG, ...), fitted into the model's image size")
     p.add_argument("--scene", help="SPLIT:N, the N-th generated scene of a split (train, val, test, heldout)")
     p.add_argument("--beam", type=beam_width(), default=3, help="beam size (1: greedy)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=24, help="the longest caption, in words")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int_in(1, MAX_CAPTION_WORDS),
+        default=24,
+        help=f"the longest caption, in words (at most {MAX_CAPTION_WORDS}; a transformer decoder: its max_len)",
+    )
 
 
 def add_caption(sub) -> None:
@@ -259,45 +254,3 @@ def add_viz_caption(vsub) -> None:
     _add_image_source(v)
     add_out_file(v, "runs/viz/caption-attention.png", "PNG file to write")
     v.set_defaults(func=_cmd_viz_caption)
-
-
-def _cmd_viz_attention(args: argparse.Namespace) -> int:
-    from seqlab.training.checkpoint import load_config, load_model, load_tokenizer, resolve_checkpoint
-    from seqlab.viz.attention import write_attention_maps
-
-    where = resolve_checkpoint(args.checkpoint)
-    model = load_model(where)
-    if getattr(model, "family", None) == "vit":
-        return vit_attention_command(args, model.eval(), load_config(where)["task"])
-    if args.text is None:
-        raise ValueError("--text is needed for a language model's attention (--image for a ViT checkpoint)")
-    tok = load_tokenizer(where, "attention maps need a model trained on text")
-    out = fresh_folder(args.out, ATTENTION_OUT, ("attention.png", "layer*-head*.png"))
-    paths = write_attention_maps(model, tok, args.text, out, args.layers, args.heads, args.per_head)
-    extra = f" and {len(paths) - 1} per-head maps" if args.per_head else " (--per-head: one file per map too)"
-    print(f"wrote {paths[0]}{extra}")
-    return 0
-
-
-def add_viz_attention(vsub) -> None:
-    va = vsub.add_parser(
-        "attention", help="attention weights of a GPT checkpoint on a text, or a ViT's on an image"
-    )
-    va.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
-    va.add_argument("--text", help="text to run through a language model")
-    va.add_argument("--image", help="ViT: an image file (PNG, JPEG, ...)")
-    va.add_argument("--test-image", type=non_negative_int, help="ViT: the N-th test image of its task")
-    va.add_argument(
-        "--layers", type=indices, default=None, help="comma-separated layer indices (default: all)"
-    )
-    va.add_argument("--heads", type=indices, default=None, help="comma-separated head indices (default: all)")
-    va.add_argument(
-        "--per-head", action="store_true", help="also one PNG per layer and head, beside the overview grid"
-    )
-    va.add_argument(
-        "--out",
-        default=ATTENTION_OUT,
-        help="directory for attention.png (layers x heads) and the per-head files (or a .png, ViT); never "
-        "overwritten: the default folder gets the next free number",
-    )
-    va.set_defaults(func=_cmd_viz_attention)

@@ -60,3 +60,45 @@ def test_a_stop_drops_a_long_step_and_resume_redoes_it_exactly(save_every, tmp_p
     monkeypatch.setattr(AddingTask, "get_batch", original)
     assert main([*args, "--out", str(out), "--resume"]) == 0
     assert _records(out) == _records(fresh)
+
+
+def test_the_same_signal_twice_at_once_is_one_stop(tmp_path, monkeypatch, caplog):
+    """`timeout` sends its SIGTERM to the command and again to its process group: the repeat killed the run
+    before it saved. A repeat within interrupt.REPEAT_S is the same stop; the run saves and says so."""
+    out, original = tmp_path / "run", AddingTask.get_batch
+
+    def get_batch(self, split, index):
+        if split == "train" and index == 2 * ACCUM + 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, split, index)
+
+    monkeypatch.setattr(AddingTask, "get_batch", get_batch)
+    assert main([*ARGS, "--train.save_every=100", "--out", str(out)]) == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM at step 2" in caplog.text
+    assert (out / "latest").read_text().strip().endswith("step-00000002")
+
+
+def test_a_stop_during_an_evaluation_ends_it_and_the_resume_evaluates_first(tmp_path, monkeypatch, caplog):
+    """A long evaluation (train.eval_batches) made a stop wait for all of it. Now it ends at once, unrecorded,
+    the step is saved with its evaluation pending, and the resume records it: the same records as never cut."""
+    args = [*ARGS, "--train.grad_accum=1", "--train.eval_batches=50", "--train.save_every=100"]
+    fresh, out = tmp_path / "fresh", tmp_path / "run"
+    assert main([*args, "--out", str(fresh)]) == 0
+    drawn, original = [], AddingTask.get_batch
+
+    def get_batch(self, split, index):
+        if split == "val" and len(drawn) < 99:  # the evaluation at step 2, its fourth batch
+            drawn.append(index)
+            if len(drawn) == 4:
+                os.kill(os.getpid(), signal.SIGINT)
+        return original(self, split, index)
+
+    monkeypatch.setattr(AddingTask, "get_batch", get_batch)
+    assert main([*args, "--out", str(out)]) == 130
+    assert len(drawn) == 4  # not 50
+    assert "ending this evaluation, then saving a checkpoint" in caplog.text
+    assert (out / "latest").read_text().strip().endswith("step-00000002")
+    monkeypatch.setattr(AddingTask, "get_batch", original)
+    assert main([*args, "--out", str(out), "--resume"]) == 0
+    assert _records(out) == _records(fresh)

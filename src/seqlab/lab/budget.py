@@ -15,6 +15,7 @@ The time a run costs is budgeted here too: :func:`run_cost` in relative units, a
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,8 @@ from seqlab.tasks.base import torch_threads
 if TYPE_CHECKING:
     from seqlab.lab.suite import Entry, Suite
     from seqlab.training import TrainConfig
+
+log = logging.getLogger("seqlab.lab")
 
 
 def layout(mixer: str) -> dict[str, Any]:
@@ -152,3 +155,39 @@ def makespan(seconds: list[float], workers: int) -> float:
     for s in sorted(seconds, reverse=True):
         heapq.heapreplace(loads, loads[0] + s)
     return max(loads)
+
+
+# ---- the timed suites (translation, captioning): each model gets the same minutes ----------------------
+
+MIN_STEPS = 50
+"""The fewest steps a model of the translation and captioning suites trains, whatever ``minutes`` fits."""
+MAX_MINUTES = 24 * 60
+"""The most minutes of training a model of those suites may be given: a day each."""
+
+
+def check_budget(minutes: float, threads: int | None, models: int) -> None:
+    """``--minutes`` and ``--threads`` of a suite that trains ``models`` for ``minutes`` each, refused before
+    any work when out of range."""
+    if not 0 < minutes <= MAX_MINUTES:  # NaN too
+        raise ValueError(
+            f"--minutes is each model's training time: more than 0 and at most {MAX_MINUTES} (a day; the suite "
+            f"trains {models} models), got {minutes:g}"
+        )
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"--threads is each run's torch threads, a positive whole number; got {threads!r}")
+
+
+def floored_steps(label: str, minutes: float, step_s: float) -> int:
+    """The steps that fit in ``minutes`` at ``step_s`` seconds a step, at least :data:`MIN_STEPS` (said)."""
+    fit = int(60 * minutes / step_s)
+    if fit < MIN_STEPS:
+        log.warning(
+            "%s: %g min fits %d steps here (%.2f s a step); it trains the suite's minimum, %d steps (about %.0f s)",
+            label,
+            minutes,
+            fit,
+            step_s,
+            MIN_STEPS,
+            MIN_STEPS * step_s,
+        )
+    return max(MIN_STEPS, fit)

@@ -10,7 +10,8 @@ square") at matched parameter counts and matched training time:
 
 The two CNN models share the encoder; the decoder widths are chosen so that each model has Show, Attend and
 Tell's parameter count (within a few percent). Each trains for the same wall-clock minutes on one thread
-(a calibration times its first steps, then the steps that fit are trained with the full schedule). Each is
+(``threads``: more; a calibration times its first steps, then the steps that fit are trained with the full
+schedule, at least :data:`seqlab.lab.budget.MIN_STEPS`, said in the log when that is more). Each is
 then scored on test scenes of the colour–shape pairs seen in training and on the held-out split, whose
 scenes contain a pair never seen (say, a red triangle): BLEU-4, CIDEr-D and the attributes read back from
 the caption (every object's size, colour and shape and the relation right = "exact").
@@ -28,7 +29,9 @@ from typing import Any
 
 import torch
 
-from seqlab.lab.translation import match_width, slug, timed_train, train_all
+from seqlab.lab.budget import MIN_STEPS, check_budget, floored_steps
+from seqlab.lab.records import write_output
+from seqlab.lab.translation import match_width, slug, threads_said, timed_train, train_all
 
 CNN = {"channels": [16, 32, 64]}
 CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -50,7 +53,7 @@ def _planned(label: str, fields: dict[str, Any], minutes: float, seed: int) -> d
     preset = CONTENDERS[label][0]
     run = {"model": {"name": preset, **fields}, "task": {**TASK, "seed": seed}, "train": {"steps": 30}}
     model, task, _ = build_run(run)
-    steps = max(50, int(60 * minutes / _seconds_per_step(model, task)))
+    steps = floored_steps(label, minutes, _seconds_per_step(model, task))
     run["train"] = timed_train(
         steps,
         seed,
@@ -96,22 +99,32 @@ def plan() -> dict[str, dict[str, Any]]:
 
 
 def compare_captioning(
-    out: str | Path, minutes: float = 12.0, jobs: int = 2, seed: int = 0, beam_size: int = 3
+    out: str | Path,
+    minutes: float = 12.0,
+    jobs: int = 2,
+    seed: int = 0,
+    beam_size: int = 3,
+    threads: int | None = None,
 ) -> dict[str, Path]:
-    """Train the three contenders (``jobs`` at a time, one thread each), score them, write the report."""
+    """Train the three contenders (``jobs`` at a time, ``threads`` torch threads each, default one), score them,
+    write the report."""
 
     from seqlab.run import build_task
 
+    check_budget(minutes, threads, len(CONTENDERS))
     out = Path(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     fields = plan()
     print(
-        f"captioning suite: {len(CONTENDERS)} models x {minutes:g} min, {jobs} at a time -> {out}", flush=True
+        f"captioning suite: {len(CONTENDERS)} models x {minutes:g} min (at least {MIN_STEPS} steps each), "
+        f"{jobs} at a time, {threads or 1} thread(s) each -> {out}",
+        flush=True,
     )
-    trained = train_all({label: fields[label] for label in CONTENDERS}, out, minutes, seed, jobs, _planned)
+    runs = {label: fields[label] for label in CONTENDERS}
+    trained = train_all(runs, out, minutes, seed, jobs, _planned, threads)
     task = build_task({"task": {**TASK, "seed": seed}})
     records = [_score(label, fields[label], trained[label], task, out, beam_size) for label in CONTENDERS]
-    (out / "results.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
+    write_output(out / "results.json", json.dumps(records, indent=1))
     return {
         "results": out / "results.json",
         "table": write_table(out, records, minutes, beam_size),
@@ -135,6 +148,7 @@ def _score(label, fields, trained, task, out: Path, beam_size: int) -> dict[str,
         "params": count_parameters(model),
         "steps": trained["steps"],
         "train_minutes": trained["summary"]["elapsed_s"] / 60,
+        "threads": trained.get("threads", 1),
         "val_nll": trained["summary"].get("val_nll"),
     }
     for split in SPLITS:
@@ -155,7 +169,7 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float, beam_s
     lines = [
         f"# Captioning generated scenes: {minutes:g} min of training each, {cpu_name()}",
         "",
-        f"torch {torch.__version__}, one thread per run (two runs at a time), fp32. "
+        f"torch {torch.__version__}, {threads_said(records)} per run, fp32. "
         f"`seqlab compare --suite captioning --minutes {minutes:g}`. Beam {beam_size}. 'seen': 1,000 test scenes "
         "of colour–shape pairs seen in training; 'held out': 1,000 scenes each holding a pair never seen. "
         "exact = every object's size, colour and shape and the relation read back right; BLEU-4 by sacrebleu, "
@@ -176,9 +190,7 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float, beam_s
     lines += ["", "Held-out examples (reference → output):", ""]
     for r in records:
         lines += [f"- {r['label']}:"] + [f"  - {e['reference']} → {e['output']}" for e in r["examples"]]
-    path = out / "table.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_output(out / "table.md", "\n".join(lines) + "\n")
 
 
 def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:

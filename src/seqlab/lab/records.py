@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import multiprocessing
 import platform
 import shutil
 import statistics
@@ -15,7 +14,11 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+
+from seqlab.lab.workers import check_not_stopped, stop_after_interrupt, stop_pool_on_interrupt
+
+log = logging.getLogger("seqlab.lab")
 
 PUBLIC_FIELDS = ("mixer", "task", "setting", "metric", "value", "params", "train_tokens_per_s", "seconds")
 """The fields of each row of results.json, in order."""
@@ -59,11 +62,7 @@ class Record:
 
 def write_results(out: Path, records: list[Record]) -> Path:
     """``out/results.json``: one row of :data:`PUBLIC_FIELDS` per record."""
-    from seqlab.training.checkpoint import write_text_atomic
-
-    path = Path(out) / "results.json"
-    write_text_atomic(path, json.dumps([r.public() for r in records], indent=1))
-    return path
+    return write_output(Path(out) / "results.json", json.dumps([r.public() for r in records], indent=1))
 
 
 def select(records: list[Record], **match) -> list[Record]:
@@ -175,13 +174,34 @@ class RunCache:
 
         self.used.add(key)
         path = self.dir / f"{key}.json"
-        if path.is_file():
-            kept, n = path.parent / f"{path.name}.prev", 1
-            while kept.exists():
-                n += 1
-                kept = path.parent / f"{path.name}.prev-{n}"
-            shutil.copyfile(path, kept)
+        set_aside(path)
         write_text_atomic(path, json.dumps(data, indent=1))
+
+
+def set_aside(path: Path) -> Path | None:
+    """Copy the file at ``path`` to ``NAME.prev`` (``.prev-2``, ``.prev-3``, ... when that is taken) before it is
+    written again: nothing stored is lost. The copy's path; None when there was no file."""
+    if not path.is_file():
+        return None
+    kept, n = path.with_name(f"{path.name}.prev"), 1
+    while kept.exists():
+        n += 1
+        kept = path.with_name(f"{path.name}.prev-{n}")
+    shutil.copyfile(path, kept)
+    return kept
+
+
+def write_output(path: str | Path, text: str) -> Path:
+    """Write one of a compare's report files (table.md, report.html, results.json): an earlier file there with
+    other contents (an earlier compare's, or one the user edited) is kept as ``NAME.prev`` first
+    (:func:`set_aside`), and the log says so."""
+    from seqlab.training.checkpoint import write_text_atomic
+
+    path = Path(path)
+    if path.is_file() and path.read_text(encoding="utf-8", errors="replace") != text:
+        log.info("kept the earlier %s as %s", path.name, set_aside(path).name)
+    write_text_atomic(path, text)
+    return path
 
 
 def slug(*parts: str) -> str:
@@ -200,9 +220,11 @@ __all__ = [
     "first_value",
     "interleave",
     "select",
+    "set_aside",
     "slug",
     "stop_after_interrupt",
     "stop_pool_on_interrupt",
+    "write_output",
     "write_results",
 ]
 
@@ -232,42 +254,6 @@ def collect_logs(enabled: bool):
     finally:
         root.removeHandler(handler)
         logging.captureWarnings(False)
-
-
-_worker_stopped = False  # in a compare's worker process: a Ctrl-C has stopped one of its runs
-
-
-def check_not_stopped() -> None:
-    """At the start of a run in a compare's worker: a KeyboardInterrupt once a Ctrl-C has stopped a run there.
-    (The pool hands a worker one run beyond those running before the parent can cancel it; it must not train.)"""
-    if _worker_stopped:
-        raise KeyboardInterrupt
-
-
-def stop_after_interrupt() -> NoReturn:
-    """A run's trainer stopped on Ctrl-C: the compare stops too, this run unfinished (the next compare trains it
-    again); in a worker process, no later run starts there."""
-    global _worker_stopped
-    _worker_stopped = multiprocessing.parent_process() is not None
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def stop_pool_on_interrupt(pool):
-    """Ctrl-C while a compare's worker pool trains: the queued runs never start, the running ones (which get
-    the same Ctrl-C from the terminal) save and stop, and a second Ctrl-C ends the workers at once. (The pool's
-    own exit would wait for every queued run to train to its end.)"""
-    try:
-        yield pool
-    except KeyboardInterrupt:
-        workers = list((pool._processes or {}).values())  # read before shutdown forgets them
-        try:
-            pool.shutdown(wait=True, cancel_futures=True)
-        except KeyboardInterrupt:
-            for worker in workers:
-                worker.terminate()
-            raise
-        raise
 
 
 def check_out_folder(out: str | Path) -> Path:

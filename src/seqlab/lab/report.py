@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from seqlab.lab.records import Record, first_value, select, write_results
+from seqlab.lab.records import Record, first_value, select, write_output, write_results
 from seqlab.lab.suite import Entry, Suite
 from seqlab.layers.mixer import mixer_spec
 from seqlab.viz.figures import (
@@ -236,9 +236,7 @@ def write_table(
         "above it, 'unclear' otherwise. State size counts every tensor of the carried state. "
         "Activation memory counts the bytes autograd saves for the backward pass of one forward.",
     ]
-    path = out / "table.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_output(out / "table.md", "\n".join(lines) + "\n")
 
 
 def _x_ticks(ax, values) -> None:

@@ -367,9 +367,9 @@ def write_report_html(
         f"<title>{html.escape(title)}</title><style>{STYLE}{_family_css()}</style></head>"
         "<body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
-    path = folder / "report.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    from seqlab.lab.records import write_output
+
+    return write_output(folder / "report.html", page)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,17 +24,16 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from seqlab.lab.budget import Calibration, build_lab_model, calibrate, layout, makespan, run_cost
-from seqlab.lab.records import (
-    Record,
-    RunCache,
-    check_not_stopped,
-    collect_logs,
-    slug,
-    stop_after_interrupt,
-    stop_pool_on_interrupt,
-)
+from seqlab.lab.records import Record, RunCache, collect_logs, slug
 from seqlab.lab.suite import Entry, Suite
 from seqlab.lab.systems import Systems
+from seqlab.lab.workers import (
+    start_worker,
+    stop_after_interrupt,
+    stop_pool_on_interrupt,
+    training,
+    worker_run,
+)
 from seqlab.layers.mixer import list_mixers, mixer_spec
 from seqlab.training import TrainConfig, Trainer
 from seqlab.training.allocator import keep_freed_memory
@@ -68,19 +67,19 @@ def train_run(
     """
     from seqlab.tasks import create_task
 
-    check_not_stopped()
     if threads:
         torch.set_num_threads(threads)
     logging.getLogger("seqlab.train").setLevel(logging.WARNING)  # one progress line per run, not eval lines
-    with collect_logs(threads is not None) as logs:
+    with worker_run(), collect_logs(threads is not None) as logs:
         task = create_task(entry.task, **entry.task_args, seed=seed)
         model, d_model, params = build_lab_model(mixer, suite, task.model_overrides(), seed)
         trainer = Trainer(model, task, _train_config(entry, seed))
         t0 = time.perf_counter()
-        summary = trainer.fit()
+        with training():
+            summary = trainer.fit()
         seconds = time.perf_counter() - t0
-    if summary.get("interrupted"):  # Ctrl-C: the trainer stopped at a step boundary, so does the compare
-        stop_after_interrupt()
+    if summary.get("interrupted"):  # a stop signal: the trainer stopped at a step, so does the compare
+        stop_after_interrupt(summary)
     x = task.get_batch("train", 0)["x"]
     tokens = summary["step"] * x.shape[0] * x.shape[1]  # the steps taken (a time budget can stop a run early)
     return {
@@ -242,9 +241,20 @@ class Compare:
         if bad:
             raise ValueError(f"task(s) {bad} are not in the {suite.name} suite; it has {known_tasks}")
         self.entries = [e for e in suite.entries if not tasks or e.task in tasks]
+        if "systems" in self.remeasure and not (self.out / "runs").is_dir():
+            raise ValueError(self._nothing_to_remeasure("no earlier compare"))
         self.cache = RunCache(self.out)
+        if "systems" in self.remeasure and not any(self.cache.get(j.key, j.settings) for j in self._jobs()):
+            raise ValueError(self._nothing_to_remeasure("no run this compare trained"))
         self.systems = Systems(
             suite, self.mixers, seed, self.cache, self._base_settings(), progress, "systems" in self.remeasure
+        )
+
+    def _nothing_to_remeasure(self, what: str) -> str:
+        return (
+            f"--remeasure systems measures the speed and memory rows again beside the runs an earlier compare "
+            f"trained in --out, and {self.out} holds {what} (the {self.suite.name} suite, seed {self.seed}): "
+            "run the compare there without --remeasure first"
         )
 
     def _base_settings(self) -> dict[str, Any]:
@@ -361,7 +371,7 @@ class Compare:
         ctx = mp.get_context("spawn")  # no forked torch thread pools
         order = sorted(todo, key=lambda i: -jobs[i].cost)  # longest first: no long run starts last
         # workers are training processes of their own: let them keep freed memory (seqlab.training.allocator)
-        pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=ctx, initializer=keep_freed_memory)
+        pool = ProcessPoolExecutor(self.jobs, ctx, initializer=start_worker, initargs=(keep_freed_memory,))
         with pool, stop_pool_on_interrupt(pool):
             futures = {
                 pool.submit(train_run, self.suite, jobs[i].mixer, jobs[i].entry, self.seed, 1): i
@@ -371,7 +381,9 @@ class Compare:
             for future in as_completed(futures):
                 if future.cancelled():
                     continue
-                if (error := future.exception()) is not None:
+                if isinstance(error := future.exception(), KeyboardInterrupt):
+                    raise error  # a run stopped by a signal: the others stop too (stop_pool_on_interrupt)
+                if error is not None:
                     if failed is None:
                         failed = error
                         job = jobs[futures[future]]

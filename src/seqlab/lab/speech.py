@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from seqlab.lab.records import write_output
 from seqlab.lab.translation import slug, timed_train, train_all
 
 log = logging.getLogger("seqlab.lab")
@@ -144,7 +145,7 @@ def compare_speech(
     trained = train_all(runs, out, 0.0, seed, jobs, _planned)
     records = _score_all(runs, trained, out, built)
     minutes = (time.perf_counter() - t0) / 60
-    (out / "results.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
+    write_output(out / "results.json", json.dumps(records, indent=1))
     return {
         "results": out / "results.json",
         "table": write_table(out, records, minutes),
@@ -250,9 +251,7 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
         lines.append(
             f"| {c} | {family} | {first['params']:,} | {first['d_model']} | {' | '.join(cells)} | {speed} |"
         )
-    path = out / "table.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_output(out / "table.md", "\n".join(lines) + "\n")
 
 
 def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:

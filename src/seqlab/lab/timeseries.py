@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from seqlab.lab.records import write_output
 from seqlab.lab.translation import slug, timed_train, train_all
 from seqlab.tasks.base import torch_threads
 from seqlab.tasks.timeseries import ForecastTask
@@ -159,7 +160,7 @@ def compare_timeseries(
         records, datasets_info = _score_all(runs, trained, out)
     minutes = (time.perf_counter() - t0) / 60
     results = {"datasets": datasets_info, "records": records, "minutes": minutes, "trained": len(todo)}
-    (out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    write_output(out / "results.json", json.dumps(results, indent=1))
     n_steps = steps or STEPS
     command = command or _cli_call(mixers, datasets, steps, seed, jobs)
     return {
@@ -344,9 +345,7 @@ def write_table(out: Path, info, records, wall: tuple[float, int, int], steps: i
     ]
     for name, d in info.items():
         lines += dataset_table(name, d, records)
-    path = out / "table.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return write_output(out / "table.md", "\n".join(lines))
 
 
 def write_plot(out: Path, info: dict[str, Any], records: list[dict[str, Any]]) -> Path:

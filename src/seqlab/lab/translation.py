@@ -10,9 +10,11 @@ matched training time:
 
 The three RNN models share everything but the attention: a bidirectional GRU encoder, a GRU decoder, one
 layer each; their width is chosen so that each has the Transformer's parameter count (within a few percent).
-Each trains for the same wall-clock minutes on one thread: a short calibration times its steps first, then
-the number of steps that fits is trained with the full learning-rate schedule. Test BLEU (sacrebleu, beam 5)
-is then reported overall and by source length in words (Bahdanau et al. 2015, Figure 2).
+Each trains for the same wall-clock minutes on one thread (``threads``: more): a short calibration times its
+steps first, then the number of steps that fits is trained with the full learning-rate schedule, at least
+:data:`seqlab.lab.budget.MIN_STEPS` (the log says when a model trains more steps than the minutes asked for).
+Test BLEU (sacrebleu, beam 5) is then reported overall and by source length in words (Bahdanau et al. 2015,
+Figure 2).
 
 Every run is an ordinary checkpoint directory (``DIR/runs/<name>``), so ``seqlab translate``, ``seqlab eval``
 and ``seqlab viz alignment`` read it; a finished run is reused when the compare is run again.
@@ -30,7 +32,15 @@ from typing import Any
 
 import torch
 
-from seqlab.lab.records import check_not_stopped, stop_after_interrupt, stop_pool_on_interrupt
+from seqlab.lab.budget import MIN_STEPS, check_budget, floored_steps
+from seqlab.lab.records import write_output
+from seqlab.lab.workers import (
+    start_worker,
+    stop_after_interrupt,
+    stop_pool_on_interrupt,
+    training,
+    worker_run,
+)
 
 log = logging.getLogger("seqlab.lab")
 
@@ -69,20 +79,31 @@ def match_width(preset: str, fields: dict[str, Any], target: int, vocab: int) ->
 
 
 def _run(
-    label: str, fields: dict[str, Any], out: Path, minutes: float, seed: int, planner=None
+    label: str,
+    fields: dict[str, Any],
+    out: Path,
+    minutes: float,
+    seed: int,
+    planner=None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """Train one contender for ``minutes`` in this process (one thread); its record. A run already in
-    ``out`` continues (or, finished, is read back) with the settings it was started with. ``planner(label,
-    fields, minutes, seed)`` gives a new run's dict (default: this suite's ``_planned``); other suites
-    pass their own."""
+    """Train one contender for ``minutes`` in this process (``threads`` torch threads, default one); its record.
+    A run already in ``out`` continues (or, finished, is read back) with the settings it was started with.
+    ``planner(label, fields, minutes, seed)`` gives a new run's dict (default: this suite's ``_planned``);
+    other suites pass their own."""
+    with worker_run():
+        torch.set_num_threads(threads or 1)
+        logging.getLogger("seqlab.train").setLevel(logging.WARNING)
+        return _train_one(label, fields, out, minutes, seed, planner)
+
+
+def _train_one(label: str, fields: dict[str, Any], out: Path, minutes: float, seed: int, planner):
+    """:func:`_run`'s work: plan (or read back) the run, train it, its record."""
     from seqlab.run import build_run
     from seqlab.training import Trainer
     from seqlab.training.checkpoint import load_config, resumable_checkpoint
     from seqlab.training.interrupt import resume_hint
 
-    check_not_stopped()
-    torch.set_num_threads(1)
-    logging.getLogger("seqlab.train").setLevel(logging.WARNING)
     where = out / "runs" / slug(label)
     started = (where / "latest").is_file()
     _same_settings(where, started, {"fields": fields, "minutes": minutes, "seed": seed})
@@ -93,11 +114,17 @@ def _run(
     )
     model, task, train = build_run(run)
     t0 = time.perf_counter()
-    with resume_hint("the same seqlab compare continues it (finished runs are reused)"):
+    with training(), resume_hint("the same seqlab compare continues it (finished runs are reused)"):
         summary = Trainer(model, task, train, where, run).fit(resume=started)
-    if summary.get("interrupted"):  # Ctrl-C: saved at a step boundary; the compare stops too
-        stop_after_interrupt()
-    return {"label": label, "steps": train.steps, "seconds": time.perf_counter() - t0, "summary": summary}
+    if summary.get("interrupted"):  # a stop signal: saved at a step boundary; the compare stops too
+        stop_after_interrupt(summary)
+    return {
+        "label": label,
+        "steps": train.steps,
+        "seconds": time.perf_counter() - t0,
+        "summary": summary,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _same_settings(where: Path, started: bool, asked: dict[str, Any]) -> None:
@@ -121,16 +148,25 @@ def _same_settings(where: Path, started: bool, asked: dict[str, Any]) -> None:
 
 
 def train_all(
-    runs: dict[str, dict[str, Any]], out: Path, minutes: float, seed: int, jobs: int, planner=None
+    runs: dict[str, dict[str, Any]],
+    out: Path,
+    minutes: float,
+    seed: int,
+    jobs: int,
+    planner=None,
+    threads: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each run's record from :func:`_run` (label -> the fields its planner reads), ``jobs`` spawned processes
-    at a time; every suite trains its runs through this."""
+    of ``threads`` torch threads (default one) at a time; every suite trains its runs through this. A stop
+    signal stops the workers too, and this returns (raises) only once they have exited
+    (:mod:`seqlab.lab.workers`)."""
     import multiprocessing as mp
 
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=start_worker)
     with pool, stop_pool_on_interrupt(pool):
         futures = {
-            label: pool.submit(_run, label, f, out, minutes, seed, planner) for label, f in runs.items()
+            label: pool.submit(_run, label, f, out, minutes, seed, planner, threads)
+            for label, f in runs.items()
         }
         return {label: f.result() for label, f in futures.items()}
 
@@ -146,7 +182,7 @@ def _planned(label: str, fields: dict[str, Any], minutes: float, seed: int) -> d
         "train": {"steps": 30, "seed": seed},
     }
     model, task, _ = build_run(run)
-    steps = max(50, int(60 * minutes / _seconds_per_step(model, task)))
+    steps = floored_steps(label, minutes, _seconds_per_step(model, task))
     lr = LR["transformer" if preset.startswith("transformer") else "seq2seq"]
     run["train"] = timed_train(steps, seed, lr=lr, warmup_steps=min(400, steps // 10))
     return run
@@ -227,21 +263,31 @@ def plan(seed: int = 0) -> tuple[Any, dict[str, dict[str, Any]]]:
 
 
 def compare_translation(
-    out: str | Path, minutes: float = 8.0, jobs: int = 2, seed: int = 0, limit: int | None = None
+    out: str | Path,
+    minutes: float = 8.0,
+    jobs: int = 2,
+    seed: int = 0,
+    limit: int | None = None,
+    threads: int | None = None,
 ) -> dict[str, Path]:
-    """Train the four contenders (``jobs`` at a time, one thread each), score them, write the report."""
+    """Train the four contenders (``jobs`` at a time, ``threads`` torch threads each, default one), score them,
+    write the report."""
 
     from seqlab.models import count_parameters
     from seqlab.training.checkpoint import load_model, load_tokenizer_json, resolve_checkpoint
 
+    check_budget(minutes, threads, len(CONTENDERS))
     out = Path(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     task, fields = plan(seed)
     print(
-        f"translation suite: {len(CONTENDERS)} models x {minutes:g} min, {jobs} at a time -> {out}",
+        f"translation suite: {len(CONTENDERS)} models x {minutes:g} min (at least {MIN_STEPS} steps each), "
+        f"{jobs} at a time, {threads or 1} thread(s) each -> {out}",
         flush=True,
     )
-    trained = train_all({label: fields[label] for label in CONTENDERS}, out, minutes, seed, jobs)
+    trained = train_all(
+        {label: fields[label] for label in CONTENDERS}, out, minutes, seed, jobs, None, threads
+    )
     records = []
     for label, (preset, _) in CONTENDERS.items():
         where = resolve_checkpoint(out / "runs" / slug(label))
@@ -257,6 +303,7 @@ def compare_translation(
             "params": count_parameters(model),
             "steps": trained[label]["steps"],
             "train_minutes": trained[label]["summary"]["elapsed_s"] / 60,
+            "threads": trained[label].get("threads", 1),
             "val_nll": trained[label]["summary"].get("val_nll"),
             "decode_seconds": time.perf_counter() - t0,
             **scores,
@@ -266,7 +313,7 @@ def compare_translation(
             f"{label}: test BLEU {rec['bleu']:.2f}, chrF {rec['chrf']:.1f} ({rec['params']:,} parameters)",
             flush=True,
         )
-    (out / "results.json").write_text(json.dumps(records, indent=1, ensure_ascii=False), encoding="utf-8")
+    write_output(out / "results.json", json.dumps(records, indent=1, ensure_ascii=False))
     return {
         "results": out / "results.json",
         "table": write_table(out, records, minutes),
@@ -284,7 +331,8 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
         "Each model's steps are what a calibration (its first steps, timed) predicted for the minutes asked; "
         "the minutes column is how long the training took (with --jobs 2, two runs shared the machine at a time).",
         "",
-        f"torch {torch.__version__}, one thread per run, fp32. `seqlab compare --suite translation --minutes {minutes:g}`."
+        f"torch {torch.__version__}, {threads_said(records)} per run, fp32. "
+        f"`seqlab compare --suite translation --minutes {minutes:g}`."
         " Test BLEU and chrF by sacrebleu, beam 5; columns by source length in words.",
         "",
         "| model | d_model | parameters | steps | minutes | val nll | BLEU | chrF | "
@@ -307,9 +355,13 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
         "Test sentences per bucket: " + ", ".join(f"{b}: {v['sentences']}" for b, v in counts.items()),
         "",
     ]
-    path = out / "table.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return write_output(out / "table.md", "\n".join(lines))
+
+
+def threads_said(records: list[dict[str, Any]]) -> str:
+    """The torch threads the runs trained with, as the table says it: 'one thread', '4 threads'."""
+    n = sorted({r.get("threads", 1) for r in records}) or [1]
+    return "one thread" if n == [1] else " or ".join(map(str, n)) + " threads"
 
 
 def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:

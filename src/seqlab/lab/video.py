@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from seqlab.lab.records import write_output
 from seqlab.lab.translation import slug, timed_train, train_all
 
 TASKS: dict[str, dict[str, Any]] = {
@@ -160,7 +161,7 @@ def compare_video(
     trained = train_all(runs, out, 0.0, seed, jobs, _planned)
     records = _score_all(runs, trained, out, seed)
     minutes = (time.perf_counter() - t0) / 60
-    (out / "results.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
+    write_output(out / "results.json", json.dumps(records, indent=1))
     return {
         "results": out / "results.json",
         "table": write_table(out, records, minutes),
@@ -262,9 +263,7 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
                 cells.append("–" if v is None else f"{v:.1f}" if key == "bleu4" else f"{v:.3f}")
         speed = by.get((c, "action"), first)["ms_per_step"]
         lines.append(f"| {c} | {_family(c)} | {first['params']:,} | {' | '.join(cells)} | {speed:.0f} |")
-    path = out / "table.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_output(out / "table.md", "\n".join(lines) + "\n")
 
 
 def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:

@@ -14,7 +14,16 @@ from torch import Tensor
 
 log = logging.getLogger("seqlab.train")
 
-__all__ = ["StepStart", "Window", "detach_state", "move_to", "progress_bar", "restored_carry", "to_device"]
+__all__ = [
+    "StepStart",
+    "Window",
+    "detach_state",
+    "move_to",
+    "progress_bar",
+    "restored_carry",
+    "to_device",
+    "train_record",
+]
 
 
 def detach_state(state: Any) -> Any:
@@ -89,6 +98,20 @@ def restored_carry(state: dict[str, Any], world, device: torch.device) -> Any:
             world.size,
         )
     return None
+
+
+def train_record(step: int, window: Window, lr: float, grad_norm: float | None, elapsed: float, now: float):
+    """The train record at ``step``: the mean loss of ``window``, the learning rate, the throughput since the
+    window started, the gradient norm before clipping (when clipped), the training seconds so far."""
+    return {
+        "step": step,
+        "split": "train",
+        "loss": window.loss / window.n,
+        "lr": lr,
+        "tokens_per_s": window.tokens / max(now - window.start, 1e-9),
+        **({} if grad_norm is None else {"grad_norm": grad_norm}),
+        "elapsed_s": round(elapsed, 3),
+    }
 
 
 def progress_bar(show: bool, steps: int, initial: int):

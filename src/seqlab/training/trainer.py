@@ -47,7 +47,7 @@ from seqlab.training import distributed
 from seqlab.training import loop_state as loop
 from seqlab.training import manifest as run_files
 from seqlab.training.config import TrainConfig
-from seqlab.training.interrupt import stop_on_interrupt
+from seqlab.training.interrupt import StopDuringEval, stop_on_interrupt
 from seqlab.training.optim import clip_gradients, lr_at, make_optimizer
 from seqlab.training.run_dir import check_saves, open_run_dir
 from seqlab.training.threads import governor_for
@@ -80,6 +80,7 @@ class Trainer:
         distributed.seed_rank_streams(config.seed, self.world)  # the weights alike, dropout's draws not
         self.optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
         self.step, self._saved_step = 0, None  # the step of the newest checkpoint written or resumed
+        self._eval_pending = False  # a stop cut the evaluation of this step's weights
         self.elapsed = 0.0  # seconds of training, summed over resumed segments
         self.carry: Any = None  # recurrent state carried between batches (stateful tasks only)
         self.history: list[dict[str, Any]] = []  # every metrics record of this process
@@ -115,6 +116,7 @@ class Trainer:
             **distributed.cpu_rng_to_save(self.world),
             "carry": self.carry,
             "log_window": {"loss": self.window.loss, "n": self.window.n},
+            "eval_pending": self._eval_pending,  # a stop cut this step's evaluation: the resume does it
             **distributed.cuda_rng_to_save(self.world, self.device),
         }
         if self.world.size > 1 and self.task.stateful:  # every rank's streams, for a resume on as many ranks
@@ -168,6 +170,7 @@ class Trainer:
         self._saved_step = self.step
         self.carry = loop.restored_carry(state, self.world, self.device)
         self.window.restore(**state.get("log_window", {}))  # older checkpoints: an empty window
+        self._eval_pending = bool(state.get("eval_pending", False))
         if self.step > self.config.steps:
             raise ValueError(
                 f"train.steps={self.config.steps} is below the step {self.step} of the checkpoint {where}; "
@@ -279,8 +282,11 @@ class Trainer:
         window, last = self.window, self.last
         window.start = time.perf_counter()
         stop = None
+        if self._eval_pending:  # the evaluation a stop cut, of these weights: recorded as it would have been
+            self._eval_pending = False
+            last.update(self._log_eval(window, bar, last["train_loss"]))
         with stop_on_interrupt() as interrupted:
-            interrupted.drops_steps = c.grad_accum > 1 and self.world.size == 1  # ranks would need to agree
+            interrupted.one_process, interrupted.grad_accum = self.world.size == 1, c.grad_accum
             while self.step < c.steps and stop is None:
                 stop = self._one_step(window, last, bar, until, interrupted)
         if stop == "budget":
@@ -320,7 +326,8 @@ class Trainer:
         if self.step % c.log_every == 0 or finish:
             last["train_loss"] = self._log_train(window, bar)
         if (c.eval_every and self.step % c.eval_every == 0) or finish:
-            last.update(self._log_eval(window, bar, last["train_loss"]))
+            last.update(self._log_eval(window, bar, last["train_loss"], interrupted))
+            stop, done = ("interrupted", True) if self._eval_pending else (stop, done)
         if self.out_dir is not None and ((c.save_every and self.step % c.save_every == 0) or done):
             self.save()
         if bar is not None:
@@ -365,26 +372,24 @@ class Trainer:
     def _log_train(self, window: loop.Window, bar) -> float:
         """Record the mean training loss since the last multiple of ``log_every`` and the throughput since
         the last record; returns the loss."""
-        now = time.perf_counter()
-        rec = {
-            "step": self.step,
-            "split": "train",
-            "loss": window.loss / window.n,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "tokens_per_s": window.tokens / max(now - window.start, 1e-9),
-            **({} if self.grad_norm is None else {"grad_norm": self.grad_norm}),
-            "elapsed_s": round(self.elapsed, 3),
-        }
+        now, lr = time.perf_counter(), self.optimizer.param_groups[0]["lr"]
+        rec = loop.train_record(self.step, window, lr, self.grad_norm, self.elapsed, now)
         self._record(rec)
         window.reset(now, keep_loss=self.step % self.config.log_every != 0)
         if bar is not None:
             bar.set_postfix(loss=f"{rec['loss']:.3f}", refresh=False)
         return rec["loss"]
 
-    def _log_eval(self, window: loop.Window, bar, train_loss: float) -> dict[str, float]:
-        """Evaluate, record the metrics and return them; evaluation time does not count against throughput."""
+    def _log_eval(self, window: loop.Window, bar, train_loss: float, stop=None) -> dict[str, float]:
+        """Evaluate, record the metrics and return them; evaluation time does not count against throughput.
+        A stop signal during it (``stop``, a StopFlag) ends it unrecorded: {} and ``_eval_pending``, saved."""
         t_eval = time.perf_counter()
-        metrics = self.evaluate()
+        try:
+            with stop.raising() if stop is not None else contextlib.nullcontext():
+                metrics = self.evaluate()
+        except StopDuringEval:  # the weights are the step's: a resume evaluates them first
+            self._eval_pending = True
+            return {}
         self._record({"step": self.step, "split": "val", **metrics, "elapsed_s": round(self.elapsed, 3)})
         window.start += time.perf_counter() - t_eval
         if bar is not None:

@@ -98,11 +98,7 @@ def plot_attention_grid(
     axes[0][0].set_ylabel("query", fontsize=8)
     fig.colorbar(im, ax=axes, fraction=0.02, label="attention weight")
     fig.suptitle(title or "attention weights: a row per layer, a column per head")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100, tight=False)  # cropped to what was drawn, colour bar included
 
 
 @torch.no_grad()
@@ -114,12 +110,16 @@ def write_attention_maps(
     layers: list[int] | None = None,
     heads: list[int] | None = None,
     per_head: bool = False,
+    overview: str | Path | None = None,
 ) -> list[Path]:
-    """Run ``text`` through ``model`` and write ``attention.png``, the overview of the chosen layers (rows) and
-    heads (columns); with ``per_head`` also ``layer{L}-head{H}.png`` per map, larger and with every token.
-    Returns the paths, the overview first."""
+    """Run ``text`` through ``model`` and write the overview of the chosen layers (rows) and heads (columns) to
+    ``overview`` (default ``out_dir/attention.png``); with ``per_head`` also ``out_dir/layer{L}-head{H}.png`` per
+    map, larger and with every token. Returns the paths, the overview first."""
     if not hasattr(model, "attention_maps"):
-        raise ValueError(f"{type(model).__name__} has no attention maps (a GPT checkpoint is needed)")
+        raise ValueError(
+            f"{type(model).__name__} has no attention maps (a language model with attention is needed; an "
+            "encoder–decoder's attention over its source: `seqlab viz alignment`)"
+        )
     ids = tokenizer.encode(text)
     if ids.numel() == 0:
         raise ValueError("the text is empty: give at least one token")
@@ -138,7 +138,8 @@ def write_attention_maps(
             )
         chosen[layer] = {h: w[0, h] for h in picked}  # {head: (t, t)}
     title = f"attention weights on {len(labels)} tokens: a row per layer, a column per head (rows: queries)"
-    written = [plot_attention_grid(chosen, labels, Path(out_dir) / "attention.png", title)]
+    overview = Path(out_dir) / "attention.png" if overview is None else overview
+    written = [plot_attention_grid(chosen, labels, overview, title)]
     for layer, by_head in chosen.items() if per_head else ():
         for h, weights in by_head.items():
             path = Path(out_dir) / f"layer{layer}-head{h}.png"

@@ -8,8 +8,13 @@ their own line style and marker, so a line is identifiable in grey print too. Th
 
 from __future__ import annotations
 
+import logging
 import math
+import re
+import warnings
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 FAMILY_COLOURS = {"RNN": "#0072B2", "Transformer": "#D55E00", "SSM": "#009E73", "other": "#6E6E6E"}
 """One colour per mixer family (``seqlab.layers.mixer_spec(name).family``); 'other' for anything else."""
@@ -29,17 +34,31 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
-    """Lay out ``fig``, write it to ``path`` (creating the folder) and close it; returns the path.
+def save_figure(fig, path: str | Path, dpi: int = 110, tight: bool = True) -> Path:
+    """Lay out ``fig`` (``tight``: tight_layout, unless it has a layout engine; a figure placed by hand on a
+    gridspec passes False and is cropped to what was drawn), write it to ``path`` (creating the folder) and close it; returns the path.
 
     A figure with a figure-level legend (:func:`outside_legend`) is cropped to what was drawn, legend included.
+    Characters the font lacks (a Chinese sentence in DejaVu Sans) are drawn as boxes: one logged warning names
+    them, instead of matplotlib's warning per glyph with its source path.
     """
     path = Path(path)
-    if fig.get_layout_engine() is None:
-        fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight" if fig.legends else None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if tight and fig.get_layout_engine() is None:
+            fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi, bbox_inches="tight" if fig.legends or not tight else None)
     pyplot().close(fig)
+    missing = []
+    for w in caught:
+        if (m := re.search(r"Glyph (\d+) .*missing from", str(w.message))) and chr(int(m[1])) not in missing:
+            missing.append(chr(int(m[1])))
+        elif not m:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)  # not ours to hide
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        logger.warning("%s: the font has no glyph for %s; drawn as boxes", path, shown)
     return path
 
 

@@ -20,6 +20,13 @@ from torch import Tensor
 from seqlab.viz import GRADIENT_CELLS
 from seqlab.viz.figures import mixer_styles, pyplot, save_figure
 
+MAX_GRADIENT_LENGTH = 5_000
+MAX_GRADIENT_D_MODEL = 512
+MAX_GRADIENT_CELLS = 640_000
+"""Bounds of the figure's unroll: every step keeps its graph and hidden state for ``retain_grad``, so memory grows
+with length x d_model (on CPU, 10,000 x 64 peaked at 2.4 GB and 2,000 x 1,024 at 6.2 GB; 1e8 steps used all
+23 GB of a machine). length x d_model is at most MAX_GRADIENT_CELLS: about 2.5 GB at the peak."""
+
 
 @dataclass
 class GradientFlow:
@@ -111,11 +118,26 @@ def gradient_flow_groups(
     seed: int = 0,
     progress: bool = False,
 ) -> list[list[GradientFlow]]:
-    """The flows at initialization and, when ``train_steps`` > 0, after that much training: one plot panel each."""
+    """The flows at initialization and, when ``train_steps`` > 0, after that much training: one plot panel each.
+    Sizes past :data:`MAX_GRADIENT_LENGTH`, :data:`MAX_GRADIENT_D_MODEL` or :data:`MAX_GRADIENT_CELLS` are a
+    ValueError, before any work."""
+    check_size(seq_len, d_model)
     groups = [gradient_flow(cells, seq_len, d_model, 0, seed)]
     if train_steps > 0:
         groups.append(gradient_flow(cells, seq_len, d_model, train_steps, seed, progress=progress))
     return groups
+
+
+def check_size(seq_len: int, d_model: int) -> None:
+    """A ValueError naming the bounds when the unroll of ``seq_len`` steps of width ``d_model`` would not fit."""
+    if not (2 <= seq_len <= MAX_GRADIENT_LENGTH and 1 <= d_model <= MAX_GRADIENT_D_MODEL) or (
+        seq_len * d_model > MAX_GRADIENT_CELLS
+    ):
+        raise ValueError(
+            f"the gradient figure unrolls at most {MAX_GRADIENT_LENGTH:,} steps (length >= 2) of width at most "
+            f"{MAX_GRADIENT_D_MODEL} with length x d_model <= {MAX_GRADIENT_CELLS:,} (about 2.5 GB; every step "
+            f"is kept for its gradient); got length {seq_len:,}, d_model {d_model:,}"
+        )
 
 
 FLOOR = 1e-30

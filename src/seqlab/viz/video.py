@@ -25,6 +25,15 @@ def _pixels(frame: Tensor):
     return (x[0] if x.size(0) == 1 else x.permute(1, 2, 0)).numpy()
 
 
+def _check_attention(words: list[str] | None, attention: Tensor | None, t: int) -> None:
+    if (words is None) != (attention is None):
+        raise ValueError("words and attention go together: the attention has one row per word")
+    if attention is not None and tuple(attention.shape) != (len(words), t):
+        raise ValueError(
+            f"attention must be (words, frames) = ({len(words)}, {t}), got {tuple(attention.shape)}"
+        )
+
+
 def plot_clip(
     frames: Tensor,
     path: str | Path,
@@ -43,12 +52,7 @@ def plot_clip(
     for name, labels in (("true_labels", true_labels), ("predicted", predicted)):
         if labels is not None and len(labels) != t:
             raise ValueError(f"{name} needs one label per frame ({t}), got {len(labels)}")
-    if (words is None) != (attention is None):
-        raise ValueError("words and attention go together: the attention has one row per word")
-    if attention is not None and tuple(attention.shape) != (len(words), t):
-        raise ValueError(
-            f"attention must be (words, frames) = ({len(words)}, {t}), got {tuple(attention.shape)}"
-        )
+    _check_attention(words, attention, t)
     plt = pyplot()
     stride = -(-t // MAX_FRAMES_DRAWN)  # 1 up to MAX_FRAMES_DRAWN frames
     drawn = list(range(0, t, stride))
@@ -83,4 +87,7 @@ def plot_clip(
         fig.text(0.01, 0.02, "; ".join(notes), fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    return save_figure(fig, path)
+    fig.subplots_adjust(left=0.02, right=0.98, top=0.8 if title else 0.92, bottom=0.12)
+    return save_figure(
+        fig, path, tight=False
+    )  # a gridspec placed by hand: tight_layout warned and misplaced it
