@@ -164,7 +164,9 @@ def _add_compare(sub) -> None:
         "--threads",
         type=positive_int,
         default=None,
-        help="torch threads (default: PyTorch's choice); translation and captioning: each run's (default 1)",
+        help="torch threads of the compare process (default: PyTorch's choice; the quick and full suites' runs "
+        "too at --jobs 1); translation and captioning: each run's (default 1); speech, video and timeseries "
+        "runs train on one thread each",
     )
     c.add_argument(
         "--jobs",
