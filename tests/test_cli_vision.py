@@ -111,16 +111,16 @@ def test_a_scene_past_the_limit_is_refused_before_drawing(captioner, capsys):
 def test_an_image_for_a_digits_model_is_letterboxed_on_black_and_greyed_as_luma(tmp_path):
     import argparse
 
-    from seqlab.commands_vision import _image
+    from seqlab.commands_vision import image_from_args
 
     pixels = np.zeros((8, 4, 3), dtype=np.uint8)  # a tall black image, one pure red pixel
     pixels[4, 2] = (255, 0, 0)
     Image.fromarray(pixels).save(tmp_path / "tall.png")
     args = argparse.Namespace(image=str(tmp_path / "tall.png"), scene=None, test_image=None)
-    grey = _image(args, {"source": "digits"}, 8, 1)
+    grey = image_from_args(args, {"source": "digits"}, 8, 1)
     assert grey.shape == (1, 8, 8) and int(grey[0, :, :2].max()) == 0  # white bars read as ink before
     assert int(grey[0, 4, 4]) == round(0.299 * 255)  # Pillow's "L" of pure red (the channel mean gave 85)
-    rgb = _image(args, {"source": "folder"}, 8, 3)
+    rgb = image_from_args(args, {"source": "folder"}, 8, 3)
     assert int(rgb[:, :, :2].min()) == 255  # a folder's images are letterboxed on white, as in training
 
 

@@ -8,6 +8,7 @@ each ``_cmd_*`` runs it from the parsed arguments.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -197,7 +198,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         )
     split = args.split or ("test" if hasattr(task, "score") else "val")
     beam = 5 if args.beam is None else args.beam
-    decodes = {"decode": False} if task.name == "captioning" else {}  # its scores: task.score's, below
+    # an evaluation that decodes (captioning's) leaves its scores to task.score, below
+    decodes = {"decode": False} if "decode" in inspect.signature(task.evaluate).parameters else {}
     with said_if_slow(f"evaluating on the {split} split"):
         metrics = task.evaluate(model, args.batches, split=split, **decodes)
     if hasattr(task, "score") and beam > 0:
@@ -215,19 +217,20 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-_TEXT_TASKS = ("text", "shakespeare")  # one held-out part, val
-_DECODING_TASKS = ("translation", "captioning")  # the tasks eval decodes for scores
-
-
 def _check_eval_options(args: argparse.Namespace, task: str | None, where: Path) -> None:
-    """Options the run's task cannot use, refused before the model and the data are loaded."""
-    held_out = "--split val" if task in _TEXT_TASKS else "--split val or --split test"
+    """Options the run's task cannot use, refused before the model and the data are loaded (from its class)."""
+    from seqlab.tasks import task_class
+    from seqlab.tasks.text import CharLMTask
+
+    cls = task_class(task)
+    text = cls is CharLMTask  # one held-out part, val
+    held_out = "--split val" if text else "--split val or --split test"
     if args.split == "heldout" and task != "captioning":
         raise ValueError(
             f"--split heldout is the captioning scenes' split of unseen pairs; {where} holds a {task!r} run: "
             f"use {held_out}"
         )
-    if args.split == "test" and task in _TEXT_TASKS:
+    if args.split == "test" and text:
         raise ValueError(
             f"a text run has one held-out part, val (the last task.val_fraction of the text), no test split; "
             f"{where} holds a {task!r} run: use --split val"
@@ -235,7 +238,7 @@ def _check_eval_options(args: argparse.Namespace, task: str | None, where: Path)
     if args.hypotheses is not None and args.beam == 0:
         raise ValueError("--hypotheses writes the decoded sentences, and --beam 0 decodes none: drop one")
     given = [o for o, v in (("--beam", args.beam), ("--limit", args.limit)) if v is not None]
-    if task not in _DECODING_TASKS and given:
+    if not hasattr(cls, "score") and given:  # the tasks eval decodes for scores have one
         raise ValueError(
             f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the decoding of translation and "
             f"captioning runs; {where} holds a {task!r} run, scored by its loss (--batches) only"
@@ -321,17 +324,8 @@ def add_viz_alignment(vsub) -> None:
     va.set_defaults(func=_cmd_viz_alignment)
 
 
-MAX_COMPARE_MINUTES = 1440
-"""The longest training per model a translation or captioning compare takes."""
-
-
 def compare_minutes_command(args: argparse.Namespace) -> int:
     """The suites that give each contender the same minutes: translation and captioning."""
-    if args.minutes is not None and args.minutes > MAX_COMPARE_MINUTES:
-        raise ValueError(
-            f"--minutes {args.minutes:g} is each model's training time; at most {MAX_COMPARE_MINUTES:,} (a day "
-            "each: the suite trains several models, two at a time)"
-        )
     if args.mixers or args.tasks:
         raise ValueError(
             f"--mixers and --tasks choose runs of the quick and full suites; the {args.suite} suite has none"

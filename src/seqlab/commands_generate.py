@@ -25,14 +25,6 @@ GENERATE_HINTS = {
 }
 
 
-def _temperature(text: str) -> float:
-    """generate --temperature: a finite number >= 0 (inf was refused only after the model loaded)."""
-    value = non_negative_float(text)
-    if value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 is greedy), got {text!r}")
-    return value
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
@@ -77,7 +69,7 @@ def add_generate(sub) -> None:
         default=500,
         help=f"tokens to sample (default 500, at most {MAX_NEW_TOKENS:,})",
     )
-    g.add_argument("--temperature", type=_temperature, default=0.8, help="0 is greedy (finite)")
+    g.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 is greedy (finite)")
     g.add_argument(
         "--top-k", type=positive_int, default=None, help="sample only among the k most likely tokens"
     )

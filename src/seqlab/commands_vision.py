@@ -82,9 +82,6 @@ def image_from_args(args: argparse.Namespace, task: dict, size: int, channels: i
     return _test_image(args.test_image, task)
 
 
-_image = image_from_args
-
-
 MAX_SCENE = 100_000
 MAX_CAPTION_WORDS = 100
 """caption's longest caption: a scene's caption is about a dozen words (beam 3 decodes 100 words in seconds; 1e8 ran for minutes, silently)."""

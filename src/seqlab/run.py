@@ -312,7 +312,7 @@ def non_negative_int(text: str) -> int:
 
 
 def non_negative_float(text: str) -> float:
-    return _number(float, text, lambda v: v >= 0, "a number >= 0")
+    return _number(float, text, lambda v: 0 <= v < math.inf, "a finite number >= 0")  # nan is not either
 
 
 def positive_float(text: str) -> float:

@@ -82,7 +82,7 @@ def test_cli_rejects_unknown_mixers_and_suites(tmp_path, capsys):
     assert main(["compare", "--out", str(tmp_path), "--suite", "huge"]) == 2
     assert "unknown suite" in capsys.readouterr().err
     assert main(["compare", "--out", str(tmp_path / "t"), "--suite", "translation", "--minutes", "1e9"]) == 2
-    assert "--minutes 1e+09 is each model's training time; at most 1,440" in capsys.readouterr().err
+    assert "--minutes is each model's training time: more than 0 and at most 1440" in capsys.readouterr().err
     assert not (tmp_path / "t").exists()  # refused before anything ran
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 from typing import Any, NoReturn
 
-from seqlab.training.interrupt import REPEAT_S, STOP_SIGNALS, signal_name, stops_taken
+from seqlab.training.interrupt import STOP_SIGNALS, repeats, signal_name, stops_taken
 
 log = logging.getLogger("seqlab.lab")
 
@@ -106,7 +106,7 @@ def _handle(handler) -> None:
 def _repeat() -> bool:
     """Whether a stop signal now repeats the last one this worker took (:data:`REPEAT_S`): the same stop."""
     taken = stops_taken()
-    return time.monotonic() - max(_stopped_at, taken[-1][1] if taken else 0.0) < REPEAT_S
+    return repeats(max(_stopped_at, taken[-1][1] if taken else 0.0))
 
 
 def _between_runs(signum: int, frame) -> None:
@@ -219,7 +219,7 @@ def stop_pool_on_interrupt(pool):
     first_at = [0.0]
 
     def on_signal(signum: int, frame) -> None:
-        if got and time.monotonic() - first_at[0] < REPEAT_S:
+        if got and repeats(first_at[0]):
             return  # the same stop, sent twice (timeout: to this process, then to its group)
         got.append(signum)
         first_at[0] = time.monotonic()

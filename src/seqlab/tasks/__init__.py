@@ -43,13 +43,17 @@ def task_signature(name: str) -> inspect.Signature:
     return inspect.signature(reg[name])
 
 
-def task_families(name: str) -> tuple[str, ...]:
-    """The model families a task trains (its class's ``model_families``), known before building the task."""
+def task_class(name: str) -> type[Task]:
+    """The class of the task ``name`` (what it can do, known before building it); an unknown name is refused."""
     from seqlab.tasks import text
 
     task_signature(name)  # the 'unknown task' error
-    entry = _registry()[name]
-    return (text.CharLMTask if name == "shakespeare" else entry).model_families
+    return text.CharLMTask if name == "shakespeare" else _registry()[name]
+
+
+def task_families(name: str) -> tuple[str, ...]:
+    """The model families a task trains (its class's ``model_families``), known before building the task."""
+    return task_class(name).model_families
 
 
 def list_tasks() -> list[str]:
@@ -73,4 +77,12 @@ def create_task(name: str, **kwargs) -> Task:
     return _registry()[name](**kwargs)
 
 
-__all__ = ["Task", "check_task_arguments", "create_task", "list_tasks", "task_families", "task_signature"]
+__all__ = [
+    "Task",
+    "check_task_arguments",
+    "create_task",
+    "list_tasks",
+    "task_class",
+    "task_families",
+    "task_signature",
+]

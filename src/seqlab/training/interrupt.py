@@ -27,6 +27,7 @@ __all__ = [
     "STOP_SIGNALS",
     "StopDuringEval",
     "StopFlag",
+    "repeats",
     "resume_hint",
     "signal_name",
     "stop_on_interrupt",
@@ -46,6 +47,11 @@ _TAKEN: list[tuple[int, float]] = []
 def signal_name(signum: int | None) -> str:
     """How a stop signal is named to the user: 'Ctrl-C' (SIGINT, or None), 'SIGTERM', 'SIGHUP'."""
     return "Ctrl-C" if signum in (None, signal.SIGINT) else signal.Signals(signum).name
+
+
+def repeats(first_at: float) -> bool:
+    """Whether a stop signal now is the same stop as one taken at ``first_at`` (``time.monotonic()``)."""
+    return time.monotonic() - first_at < REPEAT_S
 
 
 def stops_taken() -> tuple[tuple[int, float], ...]:
@@ -124,7 +130,7 @@ def stop_on_interrupt() -> Iterator[StopFlag]:
     previous = {s: signal.getsignal(s) for s in signums}
 
     def second_stop(signum, frame) -> None:
-        if signum == flag.signum and time.monotonic() - _TAKEN[-1][1] < REPEAT_S:
+        if signum == flag.signum and repeats(_TAKEN[-1][1]):
             return  # the same stop again (timeout's to the process group): not the second one
         for s, handler in previous.items():  # a second signal stops at once, as it would have
             signal.signal(s, handler)

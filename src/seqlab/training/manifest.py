@@ -153,10 +153,8 @@ def write_manifest(ckpt_root: Path, entries: dict[str, dict[str, Any]]) -> None:
 def damaged(file: Path, said: str) -> ValueError:
     """The error for a checkpoint file that cannot be read (``said``: how): damaged, or gone with its folder
     (:func:`check_still_there`)."""
-    try:
-        check_still_there(file.parent)
-    except CorruptCheckpointError as gone:
-        return gone
+    if not file.parent.is_dir():
+        return _gone(file.parent)
     return ValueError(f"{file} {said}; the checkpoint is damaged")
 
 
@@ -171,11 +169,15 @@ def check_still_there(ckpt_dir: Path) -> None:
     """A CorruptCheckpointError that says so when ``ckpt_dir`` is gone: a run still training removed it (it keeps
     its newest checkpoints only) between the moment a command found it and the moment it read it."""
     if not Path(ckpt_dir).is_dir():
-        raise CorruptCheckpointError(
-            f"{ckpt_dir} was removed while it was being read: its run is still training and keeps only its "
-            "newest checkpoints (train.keep_checkpoints); run the command again to read the newest one, or "
-            "copy a checkpoint folder out of the run to read it at leisure"
-        )
+        raise _gone(ckpt_dir)
+
+
+def _gone(ckpt_dir: Path) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{ckpt_dir} was removed while it was being read: its run is still training and keeps only its "
+        "newest checkpoints (train.keep_checkpoints); run the command again to read the newest one, or "
+        "copy a checkpoint folder out of the run to read it at leisure"
+    )
 
 
 def verify(ckpt_dir: Path, names: tuple[str, ...] | None = None) -> bool:
