@@ -50,9 +50,15 @@ def test_a_recorded_library_is_imported_without_the_build_step(cached, monkeypat
 
 
 def test_a_library_cut_short_is_built_again(cached, caplog):
+    """...also in a process whose torch built this name before, elsewhere (a first build into an empty cache):
+    torch then named the rebuild ``<name>_v1``, and the library the cache records was not the one built."""
+    from torch.utils import cpp_extension
+    from torch.utils._cpp_extension_versioner import Entry
+
     ext, library = cached
     data = library.read_bytes()
     library.write_bytes(data[: len(data) // 3])  # its ELF header intact: importing it would die of SIGBUS
+    cpp_extension.JIT_EXTENSION_VERSIONER.entries[library.stem] = Entry(0, 12345)  # another folder's build
     module = ext.load()
     assert module is not None and _works(module)
     assert "not a library recorded as built there" in caplog.text
@@ -209,6 +215,25 @@ def test_the_scans_record_covers_the_header_it_includes(tmp_path, monkeypatch):
     assert build.sources_digest(["-O3"]) != before  # an old library is not imported for a changed header
     # and the edited sources build under a name of their own: two seqlab versions do not rebuild over each other
     assert build._build_name_and_flags()[0] != name
+
+
+def test_every_kernel_builds_once_per_python_and_torch(monkeypatch):
+    """A library built against one torch imports into no other ("undefined symbol"): the pybind kernels' cache
+    folders were named by source and flags only, so a second environment sharing the cache (another torch in
+    another venv) found the first one's library and fell back to torch with a warning, never rebuilding."""
+    import sys
+    from collections import namedtuple
+
+    from seqlab.kernels import build
+
+    names = lambda: (EXTENSION.name_and_flags()[0], build._build_name_and_flags()[0])  # noqa: E731
+    here = names()
+    assert all(f"py{sys.version_info.major}{sys.version_info.minor}_torch" in n for n in here)
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    other_torch = names()
+    assert all("_torch2_11_0_" in n for n in other_torch) and set(other_torch).isdisjoint(here)
+    monkeypatch.setattr(sys, "version_info", namedtuple("V", "major minor")(3, 99))
+    assert all("_py399_torch2_11_0_" in n for n in names()) and set(names()).isdisjoint(other_torch)
 
 
 def test_the_scan_builds_in_an_empty_cache_and_a_later_process_loads_it_as_recorded(tmp_path):

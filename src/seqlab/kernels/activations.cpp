@@ -211,6 +211,17 @@ struct Vector;  // none: every type takes the scalar loops
 
 template <typename T>
 constexpr bool kVector = false;
+
+// declared only, so that the discarded vector branches below parse as C++17 (never instantiated here)
+template <typename F, typename S>
+void forward(const S* x, S* y, int64_t lo, int64_t hi);
+template <typename F, typename S>
+void backward(const S* g, const S* x, S* dx, int64_t lo, int64_t hi);
+template <typename F>
+void bias_forward_rows(const float* p, const float* b, float* y, int64_t cols, int64_t r0, int64_t r1);
+template <typename F>
+void bias_backward_rows(const float* g, const float* p, const float* b, float* du, double* db, int64_t cols,
+                        int64_t r0, int64_t r1);
 #endif
 
 // Each form over a range, in the storage type S: the AVX-512 loops for float32 and bfloat16 where built, else

@@ -97,15 +97,20 @@ def library() -> Path:
     return library_path(_build_name_and_flags()[0])
 
 
+def abi_tag() -> str:
+    """``py311_torch2_13_0``: a library is built against one Python and one torch and imports into no other
+    (a cache shared by two environments keeps one build for each)."""
+    version = torch.__version__.split("+")[0].replace(".", "_")
+    return f"py{sys.version_info.major}{sys.version_info.minor}_torch{version}"
+
+
 def _build_name_and_flags() -> tuple[str, list[str]]:
     capability = torch.backends.cpu.get_cpu_capability()
-    version = torch.__version__.split("+")[0].replace(".", "_")
-    py = f"py{sys.version_info.major}{sys.version_info.minor}"
     isa = "".join(ch for ch in capability.lower() if ch.isalnum()) or "default"
     # -fno-tree-pre: GCC's partial redundancy elimination turns the clamp in the kernel's exp into branches,
     # which stops the vectorizer (other compilers ignore the flag with a warning)
     flags = ["-O3", "-fopenmp", "-fno-tree-pre", *ISA_FLAGS.get(capability, [])]
-    return f"seqlab_scan_{isa}_{py}_torch{version}_{sources_digest(flags)[:10]}", flags
+    return f"seqlab_scan_{isa}_{abi_tag()}_{sources_digest(flags)[:10]}", flags
 
 
 def missing_tool() -> str | None:
@@ -147,10 +152,21 @@ def _compile(name: str, flags: list[str], folder: Path) -> None:
     torch.ops.load_library(str(library))
 
 
+def unversioned(name: str) -> str:
+    """``name``, with torch's in-process versioning of it forgotten before a build: torch names a second build of
+    one name in a process (another folder, a damaged library rebuilt) ``<name>_v1``, a library no cache lookup
+    finds. seqlab's names already change with every source and flag, so the version adds nothing."""
+    from torch.utils import cpp_extension
+
+    getattr(cpp_extension.JIT_EXTENSION_VERSIONER, "entries", {}).pop(name, None)
+    return name
+
+
 def _torch_load(name: str, flags: list[str], library: Path, sources: str) -> None:
     """torch's ``load``: builds the library under its lock (or finds it up to date) and loads it; recorded."""
     from torch.utils.cpp_extension import load
 
+    unversioned(name)
     load(
         name=name,
         sources=[str(SOURCE)],

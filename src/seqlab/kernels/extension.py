@@ -7,8 +7,9 @@ Each kernel is one source file beside this module (``recurrent.cpp``, ``decode.c
 pybind module, has its own loader in ``build.py``.)
 
 * where (``build.cache_root``, shared with the scan): ``$TORCH_EXTENSIONS_DIR/seqlab`` if set, else
-  ``$XDG_CACHE_HOME/seqlab/kernels`` (by default ``~/.cache/seqlab/kernels``), in a folder ``seqlab_<stem>_<isa>_<hash of the sources and flags>``, so an
-  edited source builds afresh;
+  ``$XDG_CACHE_HOME/seqlab/kernels`` (by default ``~/.cache/seqlab/kernels``), in a folder
+  ``seqlab_<stem>_<isa>_<python and torch versions>_<hash of the sources and flags>``, so an edited source builds
+  afresh, and so does another Python or torch (a library built against one imports into no other);
 * instruction set: ``-O3`` plus the vector extensions torch itself dispatches to on this CPU, never
   ``-march=native``: a cache shared between machines then holds one build per instruction set, each runnable
   wherever that set is. ``-fno-trapping-math`` lets the clamps in the polynomial exp become vector min/max
@@ -32,7 +33,14 @@ from types import ModuleType
 import torch
 
 from seqlab.kernels import cache
-from seqlab.kernels.build import ISA_FLAGS, disabled_reason, library_path, missing_tool
+from seqlab.kernels.build import (
+    ISA_FLAGS,
+    abi_tag,
+    disabled_reason,
+    library_path,
+    missing_tool,
+    unversioned,
+)
 
 __all__ = [
     "CppExtension",
@@ -123,12 +131,14 @@ class CppExtension:
         self._loaded: dict[str, object] = {}  # "module" (or None after a failure) and "info", once tried
 
     def name_and_flags(self) -> tuple[str, list[str]]:
-        """``seqlab_<stem>_<isa>_<hash of sources and flags>`` and the compiler flags for this CPU."""
+        """``seqlab_<stem>_<isa>_<python and torch>_<hash of sources and flags>`` and the compiler flags for this
+        CPU."""
         isa = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
         flags = ["-O3", "-fno-trapping-math", "-fno-tree-pre", *ISA_FLAGS.get(isa, [])]
         flags += ["-fopenmp"] if self.openmp else []
         text = b"".join(p.read_bytes() for p in (self.source, *self.headers)) + " ".join(flags).encode()
-        return f"seqlab_{self.stem}_{isa.lower()}_{hashlib.sha256(text).hexdigest()[:10]}", flags
+        digest = hashlib.sha256(text).hexdigest()[:10]
+        return f"seqlab_{self.stem}_{isa.lower()}_{abi_tag()}_{digest}", flags
 
     def library(self) -> Path:
         """This kernel's library on this machine (present once built)."""
@@ -159,7 +169,7 @@ class CppExtension:
 
         before = library.stat().st_mtime_ns if library.exists() else None
         module = load(
-            name,
+            unversioned(name),
             [str(self.source)],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"] if self.openmp else [],

@@ -28,7 +28,6 @@
 #endif
 
 #include <array>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -58,7 +57,7 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // 2^n
+  const float scale = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);  // 2^n
   return p * scale;
 }
 
