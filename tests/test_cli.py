@@ -54,6 +54,33 @@ def test_train_then_generate(text_file, tmp_path, capsys):
     assert capsys.readouterr().out == a
 
 
+def test_generate_prints_the_sample_as_it_is_drawn(text_file, tmp_path, monkeypatch):
+    """The text comes out in pieces while sampling goes on, and adds up to the sample drawn in one call."""
+    import io
+    import sys
+
+    import torch
+
+    from seqlab.training.checkpoint import load_model, load_tokenizer
+
+    _train(text_file, tmp_path / "run", "--model.name=test-gpt", "--task.sampling=random")
+    pieces = []
+
+    class Recorder(io.StringIO):
+        def write(self, text):
+            pieces.append(text)
+            return super().write(text)
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    monkeypatch.setattr("seqlab.commands_generate._Stream.PERIOD", 0.0)  # 60 tokens take less than 0.1 s
+    argv = ["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "KING:", "--max-new-tokens", "60"]
+    assert main([*argv, "--seed", "5", "--temperature", "0.8"]) == 0
+    model, tok = load_model(tmp_path / "run"), load_tokenizer(tmp_path / "run", "the test")
+    ids = model.generate(tok.encode("KING:"), 60, temperature=0.8, generator=torch.Generator().manual_seed(5))
+    assert sys.stdout.getvalue() == tok.decode(ids) + "\n"
+    assert len([p for p in pieces if p.strip()]) > 5  # streamed, not one print at the end
+
+
 def test_existing_run_is_never_overwritten(text_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert _train(text_file, out) == 0

@@ -7,6 +7,8 @@ Every option is checked before the model loads: ``--max-new-tokens`` is at most 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 from seqlab.cli_values import int_in
 from seqlab.run import non_negative_float, positive_int, probability, seed
@@ -55,8 +57,44 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("the prompt is empty; give at least one character, e.g. --prompt 'ROMEO:'")
     gen = torch.Generator(device=device).manual_seed(args.seed)
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
-    print(tok.decode(model.generate(prompt.to(device), args.max_new_tokens, **sampling, generator=gen)))
+    stream = _Stream(tok, prompt)
+    ids = model.generate(prompt.to(device), args.max_new_tokens, **sampling, generator=gen, on_tokens=stream)
+    stream.finish(tok.decode(ids))
     return 0
+
+
+class _Stream:
+    """Prints a sample as it grows: the tokens so far decoded whole and the text not yet shown written at once
+    (a character whose bytes span tokens waits for its last byte: a trailing U+FFFD is held back), at most every
+    PERIOD seconds (decoding 10,000 characters takes ~5 ms: once a token would cost more than the sampling)."""
+
+    PERIOD = 0.1
+
+    def __init__(self, tok, prompt):
+        self.tok, self.ids, self.shown, self.last = tok, [prompt], "", time.monotonic()
+        self._show(tok.decode(prompt).rstrip("\ufffd"))
+
+    def __call__(self, new) -> None:  # (1, k): one sample's newest tokens
+        import torch
+
+        self.ids.append(new[0].cpu())
+        if time.monotonic() - self.last >= self.PERIOD:
+            self.last = time.monotonic()
+            self._show(self.tok.decode(torch.cat(self.ids)).rstrip("\ufffd"))
+
+    def _show(self, text: str) -> None:
+        if len(text) > len(self.shown) and text.startswith(self.shown):
+            sys.stdout.write(text[len(self.shown) :])
+            sys.stdout.flush()
+            self.shown = text
+
+    def finish(self, text: str) -> None:
+        """The whole sample decoded: what is left of it, and the line's end."""
+        if not text.startswith(self.shown):  # a decoder that rewrote earlier text: the whole sample again
+            sys.stdout.write("\n")
+            self.shown = ""
+        self._show(text)
+        print()
 
 
 def add_generate(sub) -> None:

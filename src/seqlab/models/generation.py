@@ -12,10 +12,13 @@ context and the re-reading costs O(1) amortized forward passes per token.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
+
+STREAM_EVERY = 8  # tokens per stretch that a decoder looping in one call hands to generate's on_tokens
 
 
 def widened(logits: Tensor) -> Tensor:
@@ -165,9 +168,15 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    on_tokens: Callable[[Tensor], None] | None = None,
 ) -> Tensor:
-    """prompt_ids (b, t) or (t,) long -> (b, t + max_new_tokens): the prompt followed by the continuation."""
+    """prompt_ids (b, t) or (t,) long -> (b, t + max_new_tokens): the prompt followed by the continuation.
+
+    ``on_tokens``, if given, is called with each stretch of new tokens (b, k) as soon as it is drawn, for a
+    caller that shows the sample as it grows: every token, or every STREAM_EVERY tokens on a decoder that runs
+    its loop in one call (run in stretches then: the same tokens and draws as one call)."""
     check_request(prompt_ids, max_new_tokens, temperature, top_k, top_p)  # before any work
+    tell = on_tokens or (lambda new: None)
     squeeze = prompt_ids.dim() == 1
     ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
     limit = getattr(model, "context_limit", None)  # None: the state can grow (or stays O(1)) without bound
@@ -180,16 +189,16 @@ def generate(
         loops = getattr(model, "loops", None)
         if loops is not None and max_new_tokens > 1 and loops(state, max_new_tokens - 1):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (b,)
-            n = max_new_tokens - 1
-            if is_greedy(temperature):
-                rest = model.greedy(nxt, state, n)  # (b, n)
-            else:
-                rest = model.sample(nxt, state, n, temperature, top_k, top_p, generator)
-            out += [nxt[:, None], rest]
+            out.append(nxt[:, None])
+            tell(out[-1])
+            stretch = STREAM_EVERY if on_tokens is not None else max_new_tokens
+            sampling = (temperature, top_k, top_p, generator)
+            out += _looped(model, nxt, state, max_new_tokens - 1, sampling, stretch, tell)
             max_new_tokens = 0
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (b,)
             out.append(nxt[:, None])
+            tell(out[-1])
             if i == max_new_tokens - 1:
                 break
             if limit is not None and held >= limit:  # the position table is used up: slide the window
@@ -201,3 +210,20 @@ def generate(
                 held += 1
     res = torch.cat(out, dim=1)
     return res[0] if squeeze else res
+
+
+def _looped(model, nxt: Tensor, state: int, n: int, sampling: tuple, stretch: int, tell) -> list[Tensor]:
+    """n tokens after ``nxt`` (b,) from a decoder that loops in one call (``greedy``/``sample`` from its
+    position ``state``), ``stretch`` at a time, each stretch handed to ``tell`` as it comes."""
+    temperature, top_k, top_p, generator = sampling
+    out = []
+    while n > 0:
+        k = min(n, stretch)
+        if is_greedy(temperature):
+            rest = model.greedy(nxt, state, k)  # (b, k)
+        else:
+            rest = model.sample(nxt, state, k, temperature, top_k, top_p, generator)
+        out.append(rest)
+        tell(rest)
+        n, state, nxt = n - k, state + k, rest[:, -1]
+    return out

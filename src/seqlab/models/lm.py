@@ -350,7 +350,7 @@ class LM(nn.Module):
         self, prompt_ids: Tensor, max_new_tokens: int, temperature: float = 1.0, **sampling
     ) -> Tensor:
         """Prompt (b, t) or (t,) -> prompt + continuation. ``temperature=0`` is greedy; ``sampling``: top_k,
-        top_p, generator, as in :func:`seqlab.models.generation.generate`.
+        top_p, generator, on_tokens (streaming), as in :func:`seqlab.models.generation.generate`.
 
         With learned positions the context slides past ``max_seq_len`` (see ``seqlab.models.generation``).
         """
