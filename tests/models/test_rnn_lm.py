@@ -105,6 +105,7 @@ def test_registry_round_trip_and_every_parameter_gets_a_gradient():
 def test_list_models_filter():
     assert "lstm-lm-small" in list_models()
     assert all(n.startswith("test-") for n in list_models("test-*"))
+    assert list_models("LSTM-*") == list_models("lstm-*") == ["lstm-lm-small"]  # as `seqlab list` matches
     assert count_parameters("lstm-lm-small") > count_parameters("test-lstm-lm")
 
 

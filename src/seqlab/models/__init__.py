@@ -61,9 +61,10 @@ __all__ = [
 
 
 def list_models(pattern: str | None = None) -> list[str]:
-    """Preset names, sorted; ``pattern`` is a shell-style filter such as ``'lstm*'``."""
+    """Preset names, sorted; ``pattern`` is a shell-style filter such as ``'lstm*'``, case-insensitive (as
+    ``seqlab list`` matches; the names are lower-case) on every system."""
     names = sorted(PRESETS)
-    return [n for n in names if fnmatch.fnmatch(n, pattern)] if pattern else names
+    return [n for n in names if fnmatch.fnmatchcase(n, pattern.lower())] if pattern else names
 
 
 def make_config(family: str, fields: dict[str, Any]):
