@@ -31,6 +31,11 @@ def cached(tmp_path, monkeypatch):
     return ext, ext.library()
 
 
+FILE_LOCKS = pytest.mark.skipif(  # torch 2.14 on: test_an_os_lock_is_waited_on_while_held_...
+    cache.os_locks(), reason="this torch locks through the OS: a lock file alone blocks nothing"
+)
+
+
 def _works(module) -> bool:
     x, w = torch.randn(3, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
     y = module.forward(x, w, None, 1e-5)[0]
@@ -88,6 +93,7 @@ def test_a_library_cut_short_without_its_record_is_built_again_not_imported(cach
     assert cache.recorded(library, library.stem)
 
 
+@FILE_LOCKS
 def test_a_lock_left_by_a_killed_build_is_cleared(cached, caplog):
     ext, library = cached
     for path in library.parent.glob("*.record.json"):
@@ -105,6 +111,7 @@ def test_a_lock_left_by_a_killed_build_is_cleared(cached, caplog):
     assert "left 3600 s ago by a build that is not running" in caplog.text
 
 
+@FILE_LOCKS
 def test_a_young_lock_is_waited_on_while_a_build_runs_and_cleared_once_none_does(cached, caplog, monkeypatch):
     """A lock younger than the 10 minutes is waited on only while some process works in the folder (ninja and
     the compiler run there): a build killed seconds in no longer makes the next process wait forever."""
@@ -131,6 +138,43 @@ def test_a_young_lock_is_waited_on_while_a_build_runs_and_cleared_once_none_does
     )
 
 
+def test_an_os_lock_is_waited_on_while_held_and_its_file_left_alone(tmp_path, monkeypatch, caplog):
+    """torch 2.14 locks a build folder with flock on a file that stays after every build: that file alone is no
+    build (waited on, it made every rebuild wait out the grace and then say a build had died); a held lock is
+    waited on until its holder lets go, here by being killed, which the OS sees to."""
+    import subprocess
+    import sys
+    import threading
+
+    monkeypatch.setattr(cache, "os_locks", lambda: True)  # as torch 2.14 on, whatever torch runs the tests
+    lock = tmp_path / "lock"
+    lock.write_text("", encoding="utf-8")
+    start = time.perf_counter()
+    cache.wait_for_build(tmp_path)  # a finished build's file
+    assert time.perf_counter() - start < 0.5 and lock.exists() and "waiting" not in caplog.text
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import fcntl, os, time; fd = os.open({str(lock)!r}, os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        threading.Timer(1.5, holder.kill).start()  # a build killed mid-way
+        start = time.perf_counter()
+        cache.wait_for_build(tmp_path, poll=0.1)
+        assert time.perf_counter() - start > 1.2 and lock.exists()
+        assert "waiting for another process's build" in caplog.text and "ends with that build" in caplog.text
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@FILE_LOCKS
 def test_a_library_another_process_built_while_this_one_waited_is_loaded_as_cached(cached, monkeypatch):
     """After the wait, the library the other process built (and recorded) is imported, and reported cached."""
     import threading

@@ -165,6 +165,7 @@ def test_resume_on_another_number_of_processes(text_file, tmp_path, world):
     assert _losses(tmp_path / "cut") == pytest.approx(_losses(tmp_path / "whole"), rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.skipif(not hasattr(torch.cpu.Stream, "record_event"), reason="FSDP on the CPU needs torch 2.7")
 def test_fsdp_shards_and_reshards_on_resume(text_file, tmp_path):
     """FSDP on 2 processes writes torch.distributed.checkpoint shards; one process resumes from them."""
     args = _args(text_file, "test-gpt", 6, "--task.sampling=random", "--train.strategy=fsdp", *WARMUP_ONLY)
@@ -245,6 +246,20 @@ def test_device_and_precision_errors(text_file, tmp_path, capsys):
     assert TrainConfig(device="cpu").autocast_dtype() is None  # fp32 on CPU
     with pytest.raises(ValueError, match=r"train\.strategy must be 'ddp' or 'fsdp'"):
         TrainConfig(strategy="zero3")
+
+
+def test_fsdp_on_the_cpu_is_refused_where_torch_cannot_run_it(monkeypatch):
+    """FSDP2 records events on its streams; the CPU's streams have no record_event before torch 2.7 (torch 2.6
+    failed at the first forward, inside FSDP, with an AttributeError): said before anything is built."""
+
+    class OldStream:  # torch 2.6's torch.cpu.Stream
+        def wait_stream(self, stream) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cpu, "Stream", OldStream)
+    with pytest.raises(ValueError, match=r"train\.strategy='fsdp' on the CPU needs torch 2\.7 or later"):
+        TrainConfig(strategy="fsdp", device="cpu")
+    assert TrainConfig(strategy="ddp", device="cpu").strategy == "ddp"
 
 
 @pytest.mark.gpu

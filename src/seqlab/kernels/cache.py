@@ -2,7 +2,8 @@
 process can import it without writing to the cache (a read-only cache, a container image) and a damaged one (a
 copy cut short, a disk that filled, a library whose record is missing) is rebuilt instead of crashing the
 process (a truncated shared object kills it with SIGBUS on import); a build lock that a killed build left behind
-is cleared instead of hanging every later process.
+is cleared instead of hanging every later process (torch 2.14 on locks through the OS, which lets go of a killed
+build's lock itself: there a lock is waited on while held, and its file, which stays, is left alone).
 
 Both loaders use these: ``extension.CppExtension`` (the pybind kernels) and ``build`` (the selective scan's
 operator library), each naming a build by a digest of its sources and flags, so a recorded library is up to
@@ -22,6 +23,7 @@ __all__ = [
     "LOCK_GRACE_SECONDS",
     "STALE_LOCK_SECONDS",
     "discard_damaged",
+    "os_locks",
     "ready_after_wait",
     "record",
     "recorded",
@@ -104,25 +106,56 @@ def _builder_running(folder: Path) -> bool | None:
         return None
 
 
+def os_locks() -> bool:
+    """Whether this torch locks a build folder with an OS lock on its ``lock`` file (``filelock``, torch 2.14 on:
+    the file stays after a build, and the OS lets go of a killed builder's lock) rather than by the file's mere
+    existence (``FileBaton``, before: a killed build's file blocks every later build until it is removed)."""
+    from torch.utils import cpp_extension
+
+    return hasattr(cpp_extension, "FileLock")
+
+
+def _held(lock: Path) -> bool:
+    """Whether a process holds the OS lock on ``lock`` (False when there is no such file)."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: no flock to ask
+        return False
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except OSError:  # BlockingIOError: another process's build holds it
+        return True
+    finally:
+        os.close(fd)
+
+
 def wait_for_build(folder: Path, poll: float = 0.5) -> None:
-    """Wait while another process builds in ``folder`` (it holds torch's ``lock`` there), said once. A lock that
-    no build holds any more is removed with a warning instead of waiting forever, as torch's own wait would: one
-    older than ``LOCK_GRACE_SECONDS`` when no process works in the folder, else one older than
-    ``STALE_LOCK_SECONDS``."""
-    lock, said = folder / "lock", False
+    """Wait while another process builds in ``folder`` (it holds torch's ``lock`` there), said once. Where torch
+    locks through the OS (:func:`os_locks`), while that lock is held; else a lock file that no build holds any
+    more is removed with a warning instead of waiting forever, as torch's own wait would: one older than
+    ``LOCK_GRACE_SECONDS`` when no process works in the folder, else one older than ``STALE_LOCK_SECONDS``."""
+    lock, said, os_lock = folder / "lock", False, os_locks()
     while True:
         try:
             age = time.time() - lock.stat().st_mtime
         except OSError:
             return  # no lock: nobody is building
-        if age > STALE_LOCK_SECONDS or (age > LOCK_GRACE_SECONDS and _builder_running(folder) is False):
+        if os_lock:
+            if not _held(lock):
+                return  # a finished (or killed) build's file: no process holds the OS lock on it
+        elif age > STALE_LOCK_SECONDS or (age > LOCK_GRACE_SECONDS and _builder_running(folder) is False):
             log.warning("removing %s, left %.0f s ago by a build that is not running", lock, age)
             lock.unlink(missing_ok=True)
             return
         if not said:
-            log.warning(
-                "waiting for another process's build in %s (if none is running, delete %s)", folder, lock
-            )
+            then = "it ends with that build" if os_lock else f"if none is running, delete {lock}"
+            log.warning("waiting for another process's build in %s (%s)", folder, then)
             said = True
         time.sleep(poll)
 

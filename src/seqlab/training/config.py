@@ -133,6 +133,11 @@ class TrainConfig:
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"train.precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
         kind = self.resolved_device().type
+        if self.strategy == "fsdp" and kind == "cpu" and not hasattr(torch.cpu.Stream, "record_event"):
+            raise ValueError(  # FSDP2 records events on its streams; the CPU's have them from torch 2.7
+                f"train.strategy='fsdp' on the CPU needs torch 2.7 or later, this is torch {torch.__version__}; "
+                "use train.strategy='ddp', or a newer torch"
+            )
         if self.precision == "bf16" and kind == "cpu" and not cpu_has_bf16_matmul():
             raise ValueError(
                 "train.precision='bf16' on this CPU: it has neither AMX nor AVX512-BF16, so bf16 matmuls are "
