@@ -81,6 +81,31 @@ def test_generate_prints_the_sample_as_it_is_drawn(text_file, tmp_path, monkeypa
     assert len([p for p in pieces if p.strip()]) > 5  # streamed, not one print at the end
 
 
+def test_generate_stopped_by_ctrl_c_keeps_the_text_so_far_on_its_own_line(
+    text_file, tmp_path, monkeypatch, capsys
+):
+    from seqlab.models.lm import LM
+
+    _train(text_file, tmp_path / "run", "--model.name=test-gpt", "--task.sampling=random")
+    real = LM.generate
+
+    def interrupted(self, prompt, n, **kw):
+        real(self, prompt, 3, **kw)  # three tokens streamed, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LM, "generate", interrupted)
+    monkeypatch.setattr("seqlab.commands_generate._Stream.PERIOD", 0.0)
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(tmp_path / "run"), "--prompt", "KING:"]) == 130
+    printed = capsys.readouterr()
+    assert (
+        printed.out.startswith("KING:")
+        and printed.out.endswith("\n")
+        and len(printed.out) == len("KING:") + 4
+    )
+    assert "stopped by Ctrl-C" in printed.err
+
+
 def test_existing_run_is_never_overwritten(text_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert _train(text_file, out) == 0

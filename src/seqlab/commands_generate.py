@@ -58,7 +58,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     gen = torch.Generator(device=device).manual_seed(args.seed)
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     stream = _Stream(tok, prompt)
-    ids = model.generate(prompt.to(device), args.max_new_tokens, **sampling, generator=gen, on_tokens=stream)
+    try:
+        ids = model.generate(
+            prompt.to(device), args.max_new_tokens, **sampling, generator=gen, on_tokens=stream
+        )
+    except KeyboardInterrupt:
+        print()  # the text so far stays; the stop is said on a line of its own
+        raise
     stream.finish(tok.decode(ids))
     return 0
 
