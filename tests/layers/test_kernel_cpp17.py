@@ -1,6 +1,6 @@
-"""Every kernel source is C++17: torch.utils.cpp_extension builds with -std=c++17 before torch 2.13 (seqlab takes
-torch >= 2.3) and -std=c++20 from it. A C++20 call (std::bit_cast) once built here and failed under torch 2.11,
-and the GRU and RNN fell back to torch.nn on every machine with that torch. Syntax only: no library is built."""
+"""Every kernel source is C++17: torch.utils.cpp_extension built extensions as C++17 up to torch 2.11 at least
+(seqlab takes torch >= 2.6), as C++20 by 2.13. A C++20 call (std::bit_cast) built under torch 2.13 and failed
+under 2.11, so GRU and RNN fell back to torch.nn there. Syntax only: no library is built."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_every_kernel_source_is_cpp17():
         errors = [line for line in done.stderr.splitlines() if "error" in line]
         return f"{source.name} ({isa})", done.returncode, "\n".join(errors[:5]) or done.stderr[-800:]
 
-    probe = subprocess.run(  # torch's own headers: C++17 up to torch 2.13, C++20 from 2.14
+    probe = subprocess.run(  # torch's own headers: C++17 through torch 2.13, C++20 from 2.14
         ["c++", "-std=c++17", "-fsyntax-only", "-w", *includes, "-x", "c++", "-"],
         input="#include <torch/extension.h>\n",
         capture_output=True,

@@ -13,11 +13,8 @@ from seqlab.cli import main
 SHAKESPEARE = ["--task.name=shakespeare", "--task.seq_len=32", "--task.batch_size=4"]
 BIBLE = ["--task.name=translation", "--task.vocab_size=300", "--task.batch_size=8", "--task.max_len=48"]
 CAPTIONS = ["--task.name=captioning", "--task.image_size=32", "--task.n_train=64", "--task.n_eval=8"]
-SPEECH = [
-    "--task.n_train=12",
-    "--task.n_eval=4",
-    "--task.batch_size=4",
-]  # the generated corpus, cached in tmp
+# the generated speech corpus, small, cached in the test's folder
+SPEECH = ["--task.n_train=12", "--task.n_eval=4", "--task.batch_size=4"]
 CASES = {  # test id: (model, its task's arguments)
     "test-gpt": ("test-gpt", [*SHAKESPEARE, "--task.sampling=random"]),
     "test-gpt-llama": ("test-gpt-llama", [*SHAKESPEARE, "--task.sampling=random"]),
