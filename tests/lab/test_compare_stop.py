@@ -214,6 +214,27 @@ def test_a_rewritten_report_file_sets_the_earlier_one_aside(tmp_path, caplog):
     assert path.read_text() == "<p>new</p>" and not (tmp_path / "report.html.prev").exists()
 
 
+def test_a_rerun_keeps_the_earlier_plots_that_differ(tmp_path, caplog):
+    """The plots were overwritten by a rerun while the tables beside them were kept: now each plot that comes
+    out otherwise is kept as NAME.prev first; one that comes out the same is not copied."""
+    from seqlab.viz.figures import pyplot
+
+    def plot(ys):
+        fig, ax = pyplot().subplots()
+        ax.plot(ys)
+        return records.write_figure(fig, tmp_path / "throughput.png")
+
+    first = plot([1, 2, 3]).read_bytes()
+    plot([1, 2, 3])
+    assert not (tmp_path / "throughput.png.prev").exists()  # the same plot: nothing to keep
+    with caplog.at_level("INFO", logger="seqlab.lab"):
+        plot([3, 2, 1])
+    assert (tmp_path / "throughput.png.prev").read_bytes() == first
+    assert (tmp_path / "throughput.png").read_bytes() != first
+    assert "kept the earlier throughput.png as throughput.png.prev" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["throughput.png", "throughput.png.prev"]
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process table from /proc")
 def test_workers_of_a_killed_compare_save_and_exit(tmp_path):
     """SIGKILL (the OOM killer) gives the compare no chance to hand anything on: each worker sees its parent

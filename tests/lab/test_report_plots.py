@@ -63,7 +63,7 @@ def _records() -> list[Record]:
 def figures(tmp_path_factory):
     """{file name: figure} of every plot write_plots draws, captured before it is saved and closed."""
     drawn = {}
-    save = report.save_figure
+    save = report.write_figure
 
     def capture(fig, path, **kwargs):
         fig.canvas.draw()
@@ -71,7 +71,7 @@ def figures(tmp_path_factory):
         return save(fig, path, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(report, "save_figure", capture)
+        mp.setattr(report, "write_figure", capture)
         paths = report.write_plots(tmp_path_factory.mktemp("plots"), SUITE, MIXERS, _records())
     assert sorted(p.name for p in paths) == sorted(drawn)
     return drawn

@@ -129,6 +129,7 @@ def summary_lines(
 
 def _gradient_plot(out: Path, suite: Suite, mixers: list[str], seed: int) -> list[Path]:
     """gradient_flow.png for the compared mixers whose hidden state the gradient plot can read."""
+    from seqlab.lab.records import write_kept
     from seqlab.viz import GRADIENT_CELLS
     from seqlab.viz.gradients import gradient_flow_groups, plot_gradient_flow
 
@@ -136,9 +137,10 @@ def _gradient_plot(out: Path, suite: Suite, mixers: list[str], seed: int) -> lis
     if not cells:
         return []
     groups = gradient_flow_groups(cells, suite.gradient_length, 64, suite.gradient_steps, seed)
-    path = out / "gradient_flow.png"
-    plot_gradient_flow(groups, path, title=f"gradient flow, adding problem T={suite.gradient_length}")
-    return [path]
+    title = f"gradient flow, adding problem T={suite.gradient_length}"
+    return [
+        write_kept(out / "gradient_flow.png", lambda where: plot_gradient_flow(groups, where, title=title))
+    ]
 
 
 def default_jobs() -> int:

@@ -194,7 +194,8 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float, beam_s
 
 
 def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
-    from seqlab.viz.figures import pyplot, save_figure
+    from seqlab.lab.records import write_figure
+    from seqlab.viz.figures import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
@@ -208,11 +209,12 @@ def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
     ax.set_title("Captioning generated scenes: seen vs held-out colour–shape pairs")
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
-    return save_figure(fig, out / "exact-seen-heldout.png")
+    return write_figure(fig, out / "exact-seen-heldout.png")
 
 
 def write_attention(out: Path, task, seed: int) -> dict[str, Path]:
     """The attention figure of each attentive contender on the same held-out scene."""
+    from seqlab.lab.records import write_kept
     from seqlab.training.checkpoint import load_model, resolve_checkpoint
     from seqlab.viz.captions import caption_figure_data, plot_caption_attention
 
@@ -224,7 +226,9 @@ def write_attention(out: Path, task, seed: int) -> dict[str, Path]:
             continue
         ids, alpha = caption_figure_data(model, task.prepare, image)
         words = task.words(ids)
-        paths[f"attention-{slug(preset)}"] = plot_caption_attention(
-            image, words, alpha, out / f"attention-{preset}.png", title=f"{label}: {task.decode(ids)}"
+        title = f"{label}: {task.decode(ids)}"
+        paths[f"attention-{slug(preset)}"] = write_kept(
+            out / f"attention-{preset}.png",
+            lambda where: plot_caption_attention(image, words, alpha, where, title=title),  # noqa: B023
         )
     return paths

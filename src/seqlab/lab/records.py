@@ -204,6 +204,36 @@ def write_output(path: str | Path, text: str) -> Path:
     return path
 
 
+def write_figure(fig, path: str | Path, **kw: Any) -> Path:
+    """``viz.figures.save_figure`` for a compare's plots, through :func:`write_kept`."""
+    from seqlab.viz.figures import save_figure
+
+    return write_kept(path, lambda where: save_figure(fig, where, **kw))
+
+
+def write_kept(path: str | Path, write: Callable[[Path], Any]) -> Path:
+    """A compare's plot drawn by ``write(where)``: an earlier file at ``path`` that differs (an earlier
+    compare's) is kept as ``NAME.prev`` first (:func:`set_aside`), as :func:`write_output` keeps the reports."""
+    import os
+
+    path = Path(path)
+    if not path.is_file():
+        write(path)
+        return path
+    fresh = path.with_name(f".new-{path.name}")  # the same suffix: the same format
+    try:
+        write(fresh)
+    except BaseException:
+        fresh.unlink(missing_ok=True)
+        raise
+    if fresh.read_bytes() == path.read_bytes():
+        fresh.unlink()
+    else:
+        log.info("kept the earlier %s as %s", path.name, set_aside(path).name)
+        os.replace(fresh, path)
+    return path
+
+
 def slug(*parts: str) -> str:
     """A cache key from names and settings: 'lstm', 'adding', 'T=50' -> 'lstm__adding__T-50'."""
     return "__".join("".join(ch if ch.isalnum() or ch in "-." else "-" for ch in p) for p in parts)
@@ -224,6 +254,8 @@ __all__ = [
     "slug",
     "stop_after_interrupt",
     "stop_pool_on_interrupt",
+    "write_figure",
+    "write_kept",
     "write_output",
     "write_results",
 ]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from seqlab.lab.records import Record, first_value, select, write_output, write_results
+from seqlab.lab.records import Record, first_value, select, write_figure, write_output, write_results
 from seqlab.lab.suite import Entry, Suite
 from seqlab.layers.mixer import mixer_spec
 from seqlab.viz.figures import (
@@ -28,7 +28,6 @@ from seqlab.viz.figures import (
     plain_log_axis,
     plain_number,
     pyplot,
-    save_figure,
     unique_handles,
 )
 
@@ -272,7 +271,7 @@ def _decode_plot(plt, mixers: list[str], records: list[Record], path: Path) -> P
     fig.suptitle("decoding: O(1) state vs a growing KV cache")
     fig.tight_layout()
     outside_legend(fig, *unique_handles(axes[:1]), title="mixer")
-    return save_figure(fig, path)
+    return write_figure(fig, path)
 
 
 def _throughput_plot(plt, suite: Suite, mixers: list[str], records: list[Record], path: Path) -> Path:
@@ -304,7 +303,7 @@ def _throughput_plot(plt, suite: Suite, mixers: list[str], records: list[Record]
         labels += [f"t={t}" for t in lengths]
     fig.tight_layout()
     outside_legend(fig, handles, labels)
-    return save_figure(fig, path)
+    return write_figure(fig, path)
 
 
 def _length_plot(plt, suite: Suite, mixers: list[str], records: list[Record], path: Path) -> Path | None:
@@ -329,7 +328,7 @@ def _length_plot(plt, suite: Suite, mixers: list[str], records: list[Record], pa
         ax.grid(alpha=0.3)
     fig.tight_layout()
     outside_legend(fig, *unique_handles(axes[0]), title="mixer")
-    return save_figure(fig, path)
+    return write_figure(fig, path)
 
 
 def chance_loss(entry: Entry) -> float | None:
@@ -382,7 +381,7 @@ def _curves_plot(plt, suite: Suite, mixers: list[str], records: list[Record], pa
     fig.tight_layout()
     handles, labels = unique_handles(axes.flat)
     outside_legend(fig, handles, labels, where="below", ncol=min(len(labels), 5))
-    return save_figure(fig, path, dpi=100)
+    return write_figure(fig, path, dpi=100)
 
 
 def write_plots(out: Path, suite: Suite, mixers: list[str], records: list[Record]) -> list[Path]:

@@ -255,7 +255,8 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
 
 
 def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
-    from seqlab.viz.figures import pyplot, save_figure
+    from seqlab.lab.records import write_figure
+    from seqlab.viz.figures import pyplot
 
     plt = pyplot()
     contenders = list(dict.fromkeys(r["contender"] for r in records))
@@ -275,4 +276,4 @@ def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
     ax.set_title("Speech: each mixer on held-out voices (targets: accuracy ≥ 0.95, CER ≤ 0.10)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    return save_figure(fig, out / "speech-suite.png")
+    return write_figure(fig, out / "speech-suite.png")

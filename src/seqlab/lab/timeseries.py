@@ -349,7 +349,8 @@ def write_table(out: Path, info, records, wall: tuple[float, int, int], steps: i
 
 
 def write_plot(out: Path, info: dict[str, Any], records: list[dict[str, Any]]) -> Path:
-    from seqlab.viz.figures import pyplot, save_figure
+    from seqlab.lab.records import write_figure
+    from seqlab.viz.figures import pyplot
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(info), figsize=(4.2 * len(info), 3.8), squeeze=False)
@@ -365,4 +366,4 @@ def write_plot(out: Path, info: dict[str, Any], records: list[dict[str, Any]]) -
         ax.set_ylabel("test MASE (lower is better; bars by family)")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    return save_figure(fig, out / "timeseries.png")
+    return write_figure(fig, out / "timeseries.png")

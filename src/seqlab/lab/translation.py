@@ -365,7 +365,8 @@ def threads_said(records: list[dict[str, Any]]) -> str:
 
 
 def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
-    from seqlab.viz.figures import pyplot, save_figure
+    from seqlab.lab.records import write_figure
+    from seqlab.viz.figures import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -379,4 +380,4 @@ def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
     ax.set_title("BLEU against source length (cf. Bahdanau et al. 2015, Fig. 2)")
     ax.grid(alpha=0.3)
     ax.legend()
-    return save_figure(fig, out / "bleu-by-length.png")
+    return write_figure(fig, out / "bleu-by-length.png")

@@ -267,7 +267,8 @@ def write_table(out: Path, records: list[dict[str, Any]], minutes: float) -> Pat
 
 
 def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
-    from seqlab.viz.figures import pyplot, save_figure
+    from seqlab.lab.records import write_figure
+    from seqlab.viz.figures import pyplot
 
     plt = pyplot()
     contenders = list(dict.fromkeys(r["contender"] for r in records))
@@ -284,4 +285,4 @@ def write_plot(out: Path, records: list[dict[str, Any]]) -> Path:
     ax.set_title("Video: each mixer on each shape of problem (test clips)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
-    return save_figure(fig, out / "video-suite.png")
+    return write_figure(fig, out / "video-suite.png")
