@@ -72,6 +72,14 @@ def _alive(procs: dict[int, str]) -> list[int]:
     return [pid for pid, start in procs.items() if pid in table and table[pid][1:] != (start, "Z")]
 
 
+def _alive_after(procs: dict[int, str], seconds: float) -> list[int]:
+    """Those of ``procs`` still running once they all ended or ``seconds`` passed."""
+    deadline = time.time() + seconds
+    while _alive(procs) and time.time() < deadline:
+        time.sleep(0.1)
+    return _alive(procs)
+
+
 def _training(out: Path, label: str) -> bool:
     metrics = out / "runs" / label / "metrics.jsonl"
     return metrics.is_file() and len(metrics.read_text().splitlines()) >= 2
@@ -109,10 +117,8 @@ def test_sigterm_stops_every_worker_and_the_compare_exits_after_them(tmp_path):
         proc.send_signal(signal.SIGTERM)
         os.killpg(proc.pid, signal.SIGTERM)
         text = proc.communicate(timeout=60)[0]
-        deadline = time.time() + 10  # the resource tracker ends once the compare has: a moment
-        while _alive(below) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not _alive(below), f"left running: {_alive(below)}\n{text}"
+        left = _alive_after(below, 10)  # the resource tracker ends once the compare has: a moment
+        assert not left, f"left running: {left}\n{text}"
     finally:
         for pid in _alive(below):
             os.kill(pid, signal.SIGKILL)
@@ -244,10 +250,8 @@ def test_workers_of_a_killed_compare_save_and_exit(tmp_path):
     try:
         proc.kill()
         proc.wait(timeout=10)
-        deadline = time.time() + 60
-        while _alive(below) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not _alive(below), f"left running: {_alive(below)}"
+        left = _alive_after(below, 60)
+        assert not left, f"left running: {left}"
     finally:
         for pid in _alive(below):
             os.kill(pid, signal.SIGKILL)

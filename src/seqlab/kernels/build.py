@@ -166,9 +166,8 @@ def _torch_load(name: str, flags: list[str], library: Path, sources: str) -> Non
     """torch's ``load``: builds the library under its lock (or finds it up to date) and loads it; recorded."""
     from torch.utils.cpp_extension import load
 
-    unversioned(name)
     load(
-        name=name,
+        name=unversioned(name),
         sources=[str(SOURCE)],
         extra_cflags=flags,
         extra_ldflags=["-fopenmp"],

@@ -192,16 +192,11 @@ def set_aside(path: Path) -> Path | None:
 
 
 def write_output(path: str | Path, text: str) -> Path:
-    """Write one of a compare's report files (table.md, report.html, results.json): an earlier file there with
-    other contents (an earlier compare's, or one the user edited) is kept as ``NAME.prev`` first
-    (:func:`set_aside`), and the log says so."""
+    """Write one of a compare's report files (table.md, report.html, results.json) through :func:`write_kept`:
+    an earlier file there with other contents (an earlier compare's, or one the user edited) is kept."""
     from seqlab.training.checkpoint import write_text_atomic
 
-    path = Path(path)
-    if path.is_file() and path.read_text(encoding="utf-8", errors="replace") != text:
-        log.info("kept the earlier %s as %s", path.name, set_aside(path).name)
-    write_text_atomic(path, text)
-    return path
+    return write_kept(path, lambda where: write_text_atomic(where, text))
 
 
 def write_figure(fig, path: str | Path, **kw: Any) -> Path:
@@ -212,8 +207,8 @@ def write_figure(fig, path: str | Path, **kw: Any) -> Path:
 
 
 def write_kept(path: str | Path, write: Callable[[Path], Any]) -> Path:
-    """A compare's plot drawn by ``write(where)``: an earlier file at ``path`` that differs (an earlier
-    compare's) is kept as ``NAME.prev`` first (:func:`set_aside`), as :func:`write_output` keeps the reports."""
+    """A compare's file written by ``write(where)`` (a report, a plot): an earlier file at ``path`` that differs
+    is kept as ``NAME.prev`` first (:func:`set_aside`), and the log says so; one the same is left as it is."""
     import os
 
     path = Path(path)
