@@ -15,7 +15,8 @@ seqlab's copy is made by the production converter (``seqlab.interop.hf_gpt2.conv
   dY W, dYᵀ X, same shapes and transposes, into preallocated outputs, nothing between them), timed alternating
   with the steps, and the achieved fraction of the matmul rate a step would reach if nothing but those GEMMs
   and the attention products (at the matmul rate) cost time: the bound any fp32 implementation built on
-  torch's GEMMs meets.
+  these GEMMs meets. On a CPU where ``seqlab.kernels.gemm`` chooses oneDNN (AMD with AVX-512), seqlab's
+  forward products and input gradients run through it; the matmul rate is then the best of MKL and oneDNN.
 * Generation: greedy and sampled (temperature 0.8, top-k 50), at batch 1 and batch 8, a 16-token prompt and
   200 new tokens through each library's KV cache (seqlab ``generate``, which decodes through
   ``StaticCacheDecoder`` and, for a float32 model on the CPU, the fused kernel ``seqlab.kernels.decode``, whose
@@ -51,40 +52,52 @@ from seqlab.training.config import cpu_has_bf16_matmul
 SAMPLING = {"temperature": 0.8, "top_k": 50}  # both libraries' sampled decoding
 
 
+def _onednn_mm(a: torch.Tensor, b: torch.Tensor):
+    """a @ b through oneDNN (``torch.ops.mkldnn._linear_pointwise``, b's transpose as its weight)."""
+    return torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], "")
+
+
 def matmul_rate(
     shapes: list[tuple[int, int, int]], repeats: int = 7, dtype: torch.dtype = torch.float32
-) -> tuple[float, tuple[int, int, int]]:
+) -> tuple[float, tuple[int, int, int], str]:
     """The best FLOP/s (fp32 unless ``dtype``) over (m, k) x (k, n) matmuls of the given shapes (median over
-    repeats each).
+    repeats each), the shape and the library that gave it: in float32 both torch's ``@`` (MKL) and oneDNN
+    (seqlab's products on CPUs where it is the faster, ``seqlab.kernels.gemm``) are timed; other dtypes ``@``.
 
     Square matmuls alone underestimate what the CPU reaches (a single 1024^3 product left a model at "105%");
     the best over squares and the model's own GEMM shapes is the honest ceiling for its matmuls.
     """
-    best, best_shape = 0.0, shapes[0]
+    libraries = {"MKL": torch.matmul}
+    if dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        libraries["oneDNN"] = _onednn_mm
+    best, best_shape, best_library = 0.0, shapes[0], "MKL"
     for m, k, n in shapes:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        a @ b
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - t)
-        rate = 2 * m * k * n / statistics.median(times)
-        if rate > best:
-            best, best_shape = rate, (m, k, n)
-    return best, best_shape
+        for name, mm in libraries.items():
+            mm(a, b)
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                mm(a, b)
+                times.append(time.perf_counter() - t)
+            rate = 2 * m * k * n / statistics.median(times)
+            if rate > best:
+                best, best_shape, best_library = rate, (m, k, n), name
+    return best, best_shape, best_library
 
 
-def products_fn(shape: tuple[int, int, int], rate: float, seconds: float = 0.1):
-    """A call that runs the (m, k) x (k, n) product about ``seconds`` long at ``rate``, and its FLOPs: the
-    matmul rate timed alternating with the steps, under the same load as they are."""
+def products_fn(shape: tuple[int, int, int], rate: float, library: str, seconds: float = 0.1):
+    """A call that runs the (m, k) x (k, n) product about ``seconds`` long at ``rate`` through ``library``
+    (as ``matmul_rate`` names it), and its FLOPs: the matmul rate timed alternating with the steps, under the
+    same load as they are."""
     m, k, n = shape
     a, b = torch.randn(m, k), torch.randn(k, n)
+    mm = _onednn_mm if library == "oneDNN" else torch.matmul
     reps = max(1, round(seconds * rate / (2 * m * k * n)))
 
     def run() -> None:
         for _ in range(reps):
-            a @ b
+            mm(a, b)
 
     return run, reps * 2 * m * k * n
 
@@ -145,21 +158,39 @@ def kv_ceiling_fn(model, batch: int, prompt: int, steps: int):
 def gemm_floor_fn(model, rows: int):
     """A call that runs one training step's weight GEMMs alone: per linear layer (packed QKV, output projection,
     the MLP's two, the head) the forward X Wᵀ and the backward dY W and dYᵀ X, with the shapes and transposed
-    operands autograd gives them, into preallocated outputs, nothing between them. Its time is what the step
-    would take if attention, the elementwise ops and the optimizer cost nothing; also returns its FLOPs."""
+    operands autograd gives them, through the library seqlab's step uses for each (``seqlab.kernels.gemm``:
+    oneDNN for the forward and dY W where it is the faster, MKL otherwise), nothing between them. Its time is
+    what the step would take if attention, the elementwise ops and the optimizer cost nothing; also returns
+    its FLOPs."""
+    from seqlab.kernels.gemm import linear
+
     mats = weight_matrices(model)
     calls = []
     for w in mats:
         d_out, d_in = w.shape
         x, dy = torch.randn(rows, d_in), torch.randn(rows, d_out)
-        calls += [(x, w.t(), torch.empty(rows, d_out)), (dy, w, torch.empty(rows, d_in))]
-        calls.append((dy.t(), x, torch.empty(d_out, d_in)))
+        calls += [(linear, x, w), (linear, dy, w.t())]  # X Wᵀ and dY W as seqlab's Linear runs them
+        calls.append((torch.mm, dy.t(), x))  # dYᵀ X: torch's (MKL), as seqlab's backward runs it
 
     def run() -> None:
-        for a, b, out in calls:
-            torch.mm(a, b, out=out)
+        with torch.no_grad():
+            for f, a, b in calls:
+                f(a, b)
 
     return run, sum(6 * rows * w.numel() for w in mats)
+
+
+def gemm_said() -> str:
+    """Which library runs each library's float32 products in this run."""
+    from seqlab.kernels.gemm import MIN_WORK, onednn_reason
+
+    if (why := onednn_reason()) is not None:
+        return f"Both libraries' products: MKL (torch's `addmm`/`mm`; seqlab.kernels.gemm: {why})."
+    return (
+        "seqlab's linear layers ran their forward products and input gradients through oneDNN and their weight "
+        f"gradients through MKL (`seqlab.kernels.gemm`: oneDNN on this CPU for products of >= {MIN_WORK:,} "
+        "multiply-adds); HF's Conv1D layers run MKL's `addmm`."
+    )
 
 
 def generate_ref(model, prompt, new_tokens):
@@ -328,7 +359,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
 
     rows, d = args.batch * args.context, 256
-    rate, rate_shape = matmul_rate(
+    rate, rate_shape, rate_library = matmul_rate(
         [(1024, 1024, 1024), (2048, 2048, 2048), (rows, d, 3 * d), (rows, d, 4 * d), (rows, 4 * d, d)]
     )
     steps = {
@@ -339,11 +370,11 @@ def main() -> None:
     if bf16:  # the same models under bf16 autocast, alternating with the fp32 steps
         steps["seqlab bf16"] = train_step_fn(ours, lambda m, x: m(x), batch, bf16=True)
         steps["hf bf16"] = train_step_fn(hf, lambda m, x: m(x).logits, batch, bf16=True)
-        rate16, rate16_shape = matmul_rate(
+        rate16, rate16_shape, _ = matmul_rate(
             [(rows, d, 3 * d), (rows, d, 4 * d), (rows, 4 * d, d)], dtype=torch.bfloat16
         )
     steps["gemms"], gemm_flops = gemm_floor_fn(ours, rows)
-    steps["matmul"], matmul_flops = products_fn(rate_shape, rate)
+    steps["matmul"], matmul_flops = products_fn(rate_shape, rate, rate_library)
     train, train_spread = medians_and_spread(steps, repeats)
     scan_rate, alternated_rate = rate, matmul_flops / train["matmul"]
     rate = max(scan_rate, alternated_rate)  # the best measured in the run: the fractions below are against it
@@ -370,9 +401,10 @@ def main() -> None:
         + (" Quick run." if args.quick else "")
         + f" {malloc}",
         f"fp32 matmul rate measured in this run: {rate / 1e9:.1f} GFLOP/s, the better of a scan before the steps "
-        f"(best median over square and the model's GEMM shapes: {scan_rate / 1e9:.1f} at (m, k, n) = {rate_shape}) "
+        f"(best median over square and the model's GEMM shapes, through MKL and oneDNN: {scan_rate / 1e9:.1f} at "
+        f"(m, k, n) = {rate_shape}, {rate_library}) "
         f"and that shape's products timed alternating with the steps ({alternated_rate / 1e9:.1f}, ±"
-        f"{train_spread['matmul']:.0%}).",
+        f"{train_spread['matmul']:.0%}). {gemm_said()}",
         "",
         "| | seqlab | HF | seqlab / HF | of ceiling |",
         "|---|---:|---:|---:|---:|",

@@ -57,6 +57,10 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
     assert list(tmp_path.iterdir()) == []  # doctor built nothing
     gpu = "not used: no CUDA GPU" if not torch.cuda.is_available() else "selective scan on GPU"
     assert gpu in out
+    from seqlab.kernels.gemm import onednn_reason
+
+    said = "oneDNN for forward products" if onednn_reason() is None else f"MKL (torch's): {onednn_reason()}"
+    assert f"{'float32 products':<23} {said}" in out
 
     monkeypatch.setenv("SEQLAB_DISABLE_KERNELS", "attention")
     assert main(["doctor"]) == 0

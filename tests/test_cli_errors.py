@@ -190,10 +190,19 @@ def test_a_full_disk_during_a_save_loses_nothing(tmp_path, monkeypatch, capsys):
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
 
 
-def test_a_misspelt_kernel_switch_is_refused_before_anything_is_written(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("SEQLAB_DISABLE_KERNELS", "bogus")
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("SEQLAB_DISABLE_KERNELS", "SEQLAB_DISABLE_KERNELS='bogus' names no kernel ['bogus']"),
+        ("SEQLAB_GEMM", "SEQLAB_GEMM must be 'onednn', 'torch' or 'auto', got 'bogus'"),
+    ],
+)
+def test_a_misspelt_kernel_switch_is_refused_before_anything_is_written(
+    capsys, tmp_path, monkeypatch, name, said
+):
+    monkeypatch.setenv(name, "bogus")
     msg = _error(capsys, [*BASE, "--out", str(tmp_path / "run")])
-    assert "SEQLAB_DISABLE_KERNELS='bogus' names no kernel ['bogus']" in msg
+    assert said in msg
     assert not (tmp_path / "run").exists()  # it was found at the first kernel, after the run folder was made
 
 

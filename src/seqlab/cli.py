@@ -284,8 +284,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     """Run the command; a user's mistake becomes one ``error:`` line and status 2, a bug its traceback."""
     try:
         from seqlab.kernels.build import disabled_reason
+        from seqlab.kernels.gemm import choice
 
         disabled_reason("scan")  # a misspelt SEQLAB_DISABLE_KERNELS refused now, not at a kernel's first use
+        choice()  # and a SEQLAB_GEMM that is not one of its values
         if hasattr(args, "out_file_default"):  # a command that writes one file: never an existing one
             from seqlab.outfiles import fresh_file
 

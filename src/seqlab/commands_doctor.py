@@ -224,7 +224,16 @@ def _kernels() -> list[str]:
         gpu = f"ready (triton {_version('triton')})"
     else:
         gpu = "missing: pip install triton (the chunked PyTorch scan runs instead)"
-    return [*lines, f"  {'selective scan on GPU':<23} {gpu}"]
+    return [*lines, f"  {'selective scan on GPU':<23} {gpu}", f"  {'float32 products':<23} {_gemm()}"]
+
+
+def _gemm() -> str:
+    """Which library multiplies seqlab's large float32 CPU matrices (``seqlab.kernels.gemm``)."""
+    from seqlab.kernels.gemm import onednn_reason
+
+    if (why := onednn_reason()) is None:
+        return "oneDNN for forward products and input gradients, MKL for weight gradients"
+    return f"MKL (torch's): {why}"
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

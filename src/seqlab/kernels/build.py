@@ -207,7 +207,16 @@ def _build() -> BuildInfo:
 
 
 # every compiled kernel by the name SEQLAB_DISABLE_KERNELS knows it by (the C++ file's stem; "scan" for this one)
-KERNEL_NAMES = ("scan", "recurrent", "decode", "activations", "causal_conv", "layer_norm", "attention")
+KERNEL_NAMES = (
+    "scan",
+    "recurrent",
+    "decode",
+    "activations",
+    "causal_conv",
+    "layer_norm",
+    "attention",
+    "gemm",
+)
 
 
 def disabled_reason(name: str) -> str | None:

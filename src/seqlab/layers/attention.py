@@ -25,7 +25,6 @@ Two paths (``seqlab.layers.fastpath``): ``forward`` computes attention with the 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.kernels import attention as attention_kernel
@@ -33,6 +32,7 @@ from seqlab.kernels.extension import matmul_dtype
 from seqlab.layers.checks import check_attention_call, check_batch_size, check_causal_step, check_input
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.kv_cache import KVBuffer, KVCache, append_kv
+from seqlab.layers.linear import Linear, linear
 from seqlab.layers.masks import causal_mask, check_padding_mask, combine_masks, sliding_window_mask
 from seqlab.layers.packed_proj import packed_in_proj, reset_packed_in_proj
 from seqlab.layers.positional import RotaryEmbedding
@@ -154,7 +154,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         self.rope, self.fast_path = rope, fast_path
         rows = (n_heads + 2 * n_kv_heads) * head_dim
         self.in_proj_weight, self.in_proj_bias = packed_in_proj(rows, d_model, bias, **kw)
-        self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias, **kw)
+        self.out_proj = Linear(n_heads * head_dim, d_model, bias=bias, **kw)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -184,8 +184,8 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         if self.in_proj_bias is not None:
             _, b_k, b_v = self.in_proj_bias.split(self._split_sizes())
         b, t_k, g, kd = key.size(0), key.size(1), self.n_kv_heads, self.head_dim
-        k = F.linear(key, w_k, b_k).view(b, t_k, g, kd).transpose(1, 2)  # (b, t_k, d) -> (b, g, t_k, k)
-        v = F.linear(value, w_v, b_v).view(b, t_k, g, kd).transpose(1, 2)  # (b, t_k, d) -> (b, g, t_k, k)
+        k = linear(key, w_k, b_k).view(b, t_k, g, kd).transpose(1, 2)  # (b, t_k, d) -> (b, g, t_k, k)
+        v = linear(value, w_v, b_v).view(b, t_k, g, kd).transpose(1, 2)  # (b, t_k, d) -> (b, g, t_k, k)
         return k, v
 
     def forward(
@@ -250,7 +250,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         """Self-attention through the kernel, its gradient written straight into the projection's layout; the
         same outputs and cache as the general path."""
         b, t, _ = x.shape
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, 3 h k)
+        qkv = linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, 3 h k)
         drop = self.dropout if self.training else 0.0
         out = attention_kernel.attention_packed(
             qkv, self.n_heads, self.causal, self.scale, drop
@@ -263,7 +263,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         """q (b, h, t, k); k, v (b, g, t_c + t, k) with the cache in front; the next cache."""
         b, t, _ = x.shape
         h, g, kd = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, d) -> (b, t, (h + 2g) k)
+        qkv = linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, d) -> (b, t, (h + 2g) k)
         q, k, v = qkv.split(self._split_sizes(), dim=-1)
         q = q.view(b, t, h, kd).transpose(1, 2)  # (b, h, t, k)
         k = k.view(b, t, g, kd).transpose(1, 2)  # (b, g, t, k)
@@ -287,7 +287,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         h, kd = self.n_heads, self.head_dim
         w_q, *_ = self.in_proj_weight.split(self._split_sizes())
         b_q = None if self.in_proj_bias is None else self.in_proj_bias[: h * kd]
-        q = F.linear(x, w_q, b_q).view(b, t_q, h, kd).transpose(1, 2)  # (b, t_q, d) -> (b, h, t_q, k)
+        q = linear(x, w_q, b_q).view(b, t_q, h, kd).transpose(1, 2)  # (b, t_q, d) -> (b, h, t_q, k)
         if state is None:
             k, v = self._project_kv(key, key if value is None else value)  # (b, g, t_k, k) each
             state = KVCache(k, v, torch.tensor(k.size(2), device=x.device))

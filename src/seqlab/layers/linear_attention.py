@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from seqlab.layers.checks import check_batch_size, check_causal_step, check_input, check_state
 from seqlab.layers.fastpath import FastPathMixin
+from seqlab.layers.linear import Linear, linear
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
 from seqlab.layers.packed_proj import packed_in_proj, reset_packed_in_proj
@@ -200,7 +201,7 @@ class LinearAttention(FastPathMixin, nn.Module):
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.causal, self.eps, self.chunk_size, self.fast_path = causal, eps, chunk_size, fast_path
         self.in_proj_weight, self.in_proj_bias = packed_in_proj(3 * n_heads * head_dim, d_model, bias, **kw)
-        self.out_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias, **kw)
+        self.out_proj = Linear(n_heads * head_dim, d_model, bias=bias, **kw)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -227,7 +228,7 @@ class LinearAttention(FastPathMixin, nn.Module):
             mask = check_padding_mask(mask, b, t, x.device)
         if mask is not None:
             x = x.masked_fill(~mask[..., None], 0.0)  # padded inputs (even NaN) never enter a product
-        qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, d) -> (b, t, 3 h k)
+        qkv = linear(x, self.in_proj_weight, self.in_proj_bias)  # (b, t, d) -> (b, t, 3 h k)
         qkv = qkv.view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, b, h, t, k)
         q, k, v = _elu1(qkv[0]), _elu1(qkv[1]), qkv[2]
         if mask is not None:

@@ -29,6 +29,7 @@ from seqlab.kernels.causal_conv import why_not_kernel as why_not_conv_kernel
 from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _log_uniform, _wide
 from seqlab.layers.fastpath import FastPathMixin
+from seqlab.layers.linear import Linear, linear
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
 from seqlab.layers.scan import selective_scan, selective_scan_ref
@@ -104,13 +105,13 @@ class Mamba(FastPathMixin, nn.Module):
         _check_args(self)
         self.d_inner = di = expand * d_model
         self.dt_rank = math.ceil(d_model / 16) if dt_rank is None else dt_rank
-        self.in_proj = nn.Linear(d_model, 2 * di, bias=bias, **kw)
+        self.in_proj = Linear(d_model, 2 * di, bias=bias, **kw)
         self.conv1d = nn.Conv1d(di, di, d_conv, groups=di, padding=d_conv - 1, bias=conv_bias, **kw)
-        self.x_proj = nn.Linear(di, self.dt_rank + 2 * d_state, bias=False, **kw)
-        self.dt_proj = nn.Linear(self.dt_rank, di, bias=True, **kw)
+        self.x_proj = Linear(di, self.dt_rank + 2 * d_state, bias=False, **kw)
+        self.dt_proj = Linear(self.dt_rank, di, bias=True, **kw)
         self.A_log = nn.Parameter(torch.empty(di, d_state, **kw))
         self.D = nn.Parameter(torch.empty(di, **kw))
-        self.out_proj = nn.Linear(di, d_model, bias=bias, **kw)
+        self.out_proj = Linear(di, d_model, bias=bias, **kw)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -146,12 +147,12 @@ class Mamba(FastPathMixin, nn.Module):
         gradients into one: less copying (a lab-width Mamba LM step about 3% faster, alternating in one process)."""
         w, bias = self.in_proj.weight, self.in_proj.bias
         halves = (None, None) if bias is None else bias.chunk(2)
-        return tuple(F.linear(x, wh, bh) for wh, bh in zip(w.chunk(2), halves, strict=True))
+        return tuple(linear(x, wh, bh) for wh, bh in zip(w.chunk(2), halves, strict=True))
 
     def _ssm_inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (..., d_inner) -> Δ before bias and softplus (..., d_inner), B and C (..., n)."""
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        return F.linear(dt, self.dt_proj.weight), B, C  # the bias is added in float32 by the caller
+        return linear(dt, self.dt_proj.weight), B, C  # the bias is added in float32 by the caller
 
     def forward(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None):
         """x (b, t, d) -> y (b, t, d), (conv_state, ssm_state)."""

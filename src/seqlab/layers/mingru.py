@@ -64,6 +64,7 @@ from torch import Tensor, nn
 from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _wide  # float32 for half precision, as the SSM scans
 from seqlab.layers.fastpath import FastPathMixin
+from seqlab.layers.linear import Linear
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
 from seqlab.validation import check_positive_ints
@@ -178,8 +179,8 @@ class MinGRU(FastPathMixin, nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.d_inner = e = expand * d_model
         self.fast_path = fast_path
-        self.in_proj = nn.Linear(d_model, 2 * e, bias=bias, **kw)  # [Linear_z; Linear_h]
-        self.out_proj = nn.Linear(e, d_model, bias=False, **kw) if expand > 1 else None
+        self.in_proj = Linear(d_model, 2 * e, bias=bias, **kw)  # [Linear_z; Linear_h]
+        self.out_proj = Linear(e, d_model, bias=False, **kw) if expand > 1 else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from seqlab.kernels.activations import gelu, gelu_bias, gelu_bias_ready, gelu_tanh
 from seqlab.layers.checks import check_last_axis
 from seqlab.layers.fastpath import hook_reason
+from seqlab.layers.linear import Linear, linear
 from seqlab.validation import check_dropout, check_positive_ints
 
 # gelu, gelu_tanh: F.gelu(x) and F.gelu(x, approximate="tanh") through seqlab's vectorized kernel on the CPU
@@ -43,8 +44,8 @@ class MLP(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
-        self.fc1 = nn.Linear(d_model, d_ff, bias=bias, device=device, dtype=dtype)
-        self.fc2 = nn.Linear(d_ff, d_model, bias=bias, device=device, dtype=dtype)
+        self.fc1 = Linear(d_model, d_ff, bias=bias, device=device, dtype=dtype)
+        self.fc2 = Linear(d_ff, d_model, bias=bias, device=device, dtype=dtype)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -61,7 +62,7 @@ class MLP(nn.Module):
             and gelu_bias_ready(x, fc1.weight, fc1.bias)
             and hook_reason([("fc1", fc1)]) is None
         ):
-            return gelu_bias(F.linear(x, fc1.weight), fc1.bias, _GELU[self.activation])
+            return gelu_bias(linear(x, fc1.weight), fc1.bias, _GELU[self.activation])
         return ACTIVATIONS[self.activation](fc1(x))
 
 
@@ -76,9 +77,9 @@ class SwiGLU(nn.Module):
         check_positive_ints(self, ("d_model", "d_ff"), prefix="SwiGLU: ")
         check_dropout(self, prefix="SwiGLU: ")
         kw = {"bias": bias, "device": device, "dtype": dtype}
-        self.gate = nn.Linear(d_model, d_ff, **kw)
-        self.up = nn.Linear(d_model, d_ff, **kw)
-        self.down = nn.Linear(d_ff, d_model, **kw)
+        self.gate = Linear(d_model, d_ff, **kw)
+        self.up = Linear(d_model, d_ff, **kw)
+        self.down = Linear(d_ff, d_model, **kw)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from seqlab.layers.checks import check_dtype
 from seqlab.layers.fastpath import hook_reason
+from seqlab.layers.linear import linear
 from seqlab.validation import check_positive_ints
 
 __all__ = ["PatchEmbedding", "interpolate_grid_positions"]
@@ -80,7 +81,7 @@ class PatchEmbedding(nn.Module):
         b, c, p = images.size(0), self.in_channels, self.patch_size
         rows = images.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(b, gh * gw, c * p * p)
         weight = self.proj.weight
-        return F.linear(rows, weight.view(weight.size(0), -1), self.proj.bias)  # (b, gh gw, d)
+        return linear(rows, weight.view(weight.size(0), -1), self.proj.bias)  # (b, gh gw, d)
 
 
 def interpolate_grid_positions(table: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> Tensor:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from seqlab.layers.checks import check_dtype
+from seqlab.layers.linear import Linear
 from seqlab.validation import check_positive_ints
 
 __all__ = ["AdditiveAttention", "AttentionalHidden", "LuongAttention"]
@@ -101,9 +102,9 @@ class AdditiveAttention(nn.Module):
         self.d_query, self.d_key, self.d_attn = d_query, d_key, d_attn
         check_positive_ints(self, ("d_query", "d_key", "d_attn"), "AdditiveAttention: ")
         kw = {"device": device, "dtype": dtype}
-        self.query_proj = nn.Linear(d_query, d_attn, bias=False, **kw)
-        self.key_proj = nn.Linear(d_key, d_attn, bias=True, **kw)
-        self.v = nn.Linear(d_attn, 1, bias=False, **kw)
+        self.query_proj = Linear(d_query, d_attn, bias=False, **kw)
+        self.key_proj = Linear(d_key, d_attn, bias=True, **kw)
+        self.v = Linear(d_attn, 1, bias=False, **kw)
 
     def project_keys(self, keys: Tensor) -> Tensor:
         return self.key_proj(keys)  # (b, s, d_key) -> (b, s, d_attn)
@@ -157,7 +158,7 @@ class LuongAttention(nn.Module):
             )
         self.score, self.d_query, self.d_key = score, d_query, d_key
         self.W_a = (
-            nn.Linear(d_key, d_query, bias=False, device=device, dtype=dtype) if score == "general" else None
+            Linear(d_key, d_query, bias=False, device=device, dtype=dtype) if score == "general" else None
         )
 
     def project_keys(self, keys: Tensor) -> Tensor:
@@ -204,7 +205,7 @@ class AttentionalHidden(nn.Module):
         self.attn = (
             AdditiveAttention(d, d, d, **kw) if score == "concat" else LuongAttention(d, d, score, **kw)
         )
-        self.out_proj = nn.Linear(2 * d, d, bias=score == "concat", **kw)  # W_c, acting on [c; s]
+        self.out_proj = Linear(2 * d, d, bias=score == "concat", **kw)  # W_c, acting on [c; s]
 
     def project_keys(self, keys: Tensor) -> Tensor:
         """The keys' share of the score, computed once per source; pass it back as ``keys_proj``."""

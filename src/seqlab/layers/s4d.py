@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _log_uniform, discretize
 from seqlab.layers.fastpath import FastPathMixin
+from seqlab.layers.linear import Linear
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import MixerSpec, register_mixer
 from seqlab.validation import check_choices, check_dropout, check_positive_floats, check_positive_ints
@@ -127,7 +128,7 @@ class S4D(FastPathMixin, nn.Module):
         self.C = nn.Parameter(torch.empty(d_model, m, 2, **kw))  # (re, im) of C
         self.D = nn.Parameter(torch.empty(d_model, **kw))
         self.drop = nn.Dropout(dropout)
-        self.out_proj = nn.Linear(d_model, 2 * d_model, **kw)  # then GLU: (b, t, 2d) -> (b, t, d)
+        self.out_proj = Linear(d_model, 2 * d_model, **kw)  # then GLU: (b, t, 2d) -> (b, t, d)
         self.reset_parameters()
 
     @torch.no_grad()

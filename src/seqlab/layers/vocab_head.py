@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.layers.linear import linear
+
 PAD_MULTIPLE = 64
 
 
@@ -32,10 +34,10 @@ def vocab_logits(h: Tensor, weight: Tensor, bias: Tensor | None = None, pad: boo
     if pad is None:
         pad = h.is_cuda and extra > 0
     if not pad or not extra:
-        return F.linear(h, weight, bias)
+        return linear(h, weight, bias)
     weight = F.pad(weight, (0, 0, 0, extra))  # (v + extra, d), zero rows
     bias = None if bias is None else F.pad(bias, (0, extra))
-    return F.linear(h, weight, bias)[..., :v]  # (.., v): a view of the aligned (.., v + extra) product
+    return linear(h, weight, bias)[..., :v]  # (.., v): a view of the aligned (.., v + extra) product
 
 
 class VocabHead(nn.Linear):

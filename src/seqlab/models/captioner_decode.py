@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.attention import KVCache
+from seqlab.layers.linear import Linear, linear
 from seqlab.layers.norms import LayerNorm
 from seqlab.layers.recurrent import LSTM
 from seqlab.layers.recurrent_cells import _lstm_update
@@ -68,7 +68,7 @@ class CaptionDecodeMixin:
             self.embed = nn.Embedding(c.vocab_size, d, **kw)
             nn.init.normal_(self.embed.weight, std=0.02)  # tied to the head: N(0, 1) gives logits of std √d
             self.pos = nn.Parameter(torch.randn(c.max_len, d, **kw) * 0.02)
-            self.memory_proj = nn.Linear(d_ann, d, **kw) if d_ann != d else nn.Identity()
+            self.memory_proj = Linear(d_ann, d, **kw) if d_ann != d else nn.Identity()
             self.layers = nn.ModuleList(
                 TransformerDecoderLayer(
                     d, c.n_heads, dropout=c.dropout, activation="gelu", norm_first=True, **kw
@@ -79,16 +79,16 @@ class CaptionDecodeMixin:
             return
         self.embed = nn.Embedding(c.vocab_size, e, **kw)
         if c.attention == "none":  # Show and Tell
-            self.image_proj = nn.Linear(n_regions * d_ann, e, **kw)  # W_I vec(a)
+            self.image_proj = Linear(n_regions * d_ann, e, **kw)  # W_I vec(a)
             self.lstm = LSTM(e, d, **kw)
-            self.out = nn.Linear(d, c.vocab_size, **kw)
+            self.out = Linear(d, c.vocab_size, **kw)
         else:  # Show, Attend and Tell
-            self.init_h, self.init_c = nn.Linear(d_ann, d, **kw), nn.Linear(d_ann, d, **kw)
+            self.init_h, self.init_c = Linear(d_ann, d, **kw), Linear(d_ann, d, **kw)
             self.attn = AdditiveAttention(d, d_ann, c.d_attn or d, **kw)
-            self.beta = nn.Linear(d, 1, **kw) if c.gate else None
+            self.beta = Linear(d, 1, **kw) if c.gate else None
             self.lstm = LSTM(e + d_ann, d, **kw)
-            self.out_h, self.out_z = nn.Linear(d, e, **kw), nn.Linear(d_ann, e, **kw)  # L_h, L_z
-            self.out = nn.Linear(e, c.vocab_size, **kw)  # L_o
+            self.out_h, self.out_z = Linear(d, e, **kw), Linear(d_ann, e, **kw)  # L_h, L_z
+            self.out = Linear(e, c.vocab_size, **kw)  # L_o
 
     def start_decoder(self, a: Tensor) -> CaptionState:
         """The decoder's state before the first word (bos) from the annotation vectors a (b, L, D)."""
@@ -130,10 +130,10 @@ class CaptionDecodeMixin:
         w_ih, w_hh_t, bias = self._lstm_weights()
         h, cell = state.rnn
         if c.attention == "none":
-            h, cell = _lstm_update(F.linear(emb, w_ih, bias), h, cell, w_hh_t)
+            h, cell = _lstm_update(linear(emb, w_ih, bias), h, cell, w_hh_t)
             return self.out(self.drop(h)), CaptionState(state.memory, rnn=(h, cell)), None
         z, alpha = self._attend(h, state)
-        h, cell = _lstm_update(F.linear(torch.cat([emb, z], -1), w_ih, bias), h, cell, w_hh_t)
+        h, cell = _lstm_update(linear(torch.cat([emb, z], -1), w_ih, bias), h, cell, w_hh_t)
         logits = self._deep_output(emb, h, z)
         return logits, CaptionState(state.memory, state.keys_proj, (h, cell)), alpha
 
@@ -172,12 +172,12 @@ class CaptionDecodeMixin:
         one product for all t; the context's share, the attention and the recurrence stay in the loop."""
         e = emb.size(-1)
         w_ih, w_hh_t, bias = self._lstm_weights()
-        gx_emb = F.linear(emb, w_ih[:, :e], bias).unbind(1)  # (b, t, e) x (e, 4d) -> t x (b, 4d)
+        gx_emb = linear(emb, w_ih[:, :e], bias).unbind(1)  # (b, t, e) x (e, 4d) -> t x (b, 4d)
         w_z = w_ih[:, e:]  # (4d, D)
         (h, cell), hs, zs, alphas = state.rnn, [], [], []
         for gx in gx_emb:
             z, alpha = self._attend(h, state)  # from h_{t-1}
-            h, cell = _lstm_update(gx + F.linear(z, w_z), h, cell, w_hh_t)
+            h, cell = _lstm_update(gx + linear(z, w_z), h, cell, w_hh_t)
             hs.append(h)
             zs.append(z)
             alphas.append(alpha)
@@ -205,7 +205,7 @@ class CaptionDecodeMixin:
         return self.norm(x), new, weights
 
     def _head(self, h: Tensor) -> Tensor:
-        return F.linear(h, self.embed.weight)  # tied: (.., d) x (d, v) -> (.., v)
+        return linear(h, self.embed.weight)  # tied: (.., d) x (d, v) -> (.., v)
 
     # ---- generation (seqlab.models.beam) -------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from seqlab.layers.linear import Linear
 from seqlab.layers.masks import key_padding_mask
 from seqlab.layers.mlp import ACTIVATIONS
 from seqlab.layers.norms import LayerNorm
@@ -118,7 +119,7 @@ class Encoder(nn.Module):
             )
             for _ in range(c.n_layers)
         )
-        self.pooler = nn.Linear(c.d_model, c.d_model, **kw) if c.pooler else None
+        self.pooler = Linear(c.d_model, c.d_model, **kw) if c.pooler else None
         normal_init_(self)
 
     def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
@@ -217,9 +218,9 @@ class MaskedLMHead(nn.Module):
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         c = config
-        self.dense = nn.Linear(c.d_model, c.d_model, **kw)
+        self.dense = Linear(c.d_model, c.d_model, **kw)
         self.norm = LayerNorm(c.d_model, eps=c.norm_eps, **kw)
-        self.decoder = nn.Linear(c.d_model, c.vocab_size, **kw)
+        self.decoder = Linear(c.d_model, c.vocab_size, **kw)
         self.act = ACTIVATIONS[c.activation]
         normal_init_(self)
         if embedding is not None:
@@ -235,7 +236,7 @@ class ClassificationHead(nn.Module):
     def __init__(self, d_model: int, n_classes: int, dropout: float = 0.1, device=None, dtype=None):
         super().__init__()
         self.drop = nn.Dropout(dropout)
-        self.proj = nn.Linear(d_model, n_classes, device=device, dtype=dtype)
+        self.proj = Linear(d_model, n_classes, device=device, dtype=dtype)
         normal_init_(self)
 
     def forward(self, pooled: Tensor) -> Tensor:

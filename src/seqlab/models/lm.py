@@ -32,9 +32,8 @@ and the model was built with ``fast_path=True``; otherwise it steps through the 
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
@@ -42,6 +41,7 @@ from torch import Tensor, nn
 
 from seqlab.layers.attention import MultiheadAttention
 from seqlab.layers.checks import check_batch_size, dtype_checked
+from seqlab.layers.linear import Linear
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.mlp import MLP, SwiGLU
 from seqlab.layers.norms import make_norm
@@ -110,7 +110,7 @@ class LMConfig:
                 "model.tie_weights (one embedding for the inputs and the head) needs token inputs and outputs, "
                 f"got d_input={self.d_input}, d_output={self.d_output} (None: tokens): set it false"
             )
-        self.mixer_config = dataclasses.asdict(make_mixer_config(self.mixer, self.mixer_config))
+        self.mixer_config = asdict(make_mixer_config(self.mixer, self.mixer_config))
         if self.position == "learned" and not mixer_spec(self.mixer).counts_positions:
             raise ValueError(  # refused here, not after training, when stepping first needs the count
                 f"position='learned' needs a mixer whose state counts positions (attention); {self.mixer}'s "
@@ -203,7 +203,7 @@ class LM(nn.Module):
         if c.d_input is None:
             self.embed = nn.Embedding(c.vocab_size, c.d_model, **kw)
         else:
-            self.embed = nn.Linear(c.d_input, c.d_model, **kw)
+            self.embed = Linear(c.d_input, c.d_model, **kw)
         self.pos_embed = (
             LearnedPositionalEmbedding(c.max_seq_len, c.d_model, **kw) if c.position == "learned" else None
         )

@@ -48,6 +48,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from seqlab.layers.linear import Linear
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.recurrent import GRU, LSTM, RNN
@@ -169,7 +170,7 @@ class Encoder(nn.Module):
             lm = LMConfig(
                 mixer=c.encoder, mixer_config=c.encoder_config, d_model=c.d_model, dropout=c.dropout
             )
-            self.proj_in = nn.Linear(c.embed_width, c.d_model, **kw) if c.embed_width != c.d_model else None
+            self.proj_in = Linear(c.embed_width, c.d_model, **kw) if c.embed_width != c.d_model else None
             self.blocks = nn.ModuleList(Block(lm, **kw) for _ in range(c.n_encoder_layers))
             self.norm = nn.LayerNorm(c.d_model, **kw)
 
@@ -209,17 +210,17 @@ class Seq2Seq(DecodeMixin, nn.Module):
         self.src_embed = nn.Embedding(c.vocab_size, e, **kw)
         self.tgt_embed = nn.Embedding(c.target_vocab, e, **kw)
         self.encoder = Encoder(c, **kw)
-        self.bridge = nn.Linear(d, L * d, **kw)  # s_0 = tanh(W_init summary), one row per layer
+        self.bridge = Linear(d, L * d, **kw)  # s_0 = tanh(W_init summary), one row per layer
         self.drop = nn.Dropout(c.dropout)
         luong = c.attention == "luong"
         feed = d if (not luong or c.input_feeding) else 0  # the context, or h̃ with input feeding
         self.rnn = (LSTM if c.cell == "lstm" else GRU)(e + feed, d, L, dropout=c.dropout, **kw)
-        self.context_proj = nn.Linear(d, d, **kw) if c.attention == "none" else None  # c = W_ctx summary
+        self.context_proj = Linear(d, d, **kw) if c.attention == "none" else None  # c = W_ctx summary
         self.attn = AdditiveAttention(d, d, d, **kw) if c.attention == "bahdanau" else None
         self.global_attn = AttentionalHidden(d, c.score, **kw) if luong else None
         out = d if luong else c.readout_width
-        self.readout = None if luong else nn.Linear(2 * d + e, 2 * out, **kw)  # maxout pools of 2
-        self.out_proj = nn.Linear(out, c.target_vocab, **kw)
+        self.readout = None if luong else Linear(2 * d + e, 2 * out, **kw)  # maxout pools of 2
+        self.out_proj = Linear(out, c.target_vocab, **kw)
 
     # ---- encoding ----------------------------------------------------------------------------------------
 

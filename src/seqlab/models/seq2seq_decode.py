@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqlab.layers.linear import linear
+
 __all__ = ["DecodeMixin", "Seq2SeqState"]
 
 
@@ -66,7 +68,7 @@ class DecodeMixin:
         rnn, y = self.rnn, None
         for layer, (w_ih, w_hh_t, bias, b_rec) in enumerate(weights):
             # layer 0's projection came with the call; above it, the dropped-out output below: (b, G d)
-            gx = gx0 if layer == 0 else F.linear(F.dropout(y, rnn.dropout, self.training), w_ih, bias)
+            gx = gx0 if layer == 0 else linear(F.dropout(y, rnn.dropout, self.training), w_ih, bias)
             parts[layer] = rnn._update(gx, parts[layer], w_hh_t, b_rec)
             y = parts[layer][0]  # (b, d)
         return y
@@ -92,7 +94,7 @@ class DecodeMixin:
         e = emb.size(-1)
         weights = self._loop_weights()
         w_ih0, _, bias0, _ = weights[0]
-        gx_emb = F.linear(emb, w_ih0[:, :e], bias0).unbind(1)  # (b, t, e) x (e, G d) -> t x (b, G d)
+        gx_emb = linear(emb, w_ih0[:, :e], bias0).unbind(1)  # (b, t, e) x (e, G d) -> t x (b, G d)
         w_feed = w_ih0[:, e:]  # (G d, d)
         lstm = isinstance(state.rnn, tuple)
         layers = state.rnn if lstm else (state.rnn,)
@@ -104,7 +106,7 @@ class DecodeMixin:
             if c.attention == "bahdanau":  # c_i from s_{i-1}
                 feed, w = self.attn(parts[-1][0], state.memory, mask=state.mask, keys_proj=state.keys_proj)
                 feeds.append(feed)
-            y = self._layer_step(gx + F.linear(feed, w_feed), parts, weights)  # s_i: (b, d)
+            y = self._layer_step(gx + linear(feed, w_feed), parts, weights)  # s_i: (b, d)
             if c.attention == "luong":  # h̃_i from s_i, fed to the next step
                 y, w = self.global_attn(y, state.memory, state.mask, state.keys_proj)
                 feed = y

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.checks import check_dtype
+from seqlab.layers.linear import Linear
 from seqlab.layers.masks import check_padding_mask
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.models.lm import LM, LMConfig
@@ -123,7 +124,7 @@ class FrontEnd(nn.Module):
             self.conv1 = nn.Conv1d(c.n_mels, f, c.kernel_size, stride=s, padding=p, **kw)
             self.conv2 = nn.Conv1d(f, f, c.kernel_size, padding=p, **kw)
         else:
-            self.proj = nn.Linear(s * c.n_mels, f, **kw)
+            self.proj = Linear(s * c.n_mels, f, **kw)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         x = x.masked_fill(~mask[..., None], 0.0)  # padded frames are zeros (whatever they held: -inf too)

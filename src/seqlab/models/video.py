@@ -45,8 +45,7 @@ state)`` for causal temporal models.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -54,6 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.conv import ConvGridEncoder
+from seqlab.layers.linear import Linear
 from seqlab.layers.mixer import make_mixer_config, mixer_spec
 from seqlab.layers.norms import LayerNorm
 from seqlab.layers.patch import PatchEmbedding
@@ -144,9 +144,7 @@ class VideoConfig:
         if self.temporal == "transformer":
             check_divisible(self.d_model, self.n_heads)
         if self.temporal == "mixer":
-            self.mixer_config = dataclasses.asdict(
-                make_mixer_config(mixer_spec(self.mixer).name, self.mixer_config)
-            )
+            self.mixer_config = asdict(make_mixer_config(mixer_spec(self.mixer).name, self.mixer_config))
         if self.head == "caption":
             if self.decoder == "transformer":
                 if self.attention != "soft":
@@ -199,7 +197,7 @@ class FrameEncoder(nn.Module):
         else:
             self.grid = PatchEmbedding(c.patch_size, c.in_channels, c.d_patch, **kw)
             cells, width = (c.frame_size // c.patch_size) ** 2, c.d_patch
-        self.proj = nn.Linear(cells * width, c.frame_width, **kw)  # W vec(grid)
+        self.proj = Linear(cells * width, c.frame_width, **kw)  # W vec(grid)
 
     def forward(self, frames: Tensor) -> Tensor:
         if self.vit is not None:
@@ -217,7 +215,7 @@ class TemporalTransformer(nn.Module):
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         d = c.d_model
-        self.embed = nn.Linear(c.frame_width, d, **kw)
+        self.embed = Linear(c.frame_width, d, **kw)
         self.cls = nn.Parameter(torch.zeros(1, 1, d, **kw))
         self.pos = nn.Parameter(torch.randn(c.n_frames + 1, d, **kw) * 0.02)
         self.drop = nn.Dropout(c.dropout)
@@ -228,7 +226,7 @@ class TemporalTransformer(nn.Module):
             for _ in range(c.n_layers)
         )
         self.norm = LayerNorm(d, **kw)
-        self.head = nn.Linear(d, c.n_outputs, **kw)
+        self.head = Linear(d, c.n_outputs, **kw)
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from seqlab.layers.fastpath import hook_reason
+from seqlab.layers.linear import Linear
 from seqlab.layers.norms import LayerNorm
 from seqlab.layers.patch import PatchEmbedding, interpolate_grid_positions
 from seqlab.layers.positional import sinusoidal_2d_table
@@ -149,8 +150,8 @@ class ViT(nn.Module):
             for _ in range(c.n_layers)
         )
         self.norm = LayerNorm(c.d_model, eps=c.norm_eps, **kw)
-        self.pooler = nn.Linear(c.d_model, c.d_model, **kw) if c.pooler else None
-        self.head = nn.Linear(c.d_model, c.n_classes, **kw) if c.n_classes else None
+        self.pooler = Linear(c.d_model, c.d_model, **kw) if c.pooler else None
+        self.head = Linear(c.d_model, c.n_classes, **kw) if c.n_classes else None
         self.reset_parameters()
 
     @torch.no_grad()

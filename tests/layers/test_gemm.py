@@ -1,0 +1,157 @@
+"""seqlab.kernels.gemm.linear: F.linear's values and gradients with oneDNN's products, and where it steps aside."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from seqlab.kernels import gemm
+from seqlab.layers.linear import Linear
+
+pytestmark = pytest.mark.skipif(gemm._op_reason() is not None, reason=f"{gemm._op_reason()}")
+
+
+@pytest.fixture
+def onednn(monkeypatch):
+    """oneDNN's products on any CPU (the automatic choice takes them on AMD with AVX-512 only)."""
+    monkeypatch.setenv("SEQLAB_GEMM", "onednn")
+    monkeypatch.delenv("SEQLAB_DISABLE_KERNELS", raising=False)
+    assert gemm.onednn_reason() is None
+
+
+def _pair(x, w, b):
+    """Two leaf copies of (x, w, b), gradients wanted where the originals want them."""
+
+    def leaf(t):
+        return None if t is None else t.detach().clone().requires_grad_(t.requires_grad)
+
+    return [leaf(t) for t in (x, w, b)], [leaf(t) for t in (x, w, b)]
+
+
+def _close(got, ref):
+    torch.testing.assert_close(got, ref, rtol=2e-5, atol=2e-5 * ref.abs().max().item())
+
+
+CASES = {
+    "3-d input with bias": lambda: (torch.randn(4, 256, 256), torch.randn(768, 256), torch.randn(768)),
+    "no bias": lambda: (torch.randn(1024, 256), torch.randn(256, 256), None),
+    "transposed input": lambda: (torch.randn(256, 8, 256).transpose(0, 1), torch.randn(512, 256), None),
+    "transposed weight": lambda: (torch.randn(2048, 128), torch.randn(128, 512).t(), torch.randn(512)),
+    "rows with a stride": lambda: (torch.randn(512, 2048)[:, :1024], torch.randn(300, 1024)[:256], None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("wants", ["all", "weights only"])
+def test_values_and_gradients_match_f_linear(onednn, case, wants):
+    x, w, b = CASES[case]()
+    x.requires_grad_(wants == "all")
+    w.requires_grad_()
+    if b is not None:
+        b.requires_grad_()
+    (x1, w1, b1), (x2, w2, b2) = _pair(x, w, b)
+    y = gemm.linear(x1, w1, b1)
+    ref = F.linear(x2, w2, b2)
+    assert y.grad_fn is not None and type(y.grad_fn).__name__ == "_LinearBackward"  # oneDNN's path ran
+    assert y.shape == ref.shape
+    _close(y, ref)
+    g = torch.randn_like(ref)
+    y.backward(g)
+    ref.backward(g)
+    _close(w1.grad, w2.grad)
+    if b is not None:
+        _close(b1.grad, b2.grad)
+    assert (x1.grad is None) == (wants != "all")
+    if wants == "all":
+        _close(x1.grad, x2.grad)
+
+
+def test_second_derivatives_are_f_linears(onednn):
+    x = torch.randn(512, 256, requires_grad=True)
+    w = torch.randn(256, 256, requires_grad=True)
+    grads = []
+    for f in (gemm.linear, F.linear):
+        (gx,) = torch.autograd.grad(f(x, w).tanh().sum(), [x], create_graph=True)
+        grads.append(torch.autograd.grad(gx.square().sum(), [w])[0])
+    _close(*grads)
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["small", "float64", "autocast", "SEQLAB_GEMM=torch", "SEQLAB_DISABLE_KERNELS=gemm", "no grad (still)"],
+)
+def test_steps_aside_where_it_should(onednn, monkeypatch, why):
+    big = (torch.randn(1024, 256), torch.randn(256, 256))
+    x, w = (torch.randn(8, 64), torch.randn(64, 64)) if why == "small" else big
+    if why == "float64":
+        x, w = x.double(), w.double()
+    if why.startswith("SEQLAB_"):
+        name, value = why.split("=")
+        monkeypatch.setenv(name, value)
+    w.requires_grad_()
+    if why == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = gemm.linear(x, w)
+        assert y.dtype == torch.bfloat16  # F.linear under autocast, as nn.Linear runs there
+        return
+    y = gemm.linear(x, w)
+    took_onednn = type(y.grad_fn).__name__ == "_LinearBackward"
+    assert took_onednn == (why == "no grad (still)")
+    torch.testing.assert_close(y, F.linear(x, w), rtol=2e-5, atol=1e-4)
+
+
+def test_the_choice_by_machine_and_setting(monkeypatch):
+    monkeypatch.delenv("SEQLAB_GEMM", raising=False)
+    monkeypatch.delenv("SEQLAB_DISABLE_KERNELS", raising=False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(gemm, "_cpu_vendor", lambda: "AuthenticAMD")
+    assert gemm.onednn_reason() is None
+    monkeypatch.setattr(gemm, "_cpu_vendor", lambda: "GenuineIntel")
+    assert "MKL is the faster library on this CPU" in gemm.onednn_reason()
+    monkeypatch.setenv("SEQLAB_GEMM", "onednn")
+    assert gemm.onednn_reason() is None
+    monkeypatch.setenv("SEQLAB_GEMM", "ONEDNN ")
+    assert gemm.onednn_reason() is None
+    monkeypatch.setenv("SEQLAB_GEMM", "mkl")
+    with pytest.raises(ValueError, match=r"SEQLAB_GEMM must be 'onednn', 'torch' or 'auto', got 'mkl'"):
+        gemm.linear(torch.randn(1024, 256), torch.randn(256, 256))
+    monkeypatch.setenv("SEQLAB_GEMM", "onednn")
+    monkeypatch.setenv("SEQLAB_DISABLE_KERNELS", "all")
+    assert "SEQLAB_DISABLE_KERNELS" in gemm.onednn_reason()
+
+
+def test_linear_is_an_nn_linear_with_its_hooks(onednn):
+    torch.manual_seed(0)
+    ours, theirs = Linear(256, 128), nn.Linear(256, 128)
+    theirs.load_state_dict(ours.state_dict())
+    assert isinstance(ours, nn.Linear) and list(ours.state_dict()) == list(theirs.state_dict())
+    seen = []
+    ours.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    x = torch.randn(2, 1024, 256)
+    _close(ours(x), theirs(x))
+    assert seen == [torch.Size([2, 1024, 128])]
+
+
+def test_gpt2_training_step_matches_hugging_face_through_onednn(onednn, monkeypatch):
+    """A GPT-2 wide enough that its products go to oneDNN: logits equal HF's, the loss's gradients equal those
+    of the same model on torch's products."""
+    transformers = pytest.importorskip("transformers")
+    from seqlab.interop.hf_gpt2 import convert_gpt2
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=97, n_positions=64, n_embd=256, n_layer=2, n_head=4, attn_implementation="eager"
+    )
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    ours = convert_gpt2(hf)
+    ids = torch.randint(0, 97, (4, 64))
+    with torch.no_grad():
+        _close(ours(ids), hf(ids).logits)
+    grads = []
+    for choice in ("onednn", "torch"):
+        monkeypatch.setenv("SEQLAB_GEMM", choice)
+        ours.zero_grad(set_to_none=True)
+        F.cross_entropy(ours(ids)[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
+        grads.append({n: p.grad.clone() for n, p in ours.named_parameters()})
+    for name, g in grads[0].items():
+        _close(g, grads[1][name])
