@@ -60,6 +60,9 @@ KINDS = {
     "aten::mm": "matmul",
     "aten::addmm": "matmul",
     "aten::bmm": "matmul",
+    "mkldnn::_linear_pointwise": "matmul",  # seqlab.kernels.gemm: oneDNN's products, where it is the faster
+    "_Linear": "matmul",
+    "_LinearBackward": "matmul",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "attention (SDPA)",
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "attention (SDPA)",
     "_PackedAttention": "attention (SDPA)",  # seqlab's attention kernel (seqlab.kernels.attention)
