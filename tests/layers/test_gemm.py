@@ -38,6 +38,11 @@ CASES = {
     "transposed input": lambda: (torch.randn(256, 8, 256).transpose(0, 1), torch.randn(512, 256), None),
     "transposed weight": lambda: (torch.randn(2048, 128), torch.randn(128, 512).t(), torch.randn(512)),
     "rows with a stride": lambda: (torch.randn(512, 2048)[:, :1024], torch.randn(300, 1024)[:256], None),
+    "a weight's first columns": lambda: (
+        torch.randn(2048, 256),
+        torch.randn(1024, 384)[:, :256],
+        torch.randn(1024),
+    ),
 }
 
 
@@ -155,3 +160,17 @@ def test_gpt2_training_step_matches_hugging_face_through_onednn(onednn, monkeypa
         grads.append({n: p.grad.clone() for n, p in ours.named_parameters()})
     for name, g in grads[0].items():
         _close(g, grads[1][name])
+
+
+@pytest.mark.parametrize("setting, said", [("onednn", True), ("torch", False)])
+def test_a_cpu_run_says_which_library_multiplies(monkeypatch, caplog, setting, said):
+    from seqlab.training import distributed
+
+    monkeypatch.setenv("SEQLAB_GEMM", setting)
+    with caplog.at_level("INFO", logger=distributed.log.name):
+        distributed.cpu_precision("fp32")
+        distributed.cpu_precision(
+            "bf16"
+        )  # autocast's bf16 products are torch's (oneDNN's bf16 path) either way
+    lines = [r.getMessage() for r in caplog.records if "through oneDNN" in r.getMessage()]
+    assert len(lines) == said and (not said or "SEQLAB_GEMM=torch keeps them with MKL" in lines[0])

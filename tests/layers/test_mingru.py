@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
@@ -60,6 +60,7 @@ def grads(out: tuple[Tensor, Tensor], inputs: list[Tensor]) -> list[Tensor]:
     h0_kind=st.sampled_from(["zero", "positive", "any sign"]),
     seed=st.integers(0, 2**16),
 )
+@example(b=1, t=21, e=1, chunk=64, h0_kind="zero", seed=2122)  # gradients of 6e4: rounding past 1e-9
 def test_scan_function_equals_loop_for_any_length_chunk_and_state(b, t, e, chunk, h0_kind, seed):
     log_a = -torch.nn.functional.softplus(randn(b, t, e, seed=seed, scale=3.0)).requires_grad_()
     log_b = randn(b, t, e, seed=seed + 1, scale=3.0).requires_grad_()
@@ -77,8 +78,9 @@ def test_scan_function_equals_loop_for_any_length_chunk_and_state(b, t, e, chunk
         strict=True,
     ):
         # the backward sums products of exponentials (log_b scale 3): float64 rounding reached 3.3e-10 on a
-        # few draws, so the gradients get 1e-9
-        torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9)
+        # few draws, and 1.1e-9 where the gradients reach 6e4 (b=1, t=21, e=1, chunk=64, seed=2122: 2e-14 of
+        # that scale), so the gradients get 1e-9 plus 1e-13 of their largest magnitude
+        torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9 + 1e-13 * g_ref.abs().max().item())
 
 
 @PROPERTY

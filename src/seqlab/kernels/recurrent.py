@@ -29,7 +29,6 @@ import torch
 from torch import Tensor
 
 from seqlab.kernels.extension import CppExtension
-from seqlab.kernels.gemm import linear as gemm_linear
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -191,10 +190,10 @@ def recurrent_layer_ref(
     reverse: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """``recurrent_layer`` in plain PyTorch (a loop over time, autograd for the backward), for tests."""
-    gx = gemm_linear(x, w_ih, b_ih)  # (t, b, in) x (in, G) -> (t, b, G)
+    gx = torch.nn.functional.linear(x, w_ih, b_ih)  # (t, b, in) x (in, G) -> (t, b, G)
     h, outs = h0, [None] * x.size(0)
     for s in range(x.size(0) - 1, -1, -1) if reverse else range(x.size(0)):
-        gh = gemm_linear(h, w_hh, b_hh)  # (b, H) x (H, G) -> (b, G)
+        gh = torch.nn.functional.linear(h, w_hh, b_hh)  # (b, H) x (H, G) -> (b, G)
         if mode == "GRU":
             (x_r, x_z, x_n), (h_r, h_z, h_n) = gx[s].chunk(3, 1), gh.chunk(3, 1)
             r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)

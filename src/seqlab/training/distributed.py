@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from seqlab.kernels.gemm import onednn_reason
 from seqlab.training.config import cpu_has_bf16_matmul
 
 log = logging.getLogger("seqlab.train")
@@ -145,6 +146,11 @@ def cpu_precision(precision: str) -> None:
         log.info(
             "CPU: fp32. This CPU multiplies bf16 matrices in hardware (AMX/AVX512-BF16): train.precision=bf16 "
             "(autocast) trains faster at bf16's rounding (1.5-2x for GPT and ViT in seqlab's benchmarks)"
+        )
+    if precision != "bf16" and onednn_reason() is None:
+        log.info(
+            "CPU: the linear layers' large fp32 products run through oneDNN, faster than torch's MKL on this CPU "
+            "(seqlab.kernels.gemm; SEQLAB_GEMM=torch keeps them with MKL)"
         )
 
 
