@@ -156,3 +156,21 @@ def test_activation_memory_is_remeasured_when_the_throughput_lengths_change(tmp_
 
     short = memory(TINY)  # measured at t = max(throughput_lengths) = 32
     assert memory(dataclasses.replace(TINY, throughput_lengths=(64,))) > short
+
+
+def test_a_run_trained_in_this_process_leaves_the_trainer_log_as_it_was():
+    """A suite quiets the trainer's evaluation lines while it trains a run; the level comes back after (it stayed
+    at WARNING, hiding a later trainer's INFO lines in the same process)."""
+    import logging
+
+    from seqlab.lab.runner import train_run
+
+    train_log = logging.getLogger("seqlab.train")
+    before = train_log.level
+    train_log.setLevel(logging.INFO)
+    try:
+        record = train_run(TINY, "gru", TINY.entries[0], seed=0)
+        assert record["summary"]["step"] > 0
+        assert train_log.level == logging.INFO
+    finally:
+        train_log.setLevel(before)

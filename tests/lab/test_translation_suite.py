@@ -76,8 +76,15 @@ def test_a_finished_contender_is_read_back_with_its_own_settings(tmp_path, monke
         raise AssertionError("a finished run was calibrated again")
 
     monkeypatch.setattr(translation, "_planned", no_calibration)
-    again = translation._run("Bahdanau", fields, tmp_path, minutes=0.01, seed=0)
-    assert again["steps"] == steps and again["summary"]["step"] == steps
+    import logging
+
+    torch.set_num_threads(2)  # a run in this process trains on its own thread count, then gives this one back
+    try:
+        again = translation._run("Bahdanau", fields, tmp_path, minutes=0.01, seed=0)
+        assert torch.get_num_threads() == 2 and logging.getLogger("seqlab.train").level != logging.WARNING
+    finally:
+        torch.set_num_threads(1)
+    assert again["steps"] == steps and again["summary"]["step"] == steps and again["threads"] == 1
     assert (tmp_path / "runs" / "bahdanau" / "latest").read_text() == latest
     # asked for with other settings, the finished run is an error, not a score under the new settings' name
     with pytest.raises(

@@ -28,6 +28,7 @@ from seqlab.lab.records import Record, RunCache, collect_logs, slug
 from seqlab.lab.suite import Entry, Suite
 from seqlab.lab.systems import Systems
 from seqlab.lab.workers import (
+    quiet_train_log,
     start_worker,
     stop_after_interrupt,
     stop_pool_on_interrupt,
@@ -69,8 +70,7 @@ def train_run(
 
     if threads:
         torch.set_num_threads(threads)
-    logging.getLogger("seqlab.train").setLevel(logging.WARNING)  # one progress line per run, not eval lines
-    with worker_run(), collect_logs(threads is not None) as logs:
+    with worker_run(), quiet_train_log(), collect_logs(threads is not None) as logs:
         task = create_task(entry.task, **entry.task_args, seed=seed)
         model, d_model, params = build_lab_model(mixer, suite, task.model_overrides(), seed)
         trainer = Trainer(model, task, _train_config(entry, seed))
@@ -269,14 +269,11 @@ class Compare:
     # ---- training runs, cached on disk ----------------------------------------------------------------------
 
     def run_training(self) -> list[Record]:
-        train_log = logging.getLogger("seqlab.train")
-        level = train_log.level
-        train_log.setLevel(logging.WARNING)  # one progress line per run instead of the trainer's eval lines
-        try:
-            with logging_redirect_tqdm():  # this process's log lines pass above the progress bar
-                return self._run_training()
-        finally:
-            train_log.setLevel(level)
+        with (
+            quiet_train_log(),
+            logging_redirect_tqdm(),
+        ):  # this process's log lines pass above the progress bar
+            return self._run_training()
 
     def _jobs(self) -> list[Job]:
         """Every (mixer, entry) run; jobs are referred to by their index (an Entry holds a dict)."""

@@ -35,12 +35,14 @@ import torch
 from seqlab.lab.budget import MIN_STEPS, check_budget, floored_steps
 from seqlab.lab.records import write_output
 from seqlab.lab.workers import (
+    quiet_train_log,
     start_worker,
     stop_after_interrupt,
     stop_pool_on_interrupt,
     training,
     worker_run,
 )
+from seqlab.tasks.base import torch_threads
 
 log = logging.getLogger("seqlab.lab")
 
@@ -91,9 +93,7 @@ def _run(
     A run already in ``out`` continues (or, finished, is read back) with the settings it was started with.
     ``planner(label, fields, minutes, seed)`` gives a new run's dict (default: this suite's ``_planned``);
     other suites pass their own."""
-    with worker_run():
-        torch.set_num_threads(threads or 1)
-        logging.getLogger("seqlab.train").setLevel(logging.WARNING)
+    with worker_run(), quiet_train_log(), torch_threads(threads or 1):
         return _train_one(label, fields, out, minutes, seed, planner)
 
 

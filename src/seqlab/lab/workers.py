@@ -145,6 +145,19 @@ def worker_run() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def quiet_train_log() -> Iterator[None]:
+    """The trainer's log (``seqlab.train``) at WARNING for the duration, then back at its level: a suite shows
+    one progress line per run, not each run's evaluation lines."""
+    train_log = logging.getLogger("seqlab.train")
+    level = train_log.level
+    train_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        train_log.setLevel(level)
+
+
+@contextlib.contextmanager
 def training() -> Iterator[None]:
     """Around a trainer's ``fit`` in a worker (a no-op elsewhere): a stop signal during the set-up stops the
     run here, before its first step; the trainer takes the first one that comes while it trains (finish the
