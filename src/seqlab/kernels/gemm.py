@@ -3,9 +3,9 @@
 torch multiplies float32 matrices on the CPU with Intel's MKL. On AMD CPUs MKL does not take its best code
 paths, and oneDNN (also inside torch, choosing its code by instruction set rather than by vendor) runs the
 products of a training step faster: on a 2-core AMD EPYC with AVX-512, ``benchmarks/bench_gemm.py`` measured
-the forward product and the input gradient 1.1-1.4x faster at GPT's shapes, and the weight gradient (a long
-reduction over rows) slower, so that one stays with MKL. On Intel CPUs MKL was the faster (the thirteenth
-session's note: oneDNN's linear lost at K = 256).
+the forward product and the input gradient 1.1-1.7x faster at GPT's shapes (512 and 4,096 rows), and the weight
+gradient (a long reduction over the rows) mostly slower, so that one stays with MKL. On an Intel Xeon, MKL's own
+vendor, oneDNN's linear (with its bias and a residual add fused) was measured slower than MKL at K = 256.
 
 :func:`linear` is ``F.linear(x, weight, bias)``; it sends the product y = x Wᵀ + b and the input gradient
 dx = dy W to oneDNN (``torch.ops.mkldnn._linear_pointwise``) when :func:`onednn_reason` is None and the
