@@ -24,7 +24,6 @@ from seqlab.layers import fastpath
 from seqlab.layers.checks import check_batch_size, check_dtype, check_input, check_state
 from seqlab.layers.cudnn_weights import flatten_cudnn_weights
 from seqlab.layers.fastpath import FastPathMixin
-from seqlab.layers.linear import linear
 from seqlab.layers.masks import check_padding_mask
 from seqlab.validation import check_positive_ints
 
@@ -340,7 +339,7 @@ class RNNBase(FastPathMixin, nn.Module):
         """One layer, one direction. x (t, b, in) -> y (t, b, H) and the final state."""
         w_ih, w_hh, b_ih, b_hh = self._layer_params(layer, reverse)
         fold = self.mode != "GRU" and self.bias  # RNN/LSTM: fold b_hh into the input projection
-        gx = linear(x, w_ih, b_ih + b_hh if fold else b_ih)  # (t, b, in) x (in, G*H) -> (t, b, G*H)
+        gx = F.linear(x, w_ih, b_ih + b_hh if fold else b_ih)  # (t, b, in) x (in, G*H) -> (t, b, G*H)
         # unbind, not gx[i]: one autograd node for all t slices. Indexing per step would make the backward
         # build a zero-filled (t, b, G*H) gradient for every step, O(t²) time in the sequence length.
         gx_steps = gx.unbind(0)  # t x (b, G*H)

@@ -12,10 +12,10 @@ import math
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqlab.layers.checks import check_dtype
-from seqlab.layers.linear import linear
 from seqlab.validation import check_positive_ints
 
 __all__ = ["GRUCell", "LSTMCell", "RNNCell"]
@@ -106,7 +106,7 @@ class _CellBase(nn.Module):
     def _input_projection(self, x: Tensor, fold_b_hh: bool) -> Tensor:
         """W_ih x + b_ih (+ b_hh when ``fold_b_hh``): (b, H_in) x (H_in, G*H) -> (b, G*H)."""
         bias = self.bias_ih + self.bias_hh if fold_b_hh and self.bias else self.bias_ih
-        return linear(x, self.weight_ih, bias)
+        return F.linear(x, self.weight_ih, bias)
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, bias={self.bias}"
