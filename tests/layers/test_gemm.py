@@ -81,15 +81,29 @@ def test_second_derivatives_are_f_linears(onednn):
     _close(*grads)
 
 
+class _Subclass(torch.Tensor):
+    """A tensor subclass (as DTensor is one): its own dispatch may not know oneDNN's operator."""
+
+
 @pytest.mark.parametrize(
     "why",
-    ["small", "float64", "autocast", "SEQLAB_GEMM=torch", "SEQLAB_DISABLE_KERNELS=gemm", "no grad (still)"],
+    [
+        "small",
+        "float64",
+        "autocast",
+        "SEQLAB_GEMM=torch",
+        "SEQLAB_DISABLE_KERNELS=gemm",
+        "a tensor subclass",
+        "no grad (still)",
+    ],
 )
 def test_steps_aside_where_it_should(onednn, monkeypatch, why):
     big = (torch.randn(1024, 256), torch.randn(256, 256))
     x, w = (torch.randn(8, 64), torch.randn(64, 64)) if why == "small" else big
     if why == "float64":
         x, w = x.double(), w.double()
+    if why == "a tensor subclass":
+        x = x.as_subclass(_Subclass)
     if why.startswith("SEQLAB_"):
         name, value = why.split("=")
         monkeypatch.setenv(name, value)

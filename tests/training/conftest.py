@@ -37,7 +37,7 @@ def train(corpus):
             "log_every": 1,
             "save_every": 5,
         }
-        cfg = TrainConfig(steps=steps, progress=False, **{**settings, **fields})
+        cfg = TrainConfig(steps=steps, **{"progress": False, **settings, **fields})
         trainer = Trainer(model, task, cfg, out)
         trainer.fit(resume=resume, until=until)
         return trainer

@@ -224,3 +224,12 @@ def test_the_trainer_moves_the_model_to_its_device(text_file, monkeypatch):
     monkeypatch.setattr(model, "to", lambda *a, **k: moved.append(a or k) or real(*a, **k))
     Trainer(model, task, TrainConfig(steps=1, progress=False))
     assert moved and torch.device(moved[0][0]) == torch.device("cpu")
+
+
+def test_an_evaluation_before_the_first_train_line_shows_in_the_progress_bar(train, tmp_path, capsys):
+    """eval_every below log_every: the first evaluation comes before any train loss is logged, and the
+    progress bar's postfix took the missing loss for a number (a TypeError at the first evaluation)."""
+    trainer = train(tmp_path / "run", 4, eval_every=2, log_every=10, progress=True)
+    vals = [r for r in trainer.history if r["split"] == "val"]
+    assert [r["step"] for r in vals] == [2, 4]
+    assert "val_loss=" in capsys.readouterr().err

@@ -11,7 +11,7 @@ vendor, oneDNN's linear (with its bias and a residual add fused) was measured sl
 dx = dy W to oneDNN (``torch.ops.mkldnn._linear_pointwise``) when :func:`onednn_reason` is None and the
 product is large enough (rows x in x out >= ``MIN_WORK`` multiply-adds: below that, oneDNN's per-call cost
 loses), and runs ``F.linear`` otherwise: other dtypes (float64 checks, bf16 autocast), other devices,
-torch.compile's tracing. The weight and bias gradients are torch's (``dy.T @ x``, ``dy.sum(0)``). Values
+tensor subclasses (DTensor), torch.compile's tracing. The weight and bias gradients are torch's (``dy.T @ x``, ``dy.sum(0)``). Values
 differ from MKL's in float32 rounding only (summation order); a double backward (``create_graph=True``)
 differentiates ``F.linear``.
 
@@ -119,7 +119,12 @@ class _Linear(torch.autograd.Function):
         return dx, dw, db
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not subclasses (DTensor, tracing tensors): those take F.linear
+
+
 def _takes(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    if type(x) not in _PLAIN or type(weight) not in _PLAIN or (bias is not None and type(bias) not in _PLAIN):
+        return False
     if not (x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"):
         return False
     if bias is not None and (bias.dtype != torch.float32 or bias.dim() != 1 or bias.device.type != "cpu"):

@@ -380,7 +380,7 @@ class Trainer:
             bar.set_postfix(loss=f"{rec['loss']:.3f}", refresh=False)
         return rec["loss"]
 
-    def _log_eval(self, window: loop.Window, bar, train_loss: float, stop=None) -> dict[str, float]:
+    def _log_eval(self, window: loop.Window, bar, train_loss: float | None, stop=None) -> dict[str, float]:
         """Evaluate, record the metrics and return them; evaluation time does not count against throughput.
         A stop signal during it (``stop``, a StopFlag) ends it unrecorded: {} and ``_eval_pending``, saved."""
         t_eval = time.perf_counter()
@@ -392,9 +392,8 @@ class Trainer:
             return {}
         self._record({"step": self.step, "split": "val", **metrics, "elapsed_s": round(self.elapsed, 3)})
         window.start += time.perf_counter() - t_eval
-        if bar is not None:
-            bar.set_postfix(
-                loss=f"{train_loss:.3f}", **{k: f"{v:.3f}" for k, v in metrics.items()}, refresh=False
-            )
+        if bar is not None:  # with the train loss once one is logged (an evaluation can come before it)
+            shown = {**({} if train_loss is None else {"loss": train_loss}), **metrics}
+            bar.set_postfix(**{k: f"{v:.3f}" for k, v in shown.items()}, refresh=False)
         log.info("step %d: %s", self.step, metrics)
         return metrics
