@@ -30,13 +30,10 @@ import torch.nn.functional as F
 
 from common import alternate, report
 from seqlab.kernels import gemm
+from seqlab.kernels.gemm import _onednn  # x (m, k) times weight (n, k)ᵀ in one oneDNN call
 from seqlab.lab.report import cpu_name
 
 SHAPES = [(256, 768), (256, 1024), (1024, 256), (256, 256)]  # (in, out): QKV, fc1, fc2, attention output
-
-
-def _onednn(a, w):
-    return torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], "")
 
 
 def product_rows(rows: int, repeats: int) -> list[str]:
@@ -45,11 +42,11 @@ def product_rows(rows: int, repeats: int) -> list[str]:
     for k, n in SHAPES:
         x, w, dy = torch.randn(rows, k), torch.randn(n, k), torch.randn(rows, n)
         pairs = {
-            "forward x Wᵀ": (lambda x=x, w=w: F.linear(x, w), lambda x=x, w=w: _onednn(x, w)),
-            "input gradient dy W": (lambda dy=dy, w=w: dy @ w, lambda dy=dy, w=w: _onednn(dy, w.t())),
+            "forward x Wᵀ": (lambda x=x, w=w: F.linear(x, w), lambda x=x, w=w: _onednn(x, w, None)),
+            "input gradient dy W": (lambda dy=dy, w=w: dy @ w, lambda dy=dy, w=w: _onednn(dy, w.t(), None)),
             "weight gradient dyᵀ x": (
                 lambda dy=dy, x=x: dy.t() @ x,
-                lambda dy=dy, x=x: _onednn(dy.t(), x.t()),
+                lambda dy=dy, x=x: _onednn(dy.t(), x.t(), None),
             ),
         }
         for what, (mkl, dnn) in pairs.items():
@@ -70,7 +67,7 @@ def first_call_cost(repeats: int) -> str:
     nexts = {k: [] for k in firsts}
     for i in range(max(repeats, 3)):
         x = torch.randn(4096 - 7 * (i + 1), 256)  # a row count no earlier call used
-        for name, f in (("oneDNN", lambda x=x: _onednn(x, w)), ("MKL", lambda x=x: F.linear(x, w))):
+        for name, f in (("oneDNN", lambda x=x: _onednn(x, w, None)), ("MKL", lambda x=x: F.linear(x, w))):
             for times in (firsts[name], nexts[name]):
                 t = time.perf_counter()
                 f()

@@ -53,8 +53,10 @@ SAMPLING = {"temperature": 0.8, "top_k": 50}  # both libraries' sampled decoding
 
 
 def _onednn_mm(a: torch.Tensor, b: torch.Tensor):
-    """a @ b through oneDNN (``torch.ops.mkldnn._linear_pointwise``, b's transpose as its weight)."""
-    return torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], "")
+    """a @ b through oneDNN (seqlab.kernels.gemm's call, b's transpose as its weight)."""
+    from seqlab.kernels.gemm import _onednn
+
+    return _onednn(a, b.t(), None)
 
 
 def matmul_rate(

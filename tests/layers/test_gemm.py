@@ -188,3 +188,33 @@ def test_a_cpu_run_says_which_library_multiplies(monkeypatch, caplog, setting, s
         )  # autocast's bf16 products are torch's (oneDNN's bf16 path) either way
     lines = [r.getMessage() for r in caplog.records if "through oneDNN" in r.getMessage()]
     assert len(lines) == said and (not said or "SEQLAB_GEMM=torch keeps them with MKL" in lines[0])
+
+
+def test_a_bias_of_the_wrong_size_gets_torchs_message_not_onednns(onednn):
+    x, w, b = torch.randn(4096, 256), torch.randn(768, 256), torch.randn(5)
+    with pytest.raises(RuntimeError) as ours:
+        gemm.linear(x, w, b)
+    with pytest.raises(RuntimeError) as theirs:
+        F.linear(x, w, b)
+    assert str(ours.value) == str(theirs.value) and "primitive" not in str(ours.value)
+
+
+@pytest.mark.parametrize(
+    "x, said",
+    [
+        (torch.randn(4096, 300), r"Linear expects x of shape \(\.\.\., 256\), got \(4096, 300\)"),
+        (
+            torch.randn(4, 256, dtype=torch.float64),
+            "Linear has torch.float32 parameters but x is torch.float64",
+        ),
+        (
+            torch.ones(4, 256, dtype=torch.int64),
+            "Linear expects x to be a floating tensor on cpu, got torch.int64",
+        ),
+        ("x", r"Linear expects x of shape \(\.\.\., 256\), got str"),
+        (torch.tensor(1.0), r"Linear expects x of shape \(\.\.\., 256\), got \(\)"),
+    ],
+)
+def test_linear_says_what_it_expects(onednn, x, said):
+    with pytest.raises(ValueError, match=said):
+        Linear(256, 768)(x)

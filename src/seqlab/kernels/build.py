@@ -206,7 +206,8 @@ def _build() -> BuildInfo:
     return BuildInfo(name, reason is None, cached, seconds, tuple(flags), str(library), reason)
 
 
-# every compiled kernel by the name SEQLAB_DISABLE_KERNELS knows it by (the C++ file's stem; "scan" for this one)
+# every kernel by the name SEQLAB_DISABLE_KERNELS knows it by: the C++ file's stem ("scan" for this one), and
+# "gemm", seqlab.kernels.gemm's oneDNN products (no C++ of seqlab's)
 KERNEL_NAMES = (
     "scan",
     "recurrent",

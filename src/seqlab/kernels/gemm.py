@@ -123,15 +123,18 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)  # not subclasses (DTensor, tracing 
 
 
 def _takes(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    # the size first: most calls of a step-by-step decoder are small, and this is their only test
+    if weight.dim() != 2 or x.numel() * weight.size(0) < MIN_WORK:  # rows x in x out, with in checked below
+        return False
     if type(x) not in _PLAIN or type(weight) not in _PLAIN or (bias is not None and type(bias) not in _PLAIN):
         return False
     if not (x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"):
         return False
-    if bias is not None and (bias.dtype != torch.float32 or bias.dim() != 1 or bias.device.type != "cpu"):
+    if bias is not None and (
+        bias.dtype != torch.float32 or bias.shape != weight.shape[:1] or bias.device.type != "cpu"
+    ):
         return False
-    if x.dim() < 1 or weight.dim() != 2 or x.size(-1) != weight.size(1) or x.layout != torch.strided:
-        return False
-    if x.numel() // max(x.size(-1), 1) * weight.numel() < MIN_WORK:
+    if x.dim() < 1 or x.size(-1) != weight.size(1) or x.layout != torch.strided:
         return False
     if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
         return False

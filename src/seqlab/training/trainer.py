@@ -393,7 +393,7 @@ class Trainer:
         self._record({"step": self.step, "split": "val", **metrics, "elapsed_s": round(self.elapsed, 3)})
         window.start += time.perf_counter() - t_eval
         if bar is not None:  # with the train loss once one is logged (an evaluation can come before it)
-            shown = {**({} if train_loss is None else {"loss": train_loss}), **metrics}
+            shown = metrics if train_loss is None else {"loss": train_loss, **metrics}
             bar.set_postfix(**{k: f"{v:.3f}" for k, v in shown.items()}, refresh=False)
         log.info("step %d: %s", self.step, metrics)
         return metrics
