@@ -49,6 +49,7 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
         "selective scan (Mamba)",
         "GRU / RNN",
         "causal conv (Mamba)",
+        "minGRU scan",
         "decoding step (GPT)",
         "GELU",
     ]

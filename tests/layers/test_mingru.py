@@ -1,5 +1,8 @@
-"""minGRU: the log-space scan against the loop (outputs, states, every gradient), the four mixer laws,
-numerics over long sequences, the registry entry and the input checks.
+"""minGRU: the log-space scan and the CPU kernel against the loop (outputs, states, every gradient), the four
+mixer laws on each of the three paths, numerics over long sequences, the registry entry and the input checks.
+
+The paths (``PATHS``): "kernel" is ``forward`` on the CPU (``seqlab.kernels.mingru_scan``), "scan" is ``forward``
+with that kernel switched off (the log-space scan, what runs on other devices), "loop" is ``fast_path=False``.
 
 Parity runs in float64 at 1e-10: tight enough to catch a gate read from the wrong half of ``in_proj``, a
 state prefix counted twice or an off-by-one in the carried chunk state.
@@ -9,12 +12,17 @@ Sizes: ``D`` model width, ``T`` time steps.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
+import seqlab.layers.mingru as mingru_module
 from seqlab.layers import MinGRU, create_mixer, list_mixers, mixer_spec
 from seqlab.layers.mingru import MinGRUMixerConfig, log_space_scan, log_space_scan_ref
 
@@ -22,6 +30,24 @@ D, T = 4, 9
 F64 = torch.float64
 TOL = {"atol": 1e-10, "rtol": 1e-10}
 PROPERTY = settings(max_examples=20, deadline=None)
+
+
+PATHS = ("kernel", "scan", "loop")
+
+
+@contextmanager
+def on(path: str) -> Iterator[None]:
+    """Run the block on ``path``: "scan" switches the kernel off (SEQLAB_DISABLE_KERNELS) for its duration."""
+    before = os.environ.get("SEQLAB_DISABLE_KERNELS")
+    if path == "scan":
+        os.environ["SEQLAB_DISABLE_KERNELS"] = "mingru_scan"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SEQLAB_DISABLE_KERNELS", None)
+        else:
+            os.environ["SEQLAB_DISABLE_KERNELS"] = before
 
 
 def make(expand: int = 2, chunk_size: int = 4, seed: int = 0, **kw) -> MinGRU:
@@ -92,9 +118,10 @@ def test_scan_function_equals_loop_for_any_length_chunk_and_state(b, t, e, chunk
     with_state=st.booleans(),
     with_mask=st.booleans(),
     seed=st.integers(0, 2**16),
+    path=st.sampled_from(["kernel", "scan"]),
 )
 def test_forward_equals_forward_ref_outputs_state_and_every_gradient(
-    b, t, expand, chunk, with_state, with_mask, seed
+    b, t, expand, chunk, with_state, with_mask, seed, path
 ):
     m = make(expand, chunk, seed)
     x = randn(b, t, D, seed=seed, scale=2.0).requires_grad_()
@@ -102,39 +129,45 @@ def test_forward_equals_forward_ref_outputs_state_and_every_gradient(
     lengths = torch.randint(1, t + 1, (b,), generator=torch.Generator().manual_seed(seed)).tolist()
     mask = right_padded(lengths, t) if with_mask else None
     inputs = [x, *([h0] if with_state else []), *m.parameters()]
-    fast, ref = m(x, h0, mask), m.forward_ref(x, h0, mask)
+    with on(path):
+        fast, ref = m(x, h0, mask), m.forward_ref(x, h0, mask)
+        g_fast, g_ref = grads(fast, inputs), grads(ref, inputs)
     torch.testing.assert_close(fast[0], ref[0], **TOL)
     torch.testing.assert_close(fast[1], ref[1], **TOL)
-    for g, g_ref in zip(grads(fast, inputs), grads(ref, inputs), strict=True):
-        torch.testing.assert_close(g, g_ref, **TOL)
+    for g, g_r in zip(g_fast, g_ref, strict=True):
+        torch.testing.assert_close(g, g_r, **TOL)
 
 
-def test_fast_path_switch(monkeypatch):
+def test_each_path_runs_where_it_should(monkeypatch):
     m = make()
     assert m.why_not_fast_path() is None and m.why_not_fast_path(randn(2, T, D)) is None
+    calls = []
+    for name in ("log_space_scan", "mingru_scan"):
+        real = getattr(mingru_module, name)
+        monkeypatch.setattr(
+            mingru_module, name, lambda *a, _n=name, _f=real, **k: calls.append(_n) or _f(*a, **k)
+        )
+    m(randn(2, T, D))
+    assert calls == ["mingru_scan"]  # the CPU: the kernel
+    with on("scan"):
+        m(randn(2, T, D))
+    assert calls == ["mingru_scan", "log_space_scan"]  # the kernel off (or another device): the scan
     m.fast_path = False
     assert "fast_path=False" in m.why_not_fast_path()
-    calls = []
-    scan = log_space_scan
-    monkeypatch.setattr(
-        "seqlab.layers.mingru.log_space_scan", lambda *a, **k: calls.append(1) or scan(*a, **k)
-    )
     m(randn(2, T, D))
-    assert calls == []  # fast_path=False: the loop
-    m.fast_path = True
-    m(randn(2, T, D))
-    assert calls == [1]
+    assert calls == ["mingru_scan", "log_space_scan"]  # fast_path=False: the loop
 
 
 # ---- the four laws ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("expand", [1, 2])
-def test_step_by_step_equals_forward(fast_path, expand):
-    m = make(expand, fast_path=fast_path)
+def test_step_by_step_equals_forward(path, expand):
+    m = make(expand, fast_path=path != "loop")
     x = randn(3, T, D, scale=2.0)
-    y, h = m(x)
+    with on(path):
+        y, h = m(x)
     state = m.init_state(3)
     steps = []
     for i in range(T):
@@ -145,54 +178,58 @@ def test_step_by_step_equals_forward(fast_path, expand):
 
 
 @PROPERTY
-@given(t=st.integers(2, 30), data=st.data(), chunk=st.sampled_from([1, 4, 64]), fast_path=st.booleans())
-def test_chunks_with_carried_state_equal_whole(t, data, chunk, fast_path):
+@given(t=st.integers(2, 30), data=st.data(), chunk=st.sampled_from([1, 4, 64]), path=st.sampled_from(PATHS))
+def test_chunks_with_carried_state_equal_whole(t, data, chunk, path):
     cut = data.draw(st.integers(1, t - 1))
-    m = make(chunk_size=chunk, fast_path=fast_path)
+    m = make(chunk_size=chunk, fast_path=path != "loop")
     x = randn(2, t, D, seed=t, scale=2.0)
-    y, h = m(x)
-    y1, h1 = m(x[:, :cut])
-    y2, h2 = m(x[:, cut:], h1)
+    with on(path):
+        y, h = m(x)
+        y1, h1 = m(x[:, :cut])
+        y2, h2 = m(x[:, cut:], h1)
     torch.testing.assert_close(torch.cat([y1, y2], 1), y, atol=1e-9, rtol=1e-9)
     torch.testing.assert_close(h2, h, atol=1e-9, rtol=1e-9)
 
 
-@pytest.mark.parametrize("fast_path", [True, False])
-def test_causal(fast_path):
-    m = make(fast_path=fast_path)
+@pytest.mark.parametrize("path", PATHS)
+def test_causal(path):
+    m = make(fast_path=path != "loop")
     x = randn(2, T, D)
-    y, _ = m(x)
-    for s in range(T):
-        x2 = x.clone()
-        x2[:, s:] = randn(2, T - s, D, seed=s + 10)
-        torch.testing.assert_close(m(x2)[0][:, :s], y[:, :s], atol=0.0, rtol=0.0)
+    with on(path):
+        y, _ = m(x)
+        for s in range(T):
+            x2 = x.clone()
+            x2[:, s:] = randn(2, T - s, D, seed=s + 10)
+            torch.testing.assert_close(m(x2)[0][:, :s], y[:, :s], atol=0.0, rtol=0.0)
 
 
 @PROPERTY
-@given(lengths=st.lists(st.integers(1, T), min_size=2, max_size=4), fast_path=st.booleans())
-def test_padding_equals_each_sequence_alone(lengths, fast_path):
+@given(lengths=st.lists(st.integers(1, T), min_size=2, max_size=4), path=st.sampled_from(PATHS))
+def test_padding_equals_each_sequence_alone(lengths, path):
     b = len(lengths)
-    m = make(fast_path=fast_path)
+    m = make(fast_path=path != "loop")
     x = randn(b, T, D)
     mask = right_padded(lengths, T)
     h0 = randn(b, m.d_inner, seed=3)
-    y, h = m(x.masked_fill(~mask[..., None], float("nan")), h0, mask)  # padding is never read
-    for j, n in enumerate(lengths):
-        y_j, h_j = m(x[j : j + 1, :n], h0[j : j + 1])
+    with on(path):
+        y, h = m(x.masked_fill(~mask[..., None], float("nan")), h0, mask)  # padding is never read
+        alone = [m(x[j : j + 1, :n], h0[j : j + 1]) for j, n in enumerate(lengths)]
+    for j, (n, (y_j, h_j)) in enumerate(zip(lengths, alone, strict=True)):
         torch.testing.assert_close(y[j : j + 1, :n], y_j, **TOL)
         torch.testing.assert_close(h[j : j + 1], h_j, **TOL)
     assert (y[~mask] == 0).all()  # padded positions output zero
 
 
-@pytest.mark.parametrize("fast_path", [True, False])
-def test_padding_leaves_gradients_untouched_and_a_fully_padded_row_keeps_its_state(fast_path):
-    m = make(fast_path=fast_path)
+@pytest.mark.parametrize("path", PATHS)
+def test_padding_leaves_gradients_untouched_and_a_fully_padded_row_keeps_its_state(path):
+    m = make(fast_path=path != "loop")
     mask = right_padded([T, 3, 0], T)  # the last row: a chunk after its sequence ended
     x = randn(3, T, D).masked_fill(~mask[..., None], float("nan")).requires_grad_()
     h0 = randn(3, m.d_inner, seed=4).requires_grad_()
-    y, h = m(x, h0, mask)
+    with on(path):
+        y, h = m(x, h0, mask)
+        g_x, g_h0, *g_params = grads((y, h), [x, h0, *m.parameters()])
     torch.testing.assert_close(h[2], h0[2], atol=0.0, rtol=0.0)
-    g_x, g_h0, *g_params = grads((y, h), [x, h0, *m.parameters()])
     assert (g_x[~mask] == 0).all() and torch.isfinite(g_x).all()
     assert all(torch.isfinite(g).all() for g in [g_h0, *g_params])
 
@@ -200,40 +237,45 @@ def test_padding_leaves_gradients_untouched_and_a_fully_padded_row_keeps_its_sta
 # ---- numerics ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", ["kernel", "scan"])
 @pytest.mark.parametrize("scale", [1.0, 30.0, 1000.0])
-def test_long_sequences_with_large_inputs_stay_finite_positive_and_accurate_in_float32(scale):
+def test_long_sequences_with_large_inputs_stay_finite_positive_and_accurate_in_float32(scale, path):
     """t = 2000 with inputs up to 1000x the usual: saturated gates, A_t down to about -10⁵ per channel."""
     torch.manual_seed(0)
     m = MinGRU(8, expand=1)  # no down projection: the outputs are h itself, positive in theory
     m64 = MinGRU(8, expand=1, dtype=F64)
     m64.load_state_dict(m.state_dict())
     x = (torch.randn(2, 2000, 8) * scale).requires_grad_()
-    y, h = m(x)
+    with on(path):
+        y, h = m(x)
+        y.sum().backward()
     y64, _ = m64.forward_ref(x.detach().double())
     assert torch.isfinite(y).all() and (y >= 0).all() and (h >= 0).all()
     representable = y64 > 1e-30  # float32 flushes smaller values (e^-100 candidates) to zero
     rel = ((y.double() - y64).abs() / y64)[representable].max()
     assert rel < 1e-2, f"float32 scan off by {rel:.2e} relative against the float64 loop"
-    y.sum().backward()
     assert torch.isfinite(x.grad).all() and all(torch.isfinite(p.grad).all() for p in m.parameters())
 
 
-def test_half_precision_runs_the_scan_in_float32():
+@pytest.mark.parametrize("path", ["kernel", "scan"])
+def test_half_precision_runs_the_scan_in_float32(path):
     torch.manual_seed(0)
     m = MinGRU(8)
     x = torch.randn(2, 300, 8)
-    y, h = m(x)
-    y16, h16 = m.to(torch.bfloat16)(x.to(torch.bfloat16))
+    with on(path):
+        y, h = m(x)
+        y16, h16 = m.to(torch.bfloat16)(x.to(torch.bfloat16))
     assert y16.dtype == h16.dtype == torch.bfloat16
     torch.testing.assert_close(y16.float(), y, atol=0.05, rtol=0.05)
     torch.testing.assert_close(h16.float(), h, atol=0.05, rtol=0.05)
 
 
-@pytest.mark.parametrize("fast_path", [True, False])
-def test_every_parameter_gets_a_finite_gradient(fast_path):
-    m = make(fast_path=fast_path)
-    y, h = m(randn(2, T, D))
-    (y.square().sum() + h.sum()).backward()
+@pytest.mark.parametrize("path", PATHS)
+def test_every_parameter_gets_a_finite_gradient(path):
+    m = make(fast_path=path != "loop")
+    with on(path):
+        y, h = m(randn(2, T, D))
+        (y.square().sum() + h.sum()).backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 

@@ -216,6 +216,7 @@ KERNEL_NAMES = (
     "causal_conv",
     "layer_norm",
     "attention",
+    "mingru_scan",
     "gemm",
 )
 

@@ -46,10 +46,16 @@ Default ``expand=2``: the recurrence is elementwise, so the hidden width is all 
 doubling it costs 2e·d + e·d = 6d² parameters, under an LSTM's 8d² at the same d_model, and the down
 projection it brings mixes channels and gives the output both signs.
 
-Cost on CPU, forward + backward at the lab's sizes (b = 32, t = 128, d = 72, one thread): the scan takes
-about 5x an LSTM (torch's fused kernel), the loop (``fast_path=False``) about 1.5x; ``torch.logcumsumexp``
-and its backward, two more logcumsumexps, are most of the scan's time. The scan is the paper's method for
-parallel hardware, where the loop's t sequential steps are what costs.
+Two fast paths. On the CPU (float32 and float64, bfloat16 computed in float32) ``forward`` runs the recurrence
+in linear space as one C++ pass over the sequence each way (``seqlab.kernels.mingru_scan``): elementwise work,
+vectorized over channels, the loop's own arithmetic, no logarithms. Elsewhere (CUDA, or with the kernel switched
+off by ``SEQLAB_DISABLE_KERNELS=mingru_scan`` or unbuildable) it runs the log-space scan above, the paper's method
+for parallel hardware, where the loop's t sequential steps are what costs.
+
+Cost on CPU, forward + backward of the mixer at the lab's sizes (b = 32, t = 128, d = 72, one thread, against
+an LSTM, torch's fused kernel; ``docs/adding-a-mixer.md``, section 7): the kernel 0.79-0.82x the LSTM's time,
+the log-space scan 5-6.5x (``torch.logcumsumexp`` and its backward, two more logcumsumexps, are most of it), the
+loop (``fast_path=False``) about 1.5x.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.kernels.mingru_scan import mingru_scan
+from seqlab.kernels.mingru_scan import why_not_kernel as why_not_scan_kernel
 from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _wide  # float32 for half precision, as the SSM scans
 from seqlab.layers.fastpath import FastPathMixin
@@ -219,11 +227,15 @@ class MinGRU(FastPathMixin, nn.Module):
         x, h0, mask = self._prepare(x, state, mask)
         if not self._take_fast_path(x):  # fast_path=False (why_not_fast_path, seqlab.layers.fastpath)
             return self._loop(x, h0, mask)
-        k, u = self._gates(x, mask)  # 2 x (b, t, e)
-        k = _wide(k)
-        log_a = -F.softplus(k)  # log(1 - z) = log σ(-k)
-        log_b = k + log_a + _log_g(_wide(u))  # log z + log h̃, with log σ(k) = k + log σ(-k)
-        h = log_space_scan(log_a, log_b, _wide(h0), self.chunk_size).to(x.dtype)  # (b, t, e)
+        ku = self._projection(x, mask)  # (b, t, 2e), [k | u]
+        # padding is on the right: the h computed there is never read (outputs zeroed, h_last gathered below)
+        if why_not_scan_kernel(_wide(ku)) is None:  # the CPU: one fused pass (seqlab.kernels.mingru_scan)
+            h = mingru_scan(_wide(ku), _wide(h0)).to(x.dtype)  # (b, t, e)
+        else:
+            k, u = _wide(ku).chunk(2, dim=-1)  # 2 x (b, t, e)
+            log_a = -F.softplus(k)  # log(1 - z) = log σ(-k)
+            log_b = k + log_a + _log_g(u)  # log z + log h̃, with log σ(k) = k + log σ(-k)
+            h = log_space_scan(log_a, log_b, _wide(h0), self.chunk_size).to(x.dtype)  # (b, t, e)
         if mask is None:
             return self._out(h), h[:, -1]
         lengths = mask.sum(1)  # (b,)
@@ -239,14 +251,14 @@ class MinGRU(FastPathMixin, nn.Module):
         x, h0, mask = self._prepare(x, state, mask)
         return self._loop(x, h0, mask)
 
-    def _gates(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Gate and candidate pre-activations k, u: (b, t, d) x (d, 2e) -> 2 x (b, t, e)."""
+    def _projection(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """Gate and candidate pre-activations [k | u]: (b, t, d) x (d, 2e) -> (b, t, 2e)."""
         if mask is not None:
             x = x.masked_fill(~mask[..., None], 0.0)  # padded inputs never enter the arithmetic
-        return self.in_proj(x).chunk(2, dim=-1)
+        return self.in_proj(x)
 
     def _loop(self, x: Tensor, h: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        k, u = self._gates(x, mask)  # 2 x (b, t, e)
+        k, u = self._projection(x, mask).chunk(2, dim=-1)  # 2 x (b, t, e)
         z, one_minus_z, h_tilde = torch.sigmoid(k), torch.sigmoid(-k), _g(u)  # σ(-k), not 1 - σ(k): see step
         if mask is not None:
             z = z * mask[..., None]  # z_t = 0 at padding: h_t = h_{t-1}
@@ -303,8 +315,9 @@ register_mixer(
         summary="minGRU, gates from the input only, parallel log-space scan (Feng et al. 2024)",
         year=2024,
         # forward + backward of the mixer alone against create_mixer("lstm", d): b=32, t=128, d=72, one torch
-        # thread, medians of 20 rounds in alternating order; 5.1-5.9x (median 5.3) over five runs on a 2-core
-        # AMD EPYC (the script: docs/adding-a-mixer.md, section 7); the loop (fast_path=False): 1.4-1.8x
-        step_cost=5.3,
+        # thread, medians of 20 rounds in alternating order; 0.79-0.82x over three runs on a 2-core AMD EPYC with
+        # the CPU kernel (the script: docs/adding-a-mixer.md, section 7); the log-space scan 5.1-6.5x, the loop
+        # (fast_path=False) 1.4-1.8x
+        step_cost=0.8,
     )
 )
