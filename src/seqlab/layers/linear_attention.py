@@ -305,7 +305,7 @@ register_mixer(
         family="Transformer",
         summary="causal linear attention, elu + 1 features, O(1) state (Katharopoulos et al. 2020)",
         year=2020,
-        step_cost=1.8,
+        step_cost=2.2,  # the mixer's fwd + bwd, 2.15-2.18x the LSTM's (docs/adding-a-mixer.md, section 7)
         width_multiple=lambda c: 2 * c.n_heads,
     )
 )
