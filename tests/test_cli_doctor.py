@@ -50,6 +50,7 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
         "GRU / RNN",
         "causal conv (Mamba)",
         "minGRU scan",
+        "linear attention",
         "decoding step (GPT)",
         "GELU",
     ]

@@ -195,7 +195,16 @@ def _kernels() -> list[str]:
     be; and the GPU scan's Triton. Nothing is built here: doctor stays a second or two."""
     import torch
 
-    from seqlab.kernels import activations, attention, causal_conv, decode, layer_norm, mingru_scan, recurrent
+    from seqlab.kernels import (
+        activations,
+        attention,
+        causal_conv,
+        decode,
+        layer_norm,
+        linear_attention,
+        mingru_scan,
+        recurrent,
+    )
     from seqlab.kernels import build as scan_build
 
     libraries = [("selective scan (Mamba)", scan_build.library(), "scan")]
@@ -203,6 +212,7 @@ def _kernels() -> list[str]:
         ("GRU / RNN", recurrent.EXTENSION),
         ("causal conv (Mamba)", causal_conv.EXTENSION),
         ("minGRU scan", mingru_scan.EXTENSION),
+        ("linear attention", linear_attention.EXTENSION),
         ("decoding step (GPT)", decode.EXTENSION),
         ("GELU", activations.EXTENSION),
         ("LayerNorm", layer_norm.EXTENSION),

@@ -306,10 +306,14 @@ def test_fast_path_flag_and_forward_ref(kind, monkeypatch):
     g, g_ref = (torch.autograd.grad(out.square().sum(), x)[0] for out in (y, y_ref))
     torch.testing.assert_close(y, y_ref, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(g, g_ref, atol=1e-10, rtol=1e-10)
-    fast = "seqlab.layers.attention.scaled_dot_product_attention"
-    if kind == "linear":
-        fast = "seqlab.layers.linear_attention.linear_attention_causal"
-    monkeypatch.setattr(fast, _refuse)
+    fast = ["seqlab.layers.attention.scaled_dot_product_attention"]
+    if kind == "linear":  # the CPU kernel (seqlab.kernels.linear_attention), else the chunked form
+        fast = [
+            f"seqlab.layers.linear_attention.{f}"
+            for f in ("linear_attention_recurrent", "linear_attention_causal")
+        ]
+    for f in fast:
+        monkeypatch.setattr(f, _refuse)
     with pytest.raises(AssertionError, match="must not run"):
         m(x)
     m.fast_path = False

@@ -217,6 +217,7 @@ KERNEL_NAMES = (
     "layer_norm",
     "attention",
     "mingru_scan",
+    "linear_attention",
     "gemm",
 )
 

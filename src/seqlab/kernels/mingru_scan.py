@@ -65,7 +65,11 @@ class _MinGRUScan(torch.autograd.Function):
 
 def why_not_kernel(x: Tensor) -> str | None:
     """None when :func:`mingru_scan` would run the kernel for x (the projection ku), else why not."""
-    return cpu_float_reason(x) or EXTENSION.unbuilt_reason()
+    if (reason := cpu_float_reason(x)) is not None:
+        return reason
+    if torch.compiler.is_compiling():  # the layer's log-space scan is torch ops, which torch.compile traces
+        return "torch.compile is tracing"
+    return EXTENSION.unbuilt_reason()
 
 
 def mingru_scan(ku: Tensor, h0: Tensor) -> Tensor:

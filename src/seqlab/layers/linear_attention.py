@@ -9,7 +9,11 @@ The recurrent form updates (S, z) one position at a time: O(1) state and work pe
 computes the same numbers chunk by chunk: inside a chunk of c positions the masked quadratic form
 (φ(Q) φ(K)ᵀ ⊙ causal) V, across chunks the carried (S, z); O(t c k + t k²) work, no (t, k, k) tensor.
 The chunked form is :class:`LinearAttention`'s fast path and the recurrent one its reference
-(``forward_ref``, ``fast_path=False``; ``seqlab.layers.fastpath``).
+(``forward_ref``, ``fast_path=False``; ``seqlab.layers.fastpath``). On the CPU (float32, float64) the fast path
+runs the recurrent form in C++ instead (``seqlab.kernels.linear_attention``: one pass forward, two back, the
+state in registers): per position O(k e) on an O(k e) state does less there than the chunked form's batched
+products: 1.6x the layer's forward + backward at the step-cost shape of ``docs/adding-a-mixer.md``, 1.7x a
+lab LM's training step (``benchmarks/bench_mixer_kernels.py``, a 2-core AMD EPYC).
 
 A padding ``mask`` (b, t), True at real positions, padding on the right, zeroes the padded inputs and their
 keys φ(k): (S, z) sum over the real positions only, so each sequence's outputs and state are its own.
@@ -23,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.kernels.linear_attention import linear_attention_recurrent, linear_attention_recurrent_ref
+from seqlab.kernels.linear_attention import why_not_kernel as why_not_recurrence_kernel
 from seqlab.layers.checks import check_batch_size, check_causal_step, check_input, check_state
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.linear import Linear, linear
@@ -108,25 +114,6 @@ def linear_attention_causal(
     return torch.cat(outs, dim=2), (S, z)
 
 
-def linear_attention_recurrent_ref(
-    q: Tensor, k: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None = None, eps: float = 1e-6
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """The recurrent form, one position at a time; the same signature and numbers as the chunked form."""
-    b, h, t, kd = q.shape
-    S = q.new_zeros(b, h, kd, v.size(-1)) if state is None else state[0]
-    z = q.new_zeros(b, h, kd) if state is None else state[1]
-    outs = []
-    for i in range(t):
-        S = S + k[:, :, i].unsqueeze(-1) * v[:, :, i].unsqueeze(
-            -2
-        )  # (b, h, k, 1) * (b, h, 1, e) -> (b, h, k, e)
-        z = z + k[:, :, i]  # (b, h, k)
-        num = (q[:, :, i].unsqueeze(-2) @ S).squeeze(-2)  # (b, h, 1, k) x (b, h, k, e) -> (b, h, e)
-        den = (q[:, :, i] * z).sum(-1, keepdim=True)  # (b, h, 1)
-        outs.append(num / (den + eps))
-    return torch.stack(outs, dim=2), (S, z)
-
-
 def linear_attention_noncausal_ref(
     q: Tensor, k: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None = None, eps: float = 1e-6
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -158,8 +145,9 @@ class LinearAttention(FastPathMixin, nn.Module):
     (``in_proj_weight`` stacks [W_q; W_k; W_v], ``out_proj``).
 
     Two paths (``seqlab.layers.fastpath``): ``forward`` uses the chunked parallel form
-    (:func:`linear_attention_causal`; non-causal: the sums as two products); ``forward_ref`` (and
-    ``fast_path=False``) the recurrent form position by position (non-causal: the t x t weights written out).
+    (:func:`linear_attention_causal`; on the CPU the recurrence in C++, the module docstring; non-causal: the
+    sums as two products); ``forward_ref`` (and ``fast_path=False``) the recurrent form position by position
+    (non-causal: the t x t weights written out).
 
     Examples::
 
@@ -245,6 +233,9 @@ class LinearAttention(FastPathMixin, nn.Module):
         if not self._take_fast_path(x):
             return self.forward_ref(x, state, mask)
         q, k, v = self._features(x, mask)  # (b, h, t, k) each
+        if self.causal and why_not_recurrence_kernel(q) is None:  # the CPU: seqlab.kernels.linear_attention
+            y, state = linear_attention_recurrent(q, k, v, state, self.eps)
+            return self._out(y), state
         if self.causal:
             y, state = linear_attention_causal(q, k, v, state, self.chunk_size, self.eps)
             return self._out(y), state
@@ -305,7 +296,7 @@ register_mixer(
         family="Transformer",
         summary="causal linear attention, elu + 1 features, O(1) state (Katharopoulos et al. 2020)",
         year=2020,
-        step_cost=2.2,  # the mixer's fwd + bwd, 2.15-2.18x the LSTM's (docs/adding-a-mixer.md, section 7)
+        step_cost=1.3,  # the mixer's fwd + bwd with the CPU kernel, 1.31x the LSTM's (docs/adding-a-mixer.md, §7)
         width_multiple=lambda c: 2 * c.n_heads,
     )
 )

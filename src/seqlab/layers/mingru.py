@@ -227,12 +227,12 @@ class MinGRU(FastPathMixin, nn.Module):
         x, h0, mask = self._prepare(x, state, mask)
         if not self._take_fast_path(x):  # fast_path=False (why_not_fast_path, seqlab.layers.fastpath)
             return self._loop(x, h0, mask)
-        ku = self._projection(x, mask)  # (b, t, 2e), [k | u]
+        ku = _wide(self._projection(x, mask))  # (b, t, 2e), [k | u], at least float32
         # padding is on the right: the h computed there is never read (outputs zeroed, h_last gathered below)
-        if why_not_scan_kernel(_wide(ku)) is None:  # the CPU: one fused pass (seqlab.kernels.mingru_scan)
-            h = mingru_scan(_wide(ku), _wide(h0)).to(x.dtype)  # (b, t, e)
+        if why_not_scan_kernel(ku) is None:  # the CPU: one fused pass (seqlab.kernels.mingru_scan)
+            h = mingru_scan(ku, _wide(h0)).to(x.dtype)  # (b, t, e)
         else:
-            k, u = _wide(ku).chunk(2, dim=-1)  # 2 x (b, t, e)
+            k, u = ku.chunk(2, dim=-1)  # 2 x (b, t, e)
             log_a = -F.softplus(k)  # log(1 - z) = log σ(-k)
             log_b = k + log_a + _log_g(u)  # log z + log h̃, with log σ(k) = k + log σ(-k)
             h = log_space_scan(log_a, log_b, _wide(h0), self.chunk_size).to(x.dtype)  # (b, t, e)

@@ -1,19 +1,21 @@
-"""minGRU on the CPU: its C++ recurrence against the log-space scan and the loop, and against the LSTM and GRU.
+"""minGRU and causal linear attention on the CPU: their C++ recurrences against their parallel forms and loops,
+beside the LSTM and GRU.
 
-Three paths of one ``MinGRU`` (``seqlab.layers.mingru``), timed alternately in one process:
+Three paths of each mixer, timed alternately in one process:
 
-* ``kernel``: ``forward`` on the CPU, the recurrence in one C++ pass each way (``seqlab.kernels.mingru_scan``);
-* ``log-space scan``: ``forward`` with that kernel switched off (``SEQLAB_DISABLE_KERNELS=mingru_scan``, read at
-  every call), the paper's parallel form through ``torch.logcumsumexp``, what runs on a GPU;
-* ``loop``: ``forward_ref``, the equations as a loop over time;
+* ``kernel``: ``forward`` on the CPU, the recurrence in C++ (``seqlab.kernels.mingru_scan``,
+  ``seqlab.kernels.linear_attention``);
+* the parallel form: ``forward`` with that kernel switched off (``SEQLAB_DISABLE_KERNELS``, read at every call):
+  minGRU's log-space scan through ``torch.logcumsumexp``, linear attention's chunked form, what runs on a GPU;
+* ``loop``: ``forward_ref``, the equations one position at a time;
 
 beside ``create_mixer("lstm")`` (torch's fused oneDNN kernel) and ``create_mixer("gru")`` (seqlab's recurrent
 kernel) of the same width. Two settings: the mixer alone, forward + backward, at ``docs/adding-a-mixer.md``'s
 step-cost shape (b 32, t 128, d 72, one thread); and whole training steps (forward, backward, AdamW) of the lab's
 systems-row LMs (``seqlab compare``'s quick suite: batch 8, t 1024, torch's default threads), as the lab times them.
 
-    python benchmarks/bench_mingru.py          # writes benchmarks/results/mingru-<cpu>-torch<version>.md
-    python benchmarks/bench_mingru.py --quick  # a smoke run that writes no file
+    python benchmarks/bench_mixer_kernels.py          # writes benchmarks/results/mixer-kernels-<cpu>-torch<v>.md
+    python benchmarks/bench_mixer_kernels.py --quick  # a smoke run that writes no file
 """
 
 from __future__ import annotations
@@ -27,19 +29,22 @@ from collections.abc import Callable
 import torch
 
 from common import alternate, report
-from seqlab.kernels.mingru_scan import EXTENSION
+from seqlab.kernels import linear_attention, mingru_scan
 from seqlab.lab.budget import build_lab_model
 from seqlab.lab.report import cpu_name
 from seqlab.lab.suite import QUICK
 from seqlab.lab.systems import BATCH_SIZE, VOCAB_SIZE
 from seqlab.layers import create_mixer
 
+KERNELS = {"mingru": ("minGRU", "mingru_scan", "log-space scan"), "linear-attention": ("linear attention",
+           "linear_attention", "chunked form")}  # fmt: skip
 
-def scan_off(fn: Callable[[], object]) -> Callable[[], object]:
-    """fn with minGRU's kernel switched off for the call: the layer runs its log-space scan."""
+
+def kernel_off(name: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """fn with the kernel ``name`` switched off for the call: the mixer runs its parallel form."""
 
     def call() -> object:
-        os.environ["SEQLAB_DISABLE_KERNELS"] = "mingru_scan"
+        os.environ["SEQLAB_DISABLE_KERNELS"] = name
         try:
             return fn()
         finally:
@@ -49,38 +54,36 @@ def scan_off(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def mixer_rows(b: int, t: int, d: int, repeats: int) -> list[str]:
-    """The mixer alone, forward + backward, one thread: ms and the ratio to the LSTM."""
+    """Each mixer alone, forward + backward, one thread: ms and the ratio to the LSTM."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
         x = torch.randn(b, t, d, requires_grad=True)
-        mingru, lstm, gru = (create_mixer(name, d) for name in ("mingru", "lstm", "gru"))
 
         def step(forward: Callable) -> Callable[[], None]:
             return lambda: forward(x)[0].square().mean().backward()
 
-        fns = {
-            "minGRU, kernel": step(mingru),
-            "minGRU, log-space scan": scan_off(step(mingru)),
-            "minGRU, loop": step(mingru.forward_ref),
-            "LSTM (oneDNN)": step(lstm),
-            "GRU (seqlab's kernel)": step(gru),
-        }
+        fns = {}
+        for mixer, (label, kernel, parallel) in KERNELS.items():
+            m = create_mixer(mixer, d)
+            fns[f"{label}, kernel"] = step(m)
+            fns[f"{label}, {parallel}"] = kernel_off(kernel, step(m))
+            fns[f"{label}, loop"] = step(m.forward_ref)
+        fns["LSTM (oneDNN)"] = step(create_mixer("lstm", d))
+        fns["GRU (seqlab's kernel)"] = step(create_mixer("gru", d))
         times = {n: statistics.median(v) for n, v in alternate(fns, repeats).items()}
     finally:
         torch.set_num_threads(threads)
-    lstm_ms = times["LSTM (oneDNN)"]
-    return [f"| {n} | {s * 1e3:.1f} | {s / lstm_ms:.2f} |" for n, s in times.items()]
+    lstm_s = times["LSTM (oneDNN)"]
+    return [f"| {n} | {s * 1e3:.1f} | {s / lstm_s:.2f} |" for n, s in times.items()]
 
 
 def lm_rows(t: int, repeats: int) -> list[str]:
     """Training steps of the lab's systems-row LMs: tokens/s and the ratio to the LSTM LM."""
     x = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, t))
-    models = {
-        m: build_lab_model(m, QUICK, {"vocab_size": VOCAB_SIZE}, 0)[0].train()
-        for m in ("mingru", "lstm", "gru")
-    }
+    names = [*KERNELS, "lstm", "gru"]
+    models = {m: build_lab_model(m, QUICK, {"vocab_size": VOCAB_SIZE}, 0)[0].train() for m in names}
     opts = {m: torch.optim.AdamW(model.parameters(), lr=1e-4) for m, model in models.items()}
 
     def step(name: str) -> Callable[[], None]:
@@ -91,12 +94,11 @@ def lm_rows(t: int, repeats: int) -> list[str]:
 
         return run
 
-    fns = {
-        "minGRU LM, kernel": step("mingru"),
-        "minGRU LM, log-space scan": scan_off(step("mingru")),
-        "LSTM LM": step("lstm"),
-        "GRU LM": step("gru"),
-    }
+    fns = {}
+    for mixer, (label, kernel, parallel) in KERNELS.items():
+        fns[f"{label} LM, kernel"] = step(mixer)
+        fns[f"{label} LM, {parallel}"] = kernel_off(kernel, step(mixer))
+    fns["LSTM LM"], fns["GRU LM"] = step("lstm"), step("gru")
     times = {n: statistics.median(v) for n, v in alternate(fns, repeats).items()}
     lstm_s = times["LSTM LM"]
     return [f"| {n} | {BATCH_SIZE * t / s:,.0f} | {lstm_s / s:.2f} |" for n, s in times.items()]
@@ -110,20 +112,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     repeats, t_mixer, t_lm = (3, 32, 128) if args.quick else (args.repeats, 128, 1024)
-    build = EXTENSION.load() and EXTENSION.build_info()
+    builds = []
+    for module in (mingru_scan, linear_attention):
+        module.EXTENSION.load()
+        info = module.EXTENSION.build_info() or {}
+        how = "loaded from the cache" if info.get("cached") else "built"
+        builds.append(f"{module.EXTENSION.stem} {how} in {info.get('seconds', float('nan')):.1f} s")
     load = os.getloadavg()[0]
     mixer = mixer_rows(32, t_mixer, 72, repeats)
     lm = lm_rows(t_lm, repeats)
     lines = [
-        "# minGRU on the CPU: the C++ recurrence, the log-space scan and the loop, beside the LSTM and GRU",
+        "# minGRU and linear attention on the CPU: C++ recurrences, parallel forms and loops, beside the LSTM and GRU",
         "",
         f"{cpu_name()}, torch {torch.__version__}, {dt.date.today().isoformat()}; medians of {repeats} repeats, "
         f"contenders alternating; load average before / after: {load:.2f} / {os.getloadavg()[0]:.2f}. "
-        f"Kernel: {'loaded from the cache' if build and build['cached'] else 'built'} in "
-        f"{build['seconds'] if build else float('nan'):.1f} s before the timed calls (a first build costs 10-15 s "
-        "once per machine). Command: `python benchmarks/bench_mingru.py`.",
+        f"Kernels, before the timed calls: {'; '.join(builds)} (a first build costs 10-20 s each, once per "
+        "machine). Command: `python benchmarks/bench_mixer_kernels.py`.",
         "",
-        f"## The mixer alone, forward + backward (b 32, t {t_mixer}, d 72, one thread)",
+        f"## Each mixer alone, forward + backward (b 32, t {t_mixer}, d 72, one thread)",
         "",
         "| | ms | / LSTM |",
         "|---|---:|---:|",
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         *lm,
         "",
     ]
-    report("mingru", "\n".join(lines), args.quick)
+    report("mixer-kernels", "\n".join(lines), args.quick)
 
 
 if __name__ == "__main__":
