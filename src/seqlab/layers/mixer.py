@@ -83,7 +83,8 @@ class MixerSpec:
     channel_mlp: bool = True
     """Block layout in the LM backbone: followed by a channel MLP (True), or carrying its own (Mamba)."""
     step_cost: float = 1.0
-    """Training-step cost relative to an LSTM's at the lab's sizes on CPU; orders and times the lab's runs."""
+    """A lab run's training step (the whole LM at the suite's budget, one CPU thread) relative to the LSTM's, the
+    median over the quick suite's runs (``docs/adding-a-mixer.md``, section 7); orders and times the lab's runs."""
     width_multiple: Callable[[Any], int] = _default_multiple
     """The budget matcher's step for d_model, from the config (attention: 2 x n_heads, for RoPE's pairs)."""
     counts_positions: bool = False

@@ -210,7 +210,7 @@ register_mixer(
         family="RNN",
         summary="Elman RNN, h_t = tanh(W x_t + U h_{t-1} + b) (Elman 1990)",
         year=1990,
-        step_cost=0.4,  # the mixer's fwd + bwd, 0.38-0.39x the LSTM's (docs/adding-a-mixer.md, section 7)
+        step_cost=0.9,  # a lab run's training step: 0.86x the LSTM's (docs/adding-a-mixer.md, section 7)
     )
 )
 register_mixer(
@@ -221,7 +221,7 @@ register_mixer(
         family="RNN",
         summary="LSTM with its additive cell state (Hochreiter & Schmidhuber 1997)",
         year=1997,
-        step_cost=1.0,
+        step_cost=1.0,  # the unit: the other mixers' costs are relative to the LSTM's
     )
 )
 register_mixer(
@@ -232,6 +232,6 @@ register_mixer(
         family="RNN",
         summary="GRU, reset and update gates (Cho et al. 2014)",
         year=2014,
-        step_cost=0.9,  # the mixer's fwd + bwd, 0.92-0.95x the LSTM's (docs/adding-a-mixer.md, section 7)
+        step_cost=0.9,  # a lab run's training step: 0.90x the LSTM's (docs/adding-a-mixer.md, section 7)
     )
 )
