@@ -75,3 +75,33 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
     monkeypatch.setattr(scan_build, "missing_tool", lambda: "no C++ compiler: 'c++' is not on PATH")
     assert main(["doctor"]) == 0
     assert "GRU / RNN               cannot build: no C++ compiler" in capsys.readouterr().out
+
+
+def test_prune_kernels_removes_only_this_environments_superseded_builds(tmp_path, capsys, monkeypatch):
+    """A build of one of seqlab's kernels for this Python, torch and CPU from other sources goes; the current
+    builds, builds for another torch, folders seqlab did not name and a link stay."""
+    from seqlab.kernels import prune
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    root = tmp_path / "seqlab"
+    current = prune.current_names()
+    scan = current[0]  # seqlab_scan_<isa>_<python and torch>_<digest>
+    old = root / (scan[:-10] + "0123456789")
+    other_torch = root / scan.replace("torch", "torch9_9_9_")
+    kept = [root / name for name in current] + [other_torch, root / "seqlab_scan_notes", root / "mine"]
+    for folder in [old, *kept]:
+        folder.mkdir(parents=True)
+        (folder / "lib.so").write_bytes(b"x" * 1000)
+    (root / (scan[:-10] + "abcdefabcd")).symlink_to(tmp_path / "mine-elsewhere", target_is_directory=True)
+    assert main(["doctor"]) == 0
+    assert (
+        "1 superseded by this seqlab's sources (0.0 MB): seqlab doctor --prune-kernels"
+        in capsys.readouterr().out
+    )
+    assert main(["doctor", "--prune-kernels"]) == 0
+    out = capsys.readouterr().out
+    assert f"removed {old} (0.0 MB)" in out and "1 superseded kernel builds removed" in out
+    assert not old.exists() and all(folder.is_dir() for folder in kept)
+    assert (root / (scan[:-10] + "abcdefabcd")).is_symlink()
+    assert main(["doctor", "--prune-kernels"]) == 0  # nothing left to remove
+    assert "0 superseded kernel builds removed" in capsys.readouterr().out

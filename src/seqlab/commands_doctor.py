@@ -1,7 +1,8 @@
 """``seqlab doctor``: what this machine has and what each task and suite needs, before anything spends minutes.
 
 It prints the Python, torch (CPU or CUDA build, threads, devices) and CPU; each compiled kernel (built already,
-built on first use, or why it cannot be; the GPU scan's Triton); every optional package with its
+built on first use, or why it cannot be; the GPU scan's Triton) and the build cache (its size, and the builds
+this seqlab's sources superseded, which ``seqlab doctor --prune-kernels`` removes: ``seqlab.kernels.prune``); every optional package with its
 version or the line that installs it; the data sets read from Debian packages or other PyPI packages; and for
 each task and ``seqlab compare`` suite, ready or what is missing. It imports nothing heavy to find a package
 (``importlib.util.find_spec``), so it answers in a second or two. Exit status 0 (it is a report, not a check).
@@ -235,7 +236,45 @@ def _kernels() -> list[str]:
         gpu = f"ready (triton {_version('triton')})"
     else:
         gpu = "missing: pip install triton (the chunked PyTorch scan runs instead)"
-    return [*lines, f"  {'selective scan on GPU':<23} {gpu}", f"  {'float32 products':<23} {_gemm()}"]
+    return [
+        *lines,
+        f"  {'selective scan on GPU':<23} {gpu}",
+        f"  {'float32 products':<23} {_gemm()}",
+        f"  {'build cache':<23} {_cache_state()}",
+    ]
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _cache_state() -> str:
+    """The kernel cache's folder, size and superseded builds (``seqlab.kernels.prune``)."""
+    from seqlab.kernels import build, prune
+
+    root = build.cache_root()
+    if not root.is_dir():
+        return f"{root} (empty)"
+    folders = [f for f in root.iterdir() if f.is_dir()]
+    total = sum(prune.folder_bytes(f) for f in folders)
+    old = prune.superseded(root)
+    line = f"{root}: {len(folders)} builds, {_mb(total)}"
+    if old:
+        size = sum(prune.folder_bytes(f) for f in old)
+        line += (
+            f"; {len(old)} superseded by this seqlab's sources ({_mb(size)}): seqlab doctor --prune-kernels"
+        )
+    return line
+
+
+def _prune_kernels() -> int:
+    from seqlab.kernels import prune
+
+    removed = prune.prune(prune.superseded())
+    for folder, size in removed:
+        print(f"removed {folder} ({_mb(size)})")
+    print(f"{len(removed)} superseded kernel builds removed, {_mb(sum(s for _, s in removed))}")
+    return 0
 
 
 def _gemm() -> str:
@@ -248,6 +287,8 @@ def _gemm() -> str:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    if args.prune_kernels:
+        return _prune_kernels()
     lines = ["machine", *(f"  {m}" for m in _machine()), "", "kernels (CPU: C++; GPU: Triton)", *_kernels()]
     lines += ["", "packages"]
     for name, (what, how) in PACKAGES.items():
@@ -268,4 +309,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def add_doctor(sub) -> None:
     d = sub.add_parser("doctor", help="what this machine has, and what each task and suite still needs")
+    d.add_argument(
+        "--prune-kernels",
+        action="store_true",
+        help="remove the compiled kernels that this seqlab's sources superseded (same Python, torch and CPU "
+        "instruction set; builds for other environments are kept), then exit",
+    )
     d.set_defaults(func=_cmd_doctor)
