@@ -53,6 +53,23 @@ def test_values_state_and_gradients_match_the_recurrence(dtype, tol, state, use)
 
 
 @needs_compiler
+@pytest.mark.parametrize(("k", "e"), [(3, 2), (5, 7), (12, 12), (16, 9), (9, 16), (18, 18), (20, 3), (1, 1)])
+def test_float32_heads_of_every_width_match_the_recurrence(k, e):
+    """With AVX-512, float32 heads up to 16 wide keep their state in registers (one template per 4, 8, 12, 16
+    rows), wider ones run the padded-memory loops: each against the recurrence, the state and every gradient."""
+    q, kk, v, s0 = inputs(2, 3, 29, k, e, dtype=torch.float32)
+    out, ref = linear_attention_recurrent(q, kk, v, s0), linear_attention_recurrent_ref(q, kk, v, s0)
+    for got, want in zip((out[0], *out[1]), (ref[0], *ref[1]), strict=True):
+        torch.testing.assert_close(got, want, rtol=3e-5, atol=3e-5)
+    wanted = [q, kk, v, *s0]
+    weights = [torch.randn_like(x) for x in (ref[0], *ref[1])]
+    for got, want in zip(
+        loss_and_grads(out, wanted, weights), loss_and_grads(ref, wanted, weights), strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=3e-5, atol=3e-4)
+
+
+@needs_compiler
 def test_gradcheck_and_second_derivatives():
     q, k, v, s0 = inputs(1, 2, 6, 3, 4)
     f = lambda q, k, v, S, z: linear_attention_recurrent(q, k, v, (S, z))[0]  # noqa: E731
