@@ -9,11 +9,12 @@ The recurrent form updates (S, z) one position at a time: O(1) state and work pe
 computes the same numbers chunk by chunk: inside a chunk of c positions the masked quadratic form
 (φ(Q) φ(K)ᵀ ⊙ causal) V, across chunks the carried (S, z); O(t c k + t k²) work, no (t, k, k) tensor.
 The chunked form is :class:`LinearAttention`'s fast path and the recurrent one its reference
-(``forward_ref``, ``fast_path=False``; ``seqlab.layers.fastpath``). On the CPU (float32, float64) the fast path
-runs the recurrent form in C++ instead (``seqlab.kernels.linear_attention``: one pass forward, two back, the
-state in registers): per position O(k e) on an O(k e) state does less there than the chunked form's batched
-products: 1.6x the layer's forward + backward at the step-cost shape of ``docs/adding-a-mixer.md``, 1.7x a
-lab LM's training step (``benchmarks/bench_mixer_kernels.py``, a 2-core AMD EPYC).
+(``forward_ref``, ``fast_path=False``; ``seqlab.layers.fastpath``). On the CPU (float32, float64) the fast
+path runs the recurrent form in C++ instead (``seqlab.kernels.linear_attention``: one pass forward, two back):
+per position O(k e) on an O(k e) state does less there than the chunked form's batched products. Measured on a
+2-core AMD EPYC (``benchmarks/bench_mixer_kernels.py``): 1.5x the layer's forward + backward at the step-cost
+shape of ``docs/adding-a-mixer.md`` (heads of 18), 2.0x a lab LM's training step (heads of 12, whose state
+stays in registers).
 
 A padding ``mask`` (b, t), True at real positions, padding on the right, zeroes the padded inputs and their
 keys φ(k): (S, z) sum over the real positions only, so each sequence's outputs and state are its own.
@@ -296,7 +297,7 @@ register_mixer(
         family="Transformer",
         summary="causal linear attention, elu + 1 features, O(1) state (Katharopoulos et al. 2020)",
         year=2020,
-        step_cost=1.2,  # a lab run's training step: 1.22x the LSTM's (docs/adding-a-mixer.md, section 7)
+        step_cost=1.1,  # a lab run's training step: 1.07x the LSTM's (docs/adding-a-mixer.md, section 7)
         width_multiple=lambda c: 2 * c.n_heads,
     )
 )
