@@ -41,9 +41,8 @@ def linear_attention_recurrent_ref(
     z = q.new_zeros(b, h, kd) if state is None else state[1]
     outs = []
     for i in range(t):
-        S = S + k[:, :, i].unsqueeze(-1) * v[:, :, i].unsqueeze(
-            -2
-        )  # (b, h, k, 1) * (b, h, 1, e) -> (b, h, k, e)
+        k_i, v_i = k[:, :, i].unsqueeze(-1), v[:, :, i].unsqueeze(-2)  # (b, h, k, 1), (b, h, 1, e)
+        S = S + k_i * v_i  # (b, h, k, e)
         z = z + k[:, :, i]  # (b, h, k)
         num = (q[:, :, i].unsqueeze(-2) @ S).squeeze(-2)  # (b, h, 1, k) x (b, h, k, e) -> (b, h, e)
         den = (q[:, :, i] * z).sum(-1, keepdim=True)  # (b, h, 1)
