@@ -196,30 +196,22 @@ def _kernels() -> list[str]:
     be; and the GPU scan's Triton. Nothing is built here: doctor stays a second or two."""
     import torch
 
-    from seqlab.kernels import (
-        activations,
-        attention,
-        causal_conv,
-        decode,
-        layer_norm,
-        linear_attention,
-        mingru_scan,
-        recurrent,
-    )
     from seqlab.kernels import build as scan_build
+    from seqlab.kernels.prune import EXTENSIONS
 
+    labels = {
+        "recurrent": "GRU / RNN",
+        "causal_conv": "causal conv (Mamba)",
+        "mingru_scan": "minGRU scan",
+        "linear_attention": "linear attention",
+        "decode": "decoding step (GPT)",
+        "activations": "GELU",
+        "layer_norm": "LayerNorm",
+        "attention": "attention (short seqs)",
+    }
     libraries = [("selective scan (Mamba)", scan_build.library(), "scan")]
-    for label, extension in (
-        ("GRU / RNN", recurrent.EXTENSION),
-        ("causal conv (Mamba)", causal_conv.EXTENSION),
-        ("minGRU scan", mingru_scan.EXTENSION),
-        ("linear attention", linear_attention.EXTENSION),
-        ("decoding step (GPT)", decode.EXTENSION),
-        ("GELU", activations.EXTENSION),
-        ("LayerNorm", layer_norm.EXTENSION),
-        ("attention (short seqs)", attention.EXTENSION),
-    ):
-        libraries.append((label, extension.library(), extension.stem))
+    for extension in EXTENSIONS:
+        libraries.append((labels[extension.stem], extension.library(), extension.stem))
     tool = scan_build.missing_tool()
     lines = []
     for label, library, name in libraries:

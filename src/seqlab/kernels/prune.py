@@ -27,14 +27,12 @@ from seqlab.kernels import (
     recurrent,
 )
 
-__all__ = ["current_names", "folder_bytes", "prune", "superseded"]
+__all__ = ["EXTENSIONS", "current_names", "folder_bytes", "prune", "superseded"]
 
-_NAMED = re.compile(r"^(seqlab_\w+_)[0-9a-f]{10}$")  # a build name: its prefix, then the digest
-
-
-def current_names() -> list[str]:
-    """The build name of every kernel of this seqlab on this machine (their folders in ``build.cache_root()``)."""
-    extensions = (
+# every pybind kernel (the selective scan, a library of torch operators, has build.py's own loader)
+EXTENSIONS = tuple(
+    m.EXTENSION
+    for m in (
         recurrent,
         causal_conv,
         mingru_scan,
@@ -44,7 +42,14 @@ def current_names() -> list[str]:
         layer_norm,
         attention,
     )
-    return [build._build_name_and_flags()[0], *(m.EXTENSION.name_and_flags()[0] for m in extensions)]
+)
+
+_NAMED = re.compile(r"^(seqlab_\w+_)[0-9a-f]{10}$")  # a build name: its prefix, then the digest
+
+
+def current_names() -> list[str]:
+    """The build name of every kernel of this seqlab on this machine (their folders in ``build.cache_root()``)."""
+    return [build._build_name_and_flags()[0], *(e.name_and_flags()[0] for e in EXTENSIONS)]
 
 
 def superseded(root: Path | None = None) -> list[Path]:
