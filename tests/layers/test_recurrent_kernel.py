@@ -209,3 +209,24 @@ def test_failed_build_warns_once_and_falls_back_to_torch_nn(monkeypatch, caplog)
     mine = [w for w in caught if "recurrent kernel could not be built" in str(w.message)]
     assert len(mine) == 1 and "command not found" in str(mine[0].message)
     assert kernel_module.build_info() == {"error": "RuntimeError: error: c++: command not found"}
+
+
+@needs_compiler
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("batch", "hidden_size"), [(2, 16), (8, 160)])
+def test_small_and_large_steps_match_torch_nn(kind, threads, batch, hidden_size):
+    """A step's product runs as plain loops up to 2^16 multiply-adds on one thread (2^17 on more) and through MKL
+    past that: b 2, H 16 is below both limits, b 8, H 160 above both (the RNN's 8 x 160 x 160 = 204,800)."""
+    ours, theirs = make_pair(kind, hidden_size, bidirectional=True)
+    x, h0 = (
+        torch.randn(batch, 9, IN, dtype=torch.float64),
+        torch.randn(2, batch, hidden_size, dtype=torch.float64),
+    )
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert ours.why_not_kernel(x) is None
+        assert_same(outputs_and_grads(ours, x, h0), outputs_and_grads(theirs, x, h0), atol=1e-10, rtol=1e-10)
+    finally:
+        torch.set_num_threads(before)

@@ -13,6 +13,7 @@
 // Saved for the backward: out (the h_s), and for the GRU its gates r, z, n and W_hn h + b_hn: O(t*b*H).
 // Narrow includes rather than <torch/extension.h>: they halve the first build's time.
 #include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
@@ -226,6 +227,36 @@ at::Tensor contiguous_scratch(Scratch role, const at::Tensor& t) {
   return t.is_contiguous() ? t : scratch(role, t.sizes(), t.options()).copy_(t);
 }
 
+// ---- small per-step products -------------------------------------------------------------------------------
+// At the lab's widths a step's product is tiny (b 8, H 40: 8 x 40 x 120 multiply-adds for a GRU), and a call into
+// the BLAS through torch's dispatcher, with a tensor made for the step's rows, costs more than the arithmetic. Up
+// to 2^17 multiply-adds a step with several threads, 2^16 with one, the steps multiply in plain vector loops over
+// raw pointers on the calling thread. Measured fwd + bwd, t 512, in two processes one after the other on a quiet
+// 2-core AMD EPYC, MKL -> loops: 2 threads, the RNN at b 8, H 40 10.3 -> 2.2 ms, at b 32, H 64 25.9 -> 14.9, the
+// GRU at b 8, H 64 11.6 -> 9.8; one thread, the RNN at b 8, H 40 3.3 -> 2.6. Past the limits MKL won (the GRU at
+// b 32, H 40: 19.6 against 21.3 ms on 2 threads; the RNN at b 32, H 64 on one thread: 16.6 against 19.5).
+bool small_steps(int64_t B, int64_t H, int64_t G) {
+  return B * H * G <= (at::get_num_threads() > 1 ? (int64_t(1) << 17) : (int64_t(1) << 16));
+}
+
+// out (rows, cols) = x (rows, inner) w (inner, cols), plus bias (cols) or, when accumulate, plus out itself
+template <typename T>
+void small_product(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
+                   int64_t rows, int64_t inner, int64_t cols, bool accumulate) {
+  for (int64_t i = 0; i < rows; ++i) {
+    T* o = out + i * cols;
+    if (!accumulate)
+      for (int64_t c = 0; c < cols; ++c) o[c] = bias ? bias[c] : T(0);
+    const T* xi = x + i * inner;
+    for (int64_t j = 0; j < inner; ++j) {
+      const T xj = xi[j];
+      const T* wj = w + j * cols;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) o[c] += xj * wj[c];
+    }
+  }
+}
+
 // The previous state of step s (time-major out; the recurrence walks backwards in time when reverse).
 at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool reverse) {
   const int64_t first = reverse ? out.size(0) - 1 : 0;
@@ -257,7 +288,28 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
   at::Tensor out = buffer({T, B, H}, x.options());
   at::Tensor ws = buffer({gru ? T : 0, B, 4 * H}, x.options());
   at::Tensor gh = at::empty({B, G}, x.options());
+  const bool small = small_steps(B, H, G);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "seqlab_recurrent_forward", [&] {
+    if (small) {  // raw pointers throughout: every buffer is contiguous and time-major
+      const scalar_t *h0p = h0.data_ptr<scalar_t>(), *gxp = gx.data_ptr<scalar_t>(), *whh = w_hh_t.data_ptr<scalar_t>();
+      const scalar_t* bias = gru && has_bias ? b_hh->contiguous().data_ptr<scalar_t>() : nullptr;
+      scalar_t *outp = out.data_ptr<scalar_t>(), *ghp = gh.data_ptr<scalar_t>();
+      for (int64_t k = 0; k < T; ++k) {
+        const int64_t s = reverse ? T - 1 - k : k;
+        const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
+        scalar_t* hs = outp + s * B * H;
+        if (gru) {
+          small_product(hps, whh, bias, ghp, B, H, G, false);  // (b, H) x (H, 3H) (+ b_hh) -> (b, 3H)
+          scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * 4 * H;
+          for (int64_t i = 0; i < B; ++i)
+            gru_forward_row(gxp + (s * B + i) * G, ghp + i * G, hps + i * H, hs + i * H, wss + i * 4 * H, H);
+        } else {
+          small_product(hps, whh, static_cast<const scalar_t*>(nullptr), hs, B, H, H, false);
+          rnn_forward_row(hs, gxp + s * B * G, B * H, mode == kRelu);
+        }
+      }
+      return;
+    }
     for (int64_t k = 0; k < T; ++k) {
       const int64_t s = reverse ? T - 1 - k : k;
       const at::Tensor hp = previous(out, h0, s, reverse);
@@ -287,21 +339,29 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
                          int64_t mode, bool reverse) {
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
   const bool gru = mode == kGru;
+  const bool small = small_steps(B, H, G);
+  const at::Tensor w = w_hh.contiguous();
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "seqlab_recurrent_backward", [&] {
+    const scalar_t *outp = out.data_ptr<scalar_t>(), *h0p = h0.data_ptr<scalar_t>(), *wp = w.data_ptr<scalar_t>();
+    scalar_t *dghp = dgh.data_ptr<scalar_t>(), *dgxp = dgx.data_ptr<scalar_t>();
     for (int64_t k = T - 1; k >= 0; --k) {
       const int64_t s = reverse ? T - 1 - k : k;
-      const scalar_t* gos = go.data_ptr<scalar_t>() + s * B * H;  // go and out are contiguous (t, b, H)
-      scalar_t *dhs = dh.data_ptr<scalar_t>(), *dghs = dgh[s].data_ptr<scalar_t>();
+      const scalar_t* gos = go.data_ptr<scalar_t>() + s * B * H;  // go, out, dgh, dgx, ws contiguous, time-major
+      scalar_t *dhs = dh.data_ptr<scalar_t>(), *dghs = dghp + s * B * G;
+      const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
       if (gru) {
-        const scalar_t* hps = previous(out, h0, s, reverse).data_ptr<scalar_t>();
-        const scalar_t* wss = ws[s].data_ptr<scalar_t>();
-        scalar_t* dgxs = dgx[s].data_ptr<scalar_t>();
+        const scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * 4 * H;
+        scalar_t* dgxs = dgxp + s * B * G;
         for (int64_t i = 0; i < B; ++i)
           gru_backward_row(gos + i * H, wss + i * 4 * H, hps + i * H, dhs + i * H, dgxs + i * G, dghs + i * G, H);
-        dh.addmm_(dgh[s], w_hh);  // dL/dh_{s-1} += dgh[s] W_hh: (b, 3H) x (3H, H) -> (b, H)
+        // dL/dh_{s-1} += dgh[s] W_hh: (b, 3H) x (3H, H) -> (b, H)
+        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, static_cast<const scalar_t*>(nullptr), dhs, B, G, H, true);
+        else dh.addmm_(dgh[s], w_hh);
       } else {
-        rnn_backward_row(gos, out.data_ptr<scalar_t>() + s * B * H, dhs, dghs, B * H, mode == kRelu);
-        at::mm_out(dh, dgh[s], w_hh);  // dL/dh_{s-1} = dpre[s] W_hh: (b, H) x (H, H) -> (b, H)
+        rnn_backward_row(gos, outp + s * B * H, dhs, dghs, B * H, mode == kRelu);
+        // dL/dh_{s-1} = dpre[s] W_hh: (b, H) x (H, H) -> (b, H)
+        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, static_cast<const scalar_t*>(nullptr), dhs, B, H, H, false);
+        else at::mm_out(dh, dgh[s], w_hh);
       }
     }
   });
