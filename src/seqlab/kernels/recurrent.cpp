@@ -289,10 +289,12 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
   at::Tensor ws = buffer({gru ? T : 0, B, 4 * H}, x.options());
   at::Tensor gh = at::empty({B, G}, x.options());
   const bool small = small_steps(B, H, G);
+  const at::Tensor b_step = gru && has_bias ? b_hh->contiguous() : at::Tensor();  // kept alive for its pointer
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "seqlab_recurrent_forward", [&] {
     if (small) {  // raw pointers throughout: every buffer is contiguous and time-major
-      const scalar_t *h0p = h0.data_ptr<scalar_t>(), *gxp = gx.data_ptr<scalar_t>(), *whh = w_hh_t.data_ptr<scalar_t>();
-      const scalar_t* bias = gru && has_bias ? b_hh->contiguous().data_ptr<scalar_t>() : nullptr;
+      const scalar_t *h0p = h0.data_ptr<scalar_t>(), *gxp = gx.data_ptr<scalar_t>();
+      const scalar_t* whh = w_hh_t.data_ptr<scalar_t>();
+      const scalar_t* bias = b_step.defined() ? b_step.data_ptr<scalar_t>() : nullptr;
       scalar_t *outp = out.data_ptr<scalar_t>(), *ghp = gh.data_ptr<scalar_t>();
       for (int64_t k = 0; k < T; ++k) {
         const int64_t s = reverse ? T - 1 - k : k;
@@ -304,7 +306,7 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
           for (int64_t i = 0; i < B; ++i)
             gru_forward_row(gxp + (s * B + i) * G, ghp + i * G, hps + i * H, hs + i * H, wss + i * 4 * H, H);
         } else {
-          small_product(hps, whh, static_cast<const scalar_t*>(nullptr), hs, B, H, H, false);
+          small_product(hps, whh, static_cast<const scalar_t*>(nullptr), hs, B, H, H, false);  // into out[s]
           rnn_forward_row(hs, gxp + s * B * G, B * H, mode == kRelu);
         }
       }
@@ -344,6 +346,7 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "seqlab_recurrent_backward", [&] {
     const scalar_t *outp = out.data_ptr<scalar_t>(), *h0p = h0.data_ptr<scalar_t>(), *wp = w.data_ptr<scalar_t>();
     scalar_t *dghp = dgh.data_ptr<scalar_t>(), *dgxp = dgx.data_ptr<scalar_t>();
+    const scalar_t* none = nullptr;  // no bias in these products
     for (int64_t k = T - 1; k >= 0; --k) {
       const int64_t s = reverse ? T - 1 - k : k;
       const scalar_t* gos = go.data_ptr<scalar_t>() + s * B * H;  // go, out, dgh, dgx, ws contiguous, time-major
@@ -355,12 +358,12 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
         for (int64_t i = 0; i < B; ++i)
           gru_backward_row(gos + i * H, wss + i * 4 * H, hps + i * H, dhs + i * H, dgxs + i * G, dghs + i * G, H);
         // dL/dh_{s-1} += dgh[s] W_hh: (b, 3H) x (3H, H) -> (b, H)
-        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, static_cast<const scalar_t*>(nullptr), dhs, B, G, H, true);
+        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, G, H, true);
         else dh.addmm_(dgh[s], w_hh);
       } else {
         rnn_backward_row(gos, outp + s * B * H, dhs, dghs, B * H, mode == kRelu);
         // dL/dh_{s-1} = dpre[s] W_hh: (b, H) x (H, H) -> (b, H)
-        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, static_cast<const scalar_t*>(nullptr), dhs, B, H, H, false);
+        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, H, H, false);
         else at::mm_out(dh, dgh[s], w_hh);
       }
     }
