@@ -230,3 +230,18 @@ def test_small_and_large_steps_match_torch_nn(kind, threads, batch, hidden_size)
         assert_same(outputs_and_grads(ours, x, h0), outputs_and_grads(theirs, x, h0), atol=1e-10, rtol=1e-10)
     finally:
         torch.set_num_threads(before)
+
+
+@needs_compiler
+def test_a_strided_bias_in_the_small_steps():
+    """b_hh as a view of every other element (not contiguous): the small steps read a contiguous copy they keep."""
+    torch.manual_seed(0)
+    h, g = 6, 18
+    x, h0 = torch.randn(5, 2, IN, dtype=torch.float64), torch.randn(2, h, dtype=torch.float64)
+    w_ih, w_hh = torch.randn(g, IN, dtype=torch.float64), torch.randn(g, h, dtype=torch.float64) / 3
+    b_ih, b_hh = torch.randn(g, dtype=torch.float64), torch.randn(2 * g, dtype=torch.float64)[::2]
+    assert not b_hh.is_contiguous()
+    out, h_n = recurrent_layer(x, h0, w_ih, w_hh, b_ih, b_hh, "GRU")
+    ref, ref_n = recurrent_layer_ref(x, h0, w_ih, w_hh, b_ih, b_hh, "GRU")
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(h_n, ref_n, atol=1e-12, rtol=1e-12)
