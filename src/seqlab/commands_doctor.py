@@ -247,12 +247,11 @@ def _cache_state() -> str:
     root = build.cache_root()
     if not root.is_dir():
         return f"{root} (empty)"
-    folders = [f for f in root.iterdir() if f.is_dir()]
-    total = sum(prune.folder_bytes(f) for f in folders)
+    sizes = {f: prune.folder_bytes(f) for f in root.iterdir() if f.is_dir()}  # each folder walked once
     old = prune.superseded(root)
-    line = f"{root}: {len(folders)} builds, {_mb(total)}"
+    line = f"{root}: {len(sizes)} builds, {_mb(sum(sizes.values()))}"
     if old:
-        size = sum(prune.folder_bytes(f) for f in old)
+        size = sum(sizes[f] for f in old)
         line += (
             f"; {len(old)} superseded by this seqlab's sources ({_mb(size)}): seqlab doctor --prune-kernels"
         )

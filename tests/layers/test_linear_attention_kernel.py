@@ -201,3 +201,35 @@ def test_the_cpp_entry_checks_its_arguments_on_its_own(call, message):
     """The compiled functions refuse what they cannot read (an error, never a read out of bounds)."""
     with pytest.raises(RuntimeError, match=message):
         call(EXTENSION.load())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            (torch.rand(1, 2, 3, 4), torch.rand(1, 2, 3, 4), torch.rand(1, 2, 4, 4)),
+            r"v of shape \(b, h, t, e\) = \(1, 2, 3, e\)",
+        ),
+        (
+            (torch.rand(1, 2, 3, 4), torch.rand(1, 2, 3, 3), torch.rand(1, 2, 3, 4)),
+            r"k of q's shape .* got \(1, 2, 3, 3\)",
+        ),
+        ((torch.rand(2, 3, 4),) * 3, r"q of shape \(b, h, t, k\), got \(2, 3, 4\)"),
+        (
+            (torch.rand(1, 2, 3, 4), torch.rand(1, 2, 3, 4).double(), torch.rand(1, 2, 3, 4)),
+            "k must have q's dtype",
+        ),
+        (
+            (*(torch.rand(1, 2, 3, 4),) * 3, (torch.rand(1, 2, 4, 5), torch.rand(1, 2, 4))),
+            r"state S must be \(b, h, k, e\) = \(1, 2, 4, 4\), got \(1, 2, 4, 5\)",
+        ),
+        (
+            (*(torch.rand(1, 2, 3, 4),) * 3, (torch.rand(1, 2, 4, 4).double(), torch.rand(1, 2, 4))),
+            "S must have q's",
+        ),
+    ],
+)
+def test_bad_inputs_say_what_was_expected(args, message):
+    """At the Python boundary, before the C++ entry's own checks, with the expected and the given."""
+    with pytest.raises(ValueError, match=message):
+        linear_attention_recurrent(*args)

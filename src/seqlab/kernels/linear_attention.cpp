@@ -105,7 +105,7 @@ inline T dot(const T* __restrict__ a, const T* __restrict__ b, int64_t n) {
 
 #if defined(__AVX512F__)
 // float32 with AVX-512, for heads of up to 64 features: each row of a state as at most four 16-lane vectors. The
-// state's rows are padded to whole, aligned vectors (Padded below): a masked store does not forward to the next
+// state's rows are padded to whole, aligned vectors (Padded above): a masked store does not forward to the next
 // step's load of the same row, which then waits for it (a step cost 270 ns at k = e = 18, 40 ns at 16).
 constexpr int64_t kMaxWide = 64;
 

@@ -20,7 +20,13 @@ from torch import Tensor
 
 from seqlab.kernels.extension import CppExtension, cpu_float_reason
 
-__all__ = ["EXTENSION", "linear_attention_recurrent", "linear_attention_recurrent_ref", "why_not_kernel"]
+__all__ = [
+    "EXTENSION",
+    "check_causal_args",
+    "linear_attention_recurrent",
+    "linear_attention_recurrent_ref",
+    "why_not_kernel",
+]
 
 EXTENSION = CppExtension(
     "linear_attention",
@@ -29,6 +35,34 @@ EXTENSION = CppExtension(
     headers=("vec_math.h",),
     openmp=True,
 )
+
+
+def _shape(x) -> str:
+    return str(tuple(x.shape)) if isinstance(x, Tensor) else type(x).__name__
+
+
+def check_causal_args(owner: str, q, k, v, state) -> None:
+    """A ValueError naming ``owner``, the expected and the given unless q, k are (b, h, t, k) and v (b, h, t, e),
+    floating, and the state a pair (S (b, h, k, e), z (b, h, k)) or None. Shapes and dtypes only."""
+    if not isinstance(q, Tensor) or q.dim() != 4:
+        raise ValueError(f"{owner} expects q of shape (b, h, t, k), got {_shape(q)}")
+    b, h, t, kd = q.shape
+    if not isinstance(k, Tensor) or k.shape != q.shape:
+        raise ValueError(f"{owner} expects k of q's shape (b, h, t, k) = {tuple(q.shape)}, got {_shape(k)}")
+    if not isinstance(v, Tensor) or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"{owner} expects v of shape (b, h, t, e) = ({b}, {h}, {t}, e), got {_shape(v)}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not x.is_floating_point():
+            raise ValueError(f"{owner} expects floating q, k and v, got {name} of {x.dtype}")
+    if state is None:
+        return
+    e = v.size(-1)
+    if not (isinstance(state, tuple | list) and len(state) == 2):
+        raise ValueError(f"{owner}: state must be a pair (S, z) or None, got {type(state).__name__}")
+    for name, x, want in (("S", state[0], (b, h, kd, e)), ("z", state[1], (b, h, kd))):
+        if not isinstance(x, Tensor) or tuple(x.shape) != want:
+            layout = "(b, h, k, e)" if name == "S" else "(b, h, k)"
+            raise ValueError(f"{owner}: state {name} must be {layout} = {want}, got {_shape(x)}")
 
 
 def linear_attention_recurrent_ref(
@@ -110,8 +144,17 @@ def linear_attention_recurrent(
     q: Tensor, k: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None = None, eps: float = 1e-6
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """y (b, h, t, e) and (S, z) after the last position, through the kernel (the module docstring). The
-    arguments are :func:`seqlab.layers.linear_attention.linear_attention_causal`'s (checked there), all of one
-    float dtype on the CPU, where :func:`why_not_kernel` says the kernel runs."""
+    arguments are :func:`seqlab.layers.linear_attention.linear_attention_causal`'s, all of q's dtype and device
+    (a ValueError naming the expected and the given otherwise), on the CPU, where :func:`why_not_kernel` says
+    the kernel runs."""
+    owner = "linear_attention_recurrent"
+    check_causal_args(owner, q, k, v, state)
+    for name, x in (("k", k), ("v", v), *(() if state is None else (("S", state[0]), ("z", state[1])))):
+        if x.dtype != q.dtype or x.device != q.device:
+            raise ValueError(
+                f"{owner}: {name} must have q's dtype and device ({q.dtype}, {q.device}), "
+                f"got {x.dtype} on {x.device}"
+            )
     S0, z0 = (None, None) if state is None else state
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     y, S, z = _LinearAttention.apply(q, k, v, S0, z0, float(eps))

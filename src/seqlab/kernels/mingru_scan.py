@@ -30,6 +30,7 @@ EXTENSION = CppExtension(
 
 
 def _g(u: Tensor) -> Tensor:
+    """g(u) = u + 0.5 for u >= 0, σ(u) for u < 0: continuous, positive, linear growth (not saturating)."""
     return torch.where(u >= 0, u + 0.5, torch.sigmoid(u))
 
 

@@ -291,42 +291,30 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
   const bool small = small_steps(B, H, G);
   const at::Tensor b_step = gru && has_bias ? b_hh->contiguous() : at::Tensor();  // kept alive for its pointer
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "seqlab_recurrent_forward", [&] {
-    if (small) {  // raw pointers throughout: every buffer is contiguous and time-major
-      const scalar_t *h0p = h0.data_ptr<scalar_t>(), *gxp = gx.data_ptr<scalar_t>();
-      const scalar_t* whh = w_hh_t.data_ptr<scalar_t>();
-      const scalar_t* bias = b_step.defined() ? b_step.data_ptr<scalar_t>() : nullptr;
-      scalar_t *outp = out.data_ptr<scalar_t>(), *ghp = gh.data_ptr<scalar_t>();
-      for (int64_t k = 0; k < T; ++k) {
-        const int64_t s = reverse ? T - 1 - k : k;
-        const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
-        scalar_t* hs = outp + s * B * H;
-        if (gru) {
-          small_product(hps, whh, bias, ghp, B, H, G, false);  // (b, H) x (H, 3H) (+ b_hh) -> (b, 3H)
-          scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * 4 * H;
-          for (int64_t i = 0; i < B; ++i)
-            gru_forward_row(gxp + (s * B + i) * G, ghp + i * G, hps + i * H, hs + i * H, wss + i * 4 * H, H);
-        } else {
-          small_product(hps, whh, static_cast<const scalar_t*>(nullptr), hs, B, H, H, false);  // into out[s]
-          rnn_forward_row(hs, gxp + s * B * G, B * H, mode == kRelu);
-        }
-      }
-      return;
-    }
+    // raw pointers for every buffer (contiguous and time-major); tensors only for MKL's products
+    const scalar_t *h0p = h0.data_ptr<scalar_t>(), *gxp = gx.data_ptr<scalar_t>();
+    const scalar_t* whh = w_hh_t.data_ptr<scalar_t>();
+    const scalar_t* bias = b_step.defined() ? b_step.data_ptr<scalar_t>() : nullptr;
+    scalar_t *outp = out.data_ptr<scalar_t>(), *ghp = gh.data_ptr<scalar_t>();
     for (int64_t k = 0; k < T; ++k) {
       const int64_t s = reverse ? T - 1 - k : k;
-      const at::Tensor hp = previous(out, h0, s, reverse);
-      at::Tensor h = out[s];
-      if (gru) {
-        if (has_bias) at::addmm_out(gh, *b_hh, hp, w_hh_t);  // (b, H) x (H, 3H) -> (b, 3H)
-        else at::mm_out(gh, hp, w_hh_t);
-        const scalar_t *gxs = gx[s].data_ptr<scalar_t>(), *ghs = gh.data_ptr<scalar_t>();
-        const scalar_t* hps = hp.data_ptr<scalar_t>();
-        scalar_t *hs = h.data_ptr<scalar_t>(), *wss = ws[s].data_ptr<scalar_t>();
-        for (int64_t i = 0; i < B; ++i)
-          gru_forward_row(gxs + i * G, ghs + i * G, hps + i * H, hs + i * H, wss + i * 4 * H, H);
+      const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
+      scalar_t* hs = outp + s * B * H;
+      // W_hh h_{s-1} (+ b_hn): (b, H) x (H, G), into gh for the GRU, straight into out[s] for the RNN
+      if (small) {
+        small_product(hps, whh, bias, gru ? ghp : hs, B, H, G, false);
       } else {
-        at::mm_out(h, hp, w_hh_t);  // W_hh h_{s-1}, written straight into out[s]
-        rnn_forward_row(h.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>() + s * B * G, B * H, mode == kRelu);
+        const at::Tensor hp = previous(out, h0, s, reverse);
+        at::Tensor dst = gru ? gh : out[s];
+        if (bias) at::addmm_out(dst, *b_hh, hp, w_hh_t);
+        else at::mm_out(dst, hp, w_hh_t);
+      }
+      if (gru) {
+        scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * 4 * H;
+        for (int64_t i = 0; i < B; ++i)
+          gru_forward_row(gxp + (s * B + i) * G, ghp + i * G, hps + i * H, hs + i * H, wss + i * 4 * H, H);
+      } else {
+        rnn_forward_row(hs, gxp + s * B * G, B * H, mode == kRelu);
       }
     }
   });

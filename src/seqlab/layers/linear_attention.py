@@ -28,7 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.kernels.linear_attention import linear_attention_recurrent, linear_attention_recurrent_ref
+from seqlab.kernels.linear_attention import (
+    check_causal_args,
+    linear_attention_recurrent,
+    linear_attention_recurrent_ref,
+)
 from seqlab.kernels.linear_attention import why_not_kernel as why_not_recurrence_kernel
 from seqlab.layers.checks import check_batch_size, check_causal_step, check_input, check_state
 from seqlab.layers.fastpath import FastPathMixin
@@ -50,35 +54,13 @@ def _elu1(x: Tensor) -> Tensor:
     return F.elu(x) + 1.0  # φ(x) = elu(x) + 1 > 0, so the normalizer φ(q)ᵀz is positive
 
 
-def _shape(x) -> str:
-    return str(tuple(x.shape)) if isinstance(x, Tensor) else type(x).__name__
-
-
 def _check_causal_args(q, k, v, state, chunk_size) -> None:
-    """:func:`linear_attention_causal`'s arguments: q, k (b, h, t, k) and v (b, h, t, e), floating; a state
-    (S (b, h, k, e), z (b, h, k)) or None; chunk_size an integer >= 1. Shapes and dtypes only."""
+    """:func:`linear_attention_causal`'s arguments: chunk_size an integer >= 1, then what
+    :func:`seqlab.kernels.linear_attention.check_causal_args` checks. Shapes and dtypes only."""
     owner = "linear_attention_causal"
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{owner}: chunk_size must be a positive integer, got {chunk_size!r}")
-    if not isinstance(q, Tensor) or q.dim() != 4:
-        raise ValueError(f"{owner} expects q of shape (b, h, t, k), got {_shape(q)}")
-    b, h, t, kd = q.shape
-    if not isinstance(k, Tensor) or k.shape != q.shape:
-        raise ValueError(f"{owner} expects k of q's shape (b, h, t, k) = {tuple(q.shape)}, got {_shape(k)}")
-    if not isinstance(v, Tensor) or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"{owner} expects v of shape (b, h, t, e) = ({b}, {h}, {t}, e), got {_shape(v)}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not x.is_floating_point():
-            raise ValueError(f"{owner} expects floating q, k and v, got {name} of {x.dtype}")
-    if state is None:
-        return
-    e = v.size(-1)
-    if not (isinstance(state, tuple | list) and len(state) == 2):
-        raise ValueError(f"{owner}: state must be a pair (S, z) or None, got {type(state).__name__}")
-    for name, x, want in (("S", state[0], (b, h, kd, e)), ("z", state[1], (b, h, kd))):
-        if not isinstance(x, Tensor) or tuple(x.shape) != want:
-            layout = "(b, h, k, e)" if name == "S" else "(b, h, k)"
-            raise ValueError(f"{owner}: state {name} must be {layout} = {want}, got {_shape(x)}")
+    check_causal_args(owner, q, k, v, state)
 
 
 def linear_attention_causal(

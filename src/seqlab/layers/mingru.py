@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqlab.kernels.mingru_scan import mingru_scan
+from seqlab.kernels.mingru_scan import _g, mingru_scan  # _g: the candidate's g(u)
 from seqlab.kernels.mingru_scan import why_not_kernel as why_not_scan_kernel
 from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _wide  # float32 for half precision, as the SSM scans
@@ -78,11 +78,6 @@ from seqlab.layers.mixer import MixerSpec, register_mixer
 from seqlab.validation import check_positive_ints
 
 __all__ = ["MinGRU", "log_space_scan", "log_space_scan_ref"]
-
-
-def _g(u: Tensor) -> Tensor:
-    """g(u) = u + 0.5 for u >= 0, σ(u) for u < 0: continuous, positive, linear growth (not saturating)."""
-    return torch.where(u >= 0, u + 0.5, torch.sigmoid(u))
 
 
 def _log_g(u: Tensor) -> Tensor:
