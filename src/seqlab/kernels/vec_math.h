@@ -13,6 +13,8 @@
 #include <xmmintrin.h>
 #endif
 
+#define SEQLAB_VEC_INLINE inline __attribute__((always_inline))
+
 namespace seqlab_vec {
 
 // Subnormal floats (below 1.2e-38, or 2.2e-308 in double) cost x86 cores a microcode assist of tens to hundreds
@@ -154,6 +156,35 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, m);
 }
 
+// exp16 of N vectors at once, each step applied to all N before the next: N independent chains side by side in
+// the instruction stream. exp16's 13 steps form one dependent chain (~50 cycles); issued one after another, the
+// out-of-order window holds too few of them to overlap, and the loops that call exp16 ran latency-bound.
+template <int N>
+SEQLAB_VEC_INLINE void exp16n(__m512 (&x)[N]) {
+  const __m512 round = _mm512_set1_ps(Num<float>::round);
+  __m512 m[N], r[N], p[N];
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q)
+    x[q] = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x[q]));
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q)
+    m[q] = _mm512_sub_ps(_mm512_fmadd_ps(x[q], _mm512_set1_ps(Num<float>::log2e), round), round);
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) r[q] = _mm512_fnmadd_ps(m[q], _mm512_set1_ps(Num<float>::ln2_hi), x[q]);
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) r[q] = _mm512_fnmadd_ps(m[q], _mm512_set1_ps(Num<float>::ln2_lo), r[q]);
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q)
+    p[q] = _mm512_fmadd_ps(_mm512_set1_ps(1.3941108481958508e-3f), r[q], _mm512_set1_ps(8.37512593716383e-3f));
+  const float c[5] = {4.166635125875473e-2f, 1.6666415333747864e-1f, 0.5f, 1.0f, 1.0f};
+#pragma GCC unroll 8
+  for (int j = 0; j < 5; ++j)
+#pragma GCC unroll 8
+    for (int q = 0; q < N; ++q) p[q] = _mm512_fmadd_ps(p[q], r[q], _mm512_set1_ps(c[j]));
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) x[q] = _mm512_scalef_ps(p[q], m[q]);
+}
+
 // 1 / d for d in [1, 1e38]: vrcp14ps (14 bits) and one Newton step, r (2 - d r) (28 bits), instead of a division
 inline __m512 recip16(__m512 d) {
   const __m512 r = _mm512_rcp14_ps(d);
@@ -173,6 +204,36 @@ inline __m512 softplus16(__m512 x) {
   __m512 p = _mm512_set1_ps(1.0f / 15);  // Σ_k s2^k / (2k + 1), k < 8
   for (int k = 6; k >= 0; --k) p = _mm512_fmadd_ps(p, s2, _mm512_set1_ps(1.0f / float(2 * k + 1)));
   return _mm512_add_ps(_mm512_max_ps(_mm512_setzero_ps(), x), _mm512_mul_ps(_mm512_add_ps(s, s), p));
+}
+
+// softplus16 and sigmoid16 of N vectors at once, interleaved as exp16n
+template <int N>
+SEQLAB_VEC_INLINE void softplus16n(__m512 (&x)[N]) {
+  __m512 e[N], s[N], s2[N], p[N];
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) e[q] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x[q]));
+  exp16n<N>(e);
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) s[q] = _mm512_mul_ps(e[q], recip16(_mm512_add_ps(_mm512_set1_ps(2.0f), e[q])));
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) s2[q] = _mm512_mul_ps(s[q], s[q]), p[q] = _mm512_set1_ps(1.0f / 15);
+#pragma GCC unroll 8
+  for (int k = 6; k >= 0; --k)
+#pragma GCC unroll 8
+    for (int q = 0; q < N; ++q) p[q] = _mm512_fmadd_ps(p[q], s2[q], _mm512_set1_ps(1.0f / float(2 * k + 1)));
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q)
+    x[q] = _mm512_add_ps(_mm512_max_ps(_mm512_setzero_ps(), x[q]), _mm512_mul_ps(_mm512_add_ps(s[q], s[q]), p[q]));
+}
+
+template <int N>
+SEQLAB_VEC_INLINE void sigmoid16n(__m512 (&x)[N]) {
+  __m512 e[N];
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) e[q] = _mm512_min_ps(_mm512_set1_ps(87.0f), _mm512_sub_ps(_mm512_setzero_ps(), x[q]));
+  exp16n<N>(e);
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) x[q] = recip16(_mm512_add_ps(_mm512_set1_ps(1.0f), e[q]));
 }
 #endif
 
