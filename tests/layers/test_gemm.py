@@ -218,3 +218,60 @@ def test_a_bias_of_the_wrong_size_gets_torchs_message_not_onednns(onednn):
 def test_linear_says_what_it_expects(onednn, x, said):
     with pytest.raises(ValueError, match=said):
         Linear(256, 768)(x)
+
+
+NARROW_CASES = {
+    "k 4, 3-d input with bias": lambda: (torch.randn(8, 1024, 4), torch.randn(104, 4), torch.randn(104)),
+    "k 2, no bias": lambda: (torch.randn(4096, 2), torch.randn(256, 2), None),
+    "k 15, a view with spaced rows": lambda: (torch.randn(4096, 36)[:, :15], torch.randn(64, 15), None),
+    "k 8, transposed weight": lambda: (torch.randn(2048, 8), torch.randn(8, 512).t(), torch.randn(512)),
+}
+
+
+@pytest.mark.parametrize("case", list(NARROW_CASES))
+@pytest.mark.parametrize("wants", ["all", "weights only"])
+def test_narrow_inputs_match_f_linear(onednn, case, wants):
+    x, w, b = NARROW_CASES[case]()
+    x.requires_grad_(wants == "all")
+    w.requires_grad_()
+    if b is not None:
+        b.requires_grad_()
+    (x1, w1, b1), (x2, w2, b2) = _pair(x, w, b)
+    y, ref = gemm.linear(x1, w1, b1), F.linear(x2, w2, b2)
+    assert type(y.grad_fn).__name__ == "_NarrowLinearBackward"
+    _close(y, ref)
+    g = torch.randn_like(ref)
+    y.backward(g)
+    ref.backward(g)
+    _close(w1.grad, w2.grad)
+    assert w1.grad.stride() == w2.grad.stride()  # the layout F.linear's gradient gets
+    if b is not None:
+        _close(b1.grad, b2.grad)
+    assert (x1.grad is None) == (wants != "all")
+    if wants == "all":
+        _close(x1.grad, x2.grad)
+        assert x1.grad.shape == x1.shape
+
+
+def test_narrow_second_derivatives_are_f_linears(onednn):
+    x = torch.randn(4096, 4, requires_grad=True)
+    w = torch.randn(104, 4, requires_grad=True)
+    grads = []
+    for f in (gemm.linear, F.linear):
+        (gx,) = torch.autograd.grad(f(x, w).tanh().sum(), [x], create_graph=True)
+        grads.append(torch.autograd.grad(gx.square().sum(), [w])[0])
+    _close(*grads)
+
+
+@pytest.mark.parametrize("why", ["k 1", "k 16", "small", "float64", "no grad", "SEQLAB_GEMM=torch"])
+def test_narrow_path_steps_aside_where_it_should(onednn, monkeypatch, why):
+    k = {"k 1": 1, "k 16": 16}.get(why, 4)
+    x, w = torch.randn(16 if why == "small" else 4096, k), torch.randn(104, k, requires_grad=True)
+    if why == "float64":
+        x, w = x.double(), w.detach().double().requires_grad_()
+    if why.startswith("SEQLAB_"):
+        monkeypatch.setenv(*why.split("="))
+    with torch.set_grad_enabled(why != "no grad"):
+        y = gemm.linear(x, w)
+    assert y.grad_fn is None or type(y.grad_fn).__name__ not in ("_NarrowLinearBackward", "_LinearBackward")
+    torch.testing.assert_close(y, F.linear(x, w))

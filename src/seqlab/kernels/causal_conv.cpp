@@ -14,9 +14,10 @@
 // Work is split over (batch row, segment of kSegment output rows) units, each covering every channel: a thread writes
 // only its own rows of y and dx, so no cache line of them is shared between threads (a row of c floats is rarely a
 // whole number of 64-byte lines, so splitting by channels made the threads write the same lines). The backward
-// writes each input row's gradient once, as a gather over the k rows of dpre that read it, kept in a ring of k
-// rows: a unit recomputes the k - 1 rows of dpre past its end (a halo) and accumulates dw, dbias only over its own
-// rows, into per-thread sums added up at the end.
+// writes each input row's gradient once, as a gather over the k rows of dpre that read it: a unit computes dpre
+// for its rows and the k - 1 past its end (a halo) into a buffer, and accumulates dw, dbias only over its own rows,
+// into per-thread sums added up at the end. The SiLU and its derivative run over a unit's rows as one contiguous
+// span (silu_span, dsilu_span).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -28,7 +29,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "vec_math.h"
 
@@ -65,67 +70,95 @@ inline void conv_at(const T* x, const T* s, const T* w, const T* bias, const Sha
   }
 }
 
-// y rows [t0, t1) of batch row bi
+// The elementwise halves over `count` contiguous values: y = silu(pre) in place, and dpre = g (σ + pre σ (1 − σ)).
+// With AVX-512 and floats, four vectors at a time through exp16n (vec_math.h): one value's exp is a chain of ~13
+// dependent steps, and one vector after another the out-of-order window overlapped too few of them; a row-by-row
+// loop over c channels also left every row's last partial vector to a scalar tail.
 template <typename T>
-void forward_rows(const T* x, const T* s, const T* w, const T* bias, T* y, const Shape& n, int64_t bi, int64_t t0,
-                  int64_t t1, T* pre) {
-  for (int64_t t = t0; t < t1; ++t) {
-    conv_at(x, s, w, bias, n, bi, t, pre);
-    T* out = y + (bi * n.t + t) * n.c;
+void silu_span(T* v, int64_t count) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    for (; i + 64 <= count; i += 64) {
+      __m512 p[4], e[4];
+      for (int q = 0; q < 4; ++q) p[q] = _mm512_loadu_ps(v + i + 16 * q), e[q] = p[q];
+      seqlab_vec::sigmoid16n<4>(e);
+      for (int q = 0; q < 4; ++q) _mm512_storeu_ps(v + i + 16 * q, _mm512_mul_ps(p[q], e[q]));
+    }
+  }
+#endif
 #pragma omp simd
-    for (int64_t c = 0; c < n.c; ++c) out[c] = silu_(pre[c]);
+  for (int64_t j = i; j < count; ++j) v[j] = silu_(v[j]);
+}
+
+template <typename T>
+void dsilu_span(const T* g, const T* pre, int64_t count, T* dpre) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    for (; i + 64 <= count; i += 64) {
+      __m512 p[4], e[4];
+      for (int q = 0; q < 4; ++q) p[q] = _mm512_loadu_ps(pre + i + 16 * q), e[q] = _mm512_sub_ps(_mm512_setzero_ps(), p[q]);
+      seqlab_vec::exp16n<4>(e);
+      for (int q = 0; q < 4; ++q) {  // σ = 1 / (1 + e), σ(1 − σ) = σ · e σ
+        const __m512 sig = seqlab_vec::recip16(_mm512_add_ps(_mm512_set1_ps(1.0f), e[q]));
+        const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(p[q], sig), _mm512_mul_ps(e[q], sig), sig);
+        _mm512_storeu_ps(dpre + i + 16 * q, _mm512_mul_ps(_mm512_loadu_ps(g + i + 16 * q), d));
+      }
+    }
+  }
+#endif
+#pragma omp simd
+  for (int64_t j = i; j < count; ++j) {
+    const T p = pre[j], e = exp_(-p);
+    const T sig = T(1) / (T(1) + e);
+    dpre[j] = g[j] * (sig + p * sig * (e * sig));  // σ(1 − σ) = σ · e σ, without cancellation
   }
 }
 
-// dpre = g (σ + pre σ (1 − σ)) at (bi, t), every channel; pre is recomputed, not saved
+// y rows [t0, t1) of batch row bi: the convolutions into y's rows, then the SiLU over them as one span
 template <typename T>
-inline void dpre_at(const T* g, const T* x, const T* s, const T* w, const T* bias, const Shape& n, int64_t bi,
-                    int64_t t, T* pre, T* dpre) {
-  conv_at(x, s, w, bias, n, bi, t, pre);
-  const T* gr = g + (bi * n.t + t) * n.c;
-#pragma omp simd
-  for (int64_t c = 0; c < n.c; ++c) {
-    const T p = pre[c], e = exp_(-p);
-    const T sig = T(1) / (T(1) + e);
-    dpre[c] = gr[c] * (sig + p * sig * (e * sig));  // σ(1 − σ) = σ · e σ, without cancellation
-  }
+void forward_rows(const T* x, const T* s, const T* w, const T* bias, T* y, const Shape& n, int64_t bi, int64_t t0,
+                  int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) conv_at(x, s, w, bias, n, bi, t, y + (bi * n.t + t) * n.c);
+  silu_span(y + (bi * n.t + t0) * n.c, (t1 - t0) * n.c);
+}
+
+// dpre rows t in [t0, t1) of batch row bi into D (row t at D + (t − t0) c), zero outside [0, n.t); pre is
+// recomputed into P (same layout), not saved
+template <typename T>
+void dpre_rows(const T* g, const T* x, const T* s, const T* w, const T* bias, const Shape& n, int64_t bi, int64_t t0,
+               int64_t t1, T* P, T* D) {
+  const int64_t lo = std::max<int64_t>(t0, 0), hi = std::min(t1, n.t);
+  std::fill(D, D + (t1 - t0) * n.c, T(0));
+  for (int64_t t = lo; t < hi; ++t) conv_at(x, s, w, bias, n, bi, t, P + (t - t0) * n.c);
+  if (hi > lo) dsilu_span(g + (bi * n.t + lo) * n.c, P + (lo - t0) * n.c, (hi - lo) * n.c, D + (lo - t0) * n.c);
 }
 
 // The input-gradient rows τ in [τ0, τ1) of batch row bi (τ < 0: the state's rows), each written once:
-// din[τ] = Σ_j dpre[τ + (k − 1) − j] ⊙ w[j]. dw and db gather the unit's own dpre rows t in [max(τ0, 0), τ1).
-// ring holds k rows of dpre, row t in slot t mod k; rows before 0 or from t on are zero.
+// din[τ] = Σ_j dpre[τ + (k − 1) − j] ⊙ w[j], from the dpre rows [τ0, τ1 + k − 1) (D, zero outside [0, n.t)). dw and
+// db gather the unit's own dpre rows t in [max(τ0, 0), τ1).
 template <typename T>
 void backward_rows(const T* g, const T* x, const T* s, const T* w, const T* bias, T* dx, T* ds, T* dw, T* db,
-                   const Shape& n, int64_t bi, int64_t tau0, int64_t tau1, T* pre, T* ring) {
-  std::fill(ring, ring + n.k * n.c, T(0));
-  for (int64_t t = tau0; t < tau1 + n.k - 1; ++t) {
-    if (t >= 0) {  // rows before 0 stay zero: the ring starts zeroed and t only grows
-      T* dpre = ring + (t % n.k) * n.c;
-      if (t < n.t) {
-        dpre_at(g, x, s, w, bias, n, bi, t, pre, dpre);
-      } else {
-        std::fill(dpre, dpre + n.c, T(0));
-      }
-      if (t < tau1 && t < n.t) {  // the unit's own row: its share of dw and db
+                   const Shape& n, int64_t bi, int64_t tau0, int64_t tau1, T* P, T* D) {
+  dpre_rows(g, x, s, w, bias, n, bi, tau0, tau1 + n.k - 1, P, D);
+  for (int64_t t = std::max<int64_t>(tau0, 0); t < std::min(tau1, n.t); ++t) {  // the unit's own rows: dw, db
+    const T* dpre = D + (t - tau0) * n.c;
 #pragma omp simd
-        for (int64_t c = 0; c < n.c; ++c) db[c] += dpre[c];
-        for (int64_t j = 0; j < n.k; ++j) {
-          const T* in = row(x, s, n, bi, t - (n.k - 1) + j);
-          T* dwj = dw + j * n.c;
+    for (int64_t c = 0; c < n.c; ++c) db[c] += dpre[c];
+    for (int64_t j = 0; j < n.k; ++j) {
+      const T* in = row(x, s, n, bi, t - (n.k - 1) + j);
+      T* dwj = dw + j * n.c;
 #pragma omp simd
-          for (int64_t c = 0; c < n.c; ++c) dwj[c] += dpre[c] * in[c];
-        }
-      }
+      for (int64_t c = 0; c < n.c; ++c) dwj[c] += dpre[c] * in[c];
     }
-    const int64_t tau = t - (n.k - 1);
-    if (tau < tau0) continue;
+  }
+  for (int64_t tau = tau0; tau < tau1; ++tau) {
     T* din = tau >= 0 ? dx + (bi * n.t + tau) * n.c : ds + (bi * (n.k - 1) + (n.k - 1 + tau)) * n.c;
     for (int64_t c = 0; c < n.c; ++c) din[c] = T(0);
     for (int64_t j = 0; j < n.k; ++j) {
-      const int64_t src = tau + (n.k - 1) - j;  // ≥ tau ≥ τ0 − ... : its slot holds dpre[src] or zero (src < 0)
-      const T* dp = ring + (((src % n.k) + n.k) % n.k) * n.c;
+      const T* dp = D + (tau + (n.k - 1) - j - tau0) * n.c;  // dpre[τ + (k − 1) − j]
       const T* wj = w + j * n.c;
-      if (src < 0) continue;
 #pragma omp simd
       for (int64_t c = 0; c < n.c; ++c) din[c] += dp[c] * wj[c];
     }
@@ -163,11 +196,10 @@ at::Tensor causal_conv_silu_forward(const at::Tensor& x, const at::Tensor& state
     const scalar_t* bp = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, n.b * per_row, 1, [&](int64_t lo, int64_t hi) {
       seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
-      std::vector<scalar_t> pre(n.c);
       for (int64_t unit = lo; unit < hi; ++unit) {
         const int64_t bi = unit / per_row, t0 = (unit % per_row) * kSegment;
         forward_rows(x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), bp,
-                     y.data_ptr<scalar_t>(), n, bi, t0, std::min(n.t, t0 + kSegment), pre.data());
+                     y.data_ptr<scalar_t>(), n, bi, t0, std::min(n.t, t0 + kSegment));
       }
     });
   });
@@ -186,13 +218,13 @@ std::vector<at::Tensor> causal_conv_silu_backward(const at::Tensor& grad, const 
     const scalar_t* bp = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, n.b * per_row, 1, [&](int64_t lo, int64_t hi) {
       seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
-      std::vector<scalar_t> pre(n.c), ring(n.k * n.c);
+      std::vector<scalar_t> pre((kSegment + n.k - 1) * n.c), dpre((kSegment + n.k - 1) * n.c);
       scalar_t* dw = parts.data_ptr<scalar_t>() + at::get_thread_num() * (n.k + 1) * n.c;
       for (int64_t unit = lo; unit < hi; ++unit) {
         const int64_t bi = unit / per_row, tau0 = (unit % per_row) * kSegment - (n.k - 1);
         backward_rows(grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), state.data_ptr<scalar_t>(),
                       w.data_ptr<scalar_t>(), bp, dx.data_ptr<scalar_t>(), ds.data_ptr<scalar_t>(), dw,
-                      dw + n.k * n.c, n, bi, tau0, std::min(n.t, tau0 + kSegment), pre.data(), ring.data());
+                      dw + n.k * n.c, n, bi, tau0, std::min(n.t, tau0 + kSegment), pre.data(), dpre.data());
       }
     });
   });

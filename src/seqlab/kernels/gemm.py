@@ -15,6 +15,13 @@ tensor subclasses (DTensor), torch.compile's tracing. The weight and bias gradie
 differ from MKL's in float32 rounding only (summation order); a double backward (``create_graph=True``)
 differentiates ``F.linear``.
 
+Narrow inputs (2 to 15 input features, as Mamba's low-rank Δ projection at small widths has: 4 at d_model 52)
+take a third route, :class:`_NarrowLinear`: MKL multiplies dy W (m, n) x (n, k) and dyᵀ x (n, m) x (m, k) with
+k < 16 2-8x slower than the same products written the other way round, W-transposed as a linear's weight
+(dy (Wᵀ)ᵀ) and (xᵀ dy)ᵀ: on the AMD EPYC at 8,192 rows, 104 outputs and k = 4, 489 -> 154 us and 702 -> 213 us
+(2 threads); the lab's Mamba LM training step (batch 8 x 1,024) 1.04-1.07x faster, alternating in one process. The forward product stays ``F.linear``. Measured
+on AMD only, so it follows the same choice as oneDNN's products.
+
 The choice: ``SEQLAB_GEMM=onednn`` or ``torch`` sets it; unset, oneDNN on AMD CPUs with AVX-512 (where it
 was measured faster), torch elsewhere. ``SEQLAB_DISABLE_KERNELS=gemm`` (or ``all``) leaves it to torch too.
 The choice depends on the machine and the shapes only, so a run and its resume take the same path.
@@ -32,9 +39,11 @@ from torch import Tensor
 
 from seqlab.kernels.build import disabled_reason
 
-__all__ = ["MIN_WORK", "choice", "linear", "onednn_reason"]
+__all__ = ["MIN_WORK", "NARROW", "choice", "linear", "onednn_reason"]
 
 MIN_WORK = 1 << 24  # rows x in x out multiply-adds from which oneDNN's product beats MKL's (bench_gemm.py)
+NARROW = range(2, 16)  # input features for which the gradients take _NarrowLinear's product order
+_MIN_NARROW_WORK = 1 << 18  # below, the gradients cost little either way and the Function's own cost shows
 _CHOICES = ("onednn", "torch")
 
 
@@ -119,12 +128,36 @@ class _Linear(torch.autograd.Function):
         return dx, dw, db
 
 
+class _NarrowLinear(torch.autograd.Function):
+    """F.linear for k < 16 input features, its gradients as products that MKL runs at speed (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, weight, bias = ctx.saved_tensors
+        wanted = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: F.linear's own gradients, differentiable
+            with torch.enable_grad():
+                inputs = [t for t, w in zip((x, weight, bias), wanted, strict=True) if w]
+                got = iter(torch.autograd.grad(F.linear(x, weight, bias), inputs, grad, create_graph=True))
+                return tuple(next(got) if w else None for w in wanted)
+        rows, g = x.reshape(-1, x.size(-1)), grad.reshape(-1, grad.size(-1))  # (m, k), (m, n)
+        dx = F.linear(g, weight.t().contiguous()).view(x.shape) if wanted[0] else None  # dy W as dy (Wᵀ)ᵀ
+        dw = (rows.t() @ g).t().contiguous() if wanted[1] else None  # dyᵀ x as (xᵀ dy)ᵀ
+        db = g.sum(0) if bias is not None and wanted[2] else None
+        return dx, dw, db
+
+
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # not subclasses (DTensor, tracing tensors): those take F.linear
 
 
-def _takes(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+def _takes(x: Tensor, weight: Tensor, bias: Tensor | None, least: int = MIN_WORK) -> bool:
     # the size first: most calls of a step-by-step decoder are small, and this is their only test
-    if weight.dim() != 2 or x.numel() * weight.size(0) < MIN_WORK:  # rows x in x out, with in checked below
+    if weight.dim() != 2 or x.numel() * weight.size(0) < least:  # rows x in x out, with in checked below
         return False
     if type(x) not in _PLAIN or type(weight) not in _PLAIN or (bias is not None and type(bias) not in _PLAIN):
         return False
@@ -144,6 +177,10 @@ def _takes(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``: x (..., k), weight (n, k), bias (n,) or None -> (..., n); large float32 CPU
     products through oneDNN where it is the faster library (the module's docstring), ``F.linear`` otherwise."""
-    if isinstance(x, Tensor) and isinstance(weight, Tensor) and _takes(x, weight, bias):
-        return _Linear.apply(x, weight, bias)
+    if isinstance(x, Tensor) and isinstance(weight, Tensor):
+        if weight.dim() == 2 and weight.size(1) in NARROW:
+            if _takes(x, weight, bias, _MIN_NARROW_WORK) and torch.is_grad_enabled():
+                return _NarrowLinear.apply(x, weight, bias)
+        elif _takes(x, weight, bias):
+            return _Linear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
