@@ -19,8 +19,9 @@ Narrow inputs (2 to 15 input features, as Mamba's low-rank Δ projection at smal
 take a third route, :class:`_NarrowLinear`: MKL multiplies dy W (m, n) x (n, k) and dyᵀ x (n, m) x (m, k) with
 k < 16 2-8x slower than the same products written the other way round, W-transposed as a linear's weight
 (dy (Wᵀ)ᵀ) and (xᵀ dy)ᵀ: on the AMD EPYC at 8,192 rows, 104 outputs and k = 4, 489 -> 154 us and 702 -> 213 us
-(2 threads); the lab's Mamba LM training step (batch 8 x 1,024) 1.04-1.07x faster, alternating in one process. The forward product stays ``F.linear``. Measured
-on AMD only, so it follows the same choice as oneDNN's products.
+(2 threads); the lab's Mamba LM training step (batch 8 x 1,024) 1.04-1.07x faster, alternating in one
+process. The forward product stays ``F.linear``. Measured on AMD only, so it follows the same choice as
+oneDNN's products.
 
 The choice: ``SEQLAB_GEMM=onednn`` or ``torch`` sets it; unset, oneDNN on AMD CPUs with AVX-512 (where it
 was measured faster), torch elsewhere. ``SEQLAB_DISABLE_KERNELS=gemm`` (or ``all``) leaves it to torch too.
