@@ -10,7 +10,8 @@ Three paths of each mixer, timed alternately in one process:
 * ``loop``: ``forward_ref``, the equations one position at a time;
 
 beside ``create_mixer("lstm")`` (torch's fused oneDNN kernel) and ``create_mixer("gru")`` (seqlab's recurrent
-kernel) of the same width. Two settings: the mixer alone, forward + backward, at ``docs/adding-a-mixer.md``'s
+kernel) of the same width, and in the LM setting beside the Mamba LM (the selective-scan, causal-conv and
+LayerNorm kernels). Two settings: the mixer alone, forward + backward, at ``docs/adding-a-mixer.md``'s
 step-cost shape (b 32, t 128, d 72, one thread); and whole training steps (forward, backward, AdamW) of the lab's
 systems-row LMs (``seqlab compare``'s quick suite: batch 8, t 1024, torch's default threads), as the lab times them.
 
@@ -35,6 +36,7 @@ from seqlab.lab.report import cpu_name
 from seqlab.lab.suite import QUICK
 from seqlab.lab.systems import BATCH_SIZE, VOCAB_SIZE
 from seqlab.layers import create_mixer
+from seqlab.training.allocator import keep_freed_memory
 
 KERNELS = {"mingru": ("minGRU", "mingru_scan", "log-space scan"), "linear-attention": ("linear attention",
            "linear_attention", "chunked form")}  # fmt: skip
@@ -82,7 +84,7 @@ def mixer_rows(b: int, t: int, d: int, repeats: int) -> list[str]:
 def lm_rows(t: int, repeats: int) -> list[str]:
     """Training steps of the lab's systems-row LMs: tokens/s and the ratio to the LSTM LM."""
     x = torch.randint(0, VOCAB_SIZE, (BATCH_SIZE, t))
-    names = [*KERNELS, "lstm", "gru"]
+    names = [*KERNELS, "lstm", "gru", "mamba"]
     models = {m: build_lab_model(m, QUICK, {"vocab_size": VOCAB_SIZE}, 0)[0].train() for m in names}
     opts = {m: torch.optim.AdamW(model.parameters(), lr=1e-4) for m, model in models.items()}
 
@@ -98,7 +100,7 @@ def lm_rows(t: int, repeats: int) -> list[str]:
     for mixer, (label, kernel, parallel) in KERNELS.items():
         fns[f"{label} LM, kernel"] = step(mixer)
         fns[f"{label} LM, {parallel}"] = kernel_off(kernel, step(mixer))
-    fns["LSTM LM"], fns["GRU LM"] = step("lstm"), step("gru")
+    fns["LSTM LM"], fns["GRU LM"], fns["Mamba LM"] = step("lstm"), step("gru"), step("mamba")
     times = {n: statistics.median(v) for n, v in alternate(fns, repeats).items()}
     lstm_s = times["LSTM LM"]
     return [f"| {n} | {BATCH_SIZE * t / s:,.0f} | {lstm_s / s:.2f} |" for n, s in times.items()]
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         "--quick", action="store_true", help="a smoke run (3 repeats, short sequences); writes no file"
     )
     args = p.parse_args(argv)
+    kept = keep_freed_memory()  # as `seqlab compare` and `seqlab train` run
     repeats, t_mixer, t_lm = (3, 32, 128) if args.quick else (args.repeats, 128, 1024)
     builds = []
     for module in (mingru_scan, linear_attention):
@@ -122,12 +125,14 @@ def main(argv: list[str] | None = None) -> None:
     mixer = mixer_rows(32, t_mixer, 72, repeats)
     lm = lm_rows(t_lm, repeats)
     lines = [
-        "# minGRU and linear attention on the CPU: C++ recurrences, parallel forms and loops, beside the LSTM and GRU",
+        "# minGRU and linear attention on the CPU: C++ recurrences, parallel forms and loops, "
+        "beside the LSTM, GRU and Mamba",
         "",
         f"{cpu_name()}, torch {torch.__version__}, {dt.date.today().isoformat()}; medians of {repeats} repeats, "
         f"contenders alternating; load average before / after: {load:.2f} / {os.getloadavg()[0]:.2f}. "
         f"Kernels, before the timed calls: {'; '.join(builds)} (a first build costs 10-20 s each, once per "
-        "machine). Command: `python benchmarks/bench_mixer_kernels.py`.",
+        "machine). malloc keeps freed memory (`seqlab.training.allocator.keep_freed_memory`, as `seqlab compare` "
+        f"runs): {'yes' if kept else 'not available here'}. Command: `python benchmarks/bench_mixer_kernels.py`.",
         "",
         f"## Each mixer alone, forward + backward (b 32, t {t_mixer}, d 72, one thread)",
         "",
