@@ -162,13 +162,17 @@ struct Block {  // batch row bi, channels c0 .. c0 + m - 1 (block j of âŒˆd / Wâ
 // the same rows of (b, t, d) tensors while those are in cache. With one block a task (a 64-byte piece of each row,
 // the rows d values apart, each task walking the whole sequence alone), a profile put a seventh of the backward on
 // stalled loads of those rows; grouped, the lab's scan (b 8, t 1024, d 104) ran its forward + backward 1.1x faster.
-// Groups are as large as still leaves about four tasks a thread.
+// Groups are as large as still leaves about four tasks a thread, and at most kMaxGroup blocks: at d = 512 (b 16,
+// t 256) a group of a whole row's 32 blocks ran 0.9x one of 8 on one thread (a chunk's rows of the eight (b, t, d)
+// tensors then outgrow the cache), where the scan is bound by its strided loads and neither helps much.
+constexpr int64_t kMaxGroup = 8;
+
 struct Groups {
   int64_t blocks, size, per_row, tasks;
   Groups(int64_t b, int64_t d, int64_t width, int64_t threads) {
     blocks = (d + width - 1) / width;
     const int64_t want = std::max<int64_t>(1, 4 * threads);  // tasks
-    size = std::clamp<int64_t>((blocks * b + want - 1) / want, 1, blocks);
+    size = std::clamp<int64_t>((blocks * b + want - 1) / want, 1, std::min<int64_t>(blocks, kMaxGroup));
     per_row = (blocks + size - 1) / size;
     size = (blocks + per_row - 1) / per_row;  // even groups: 7 blocks in two groups are 4 + 3, not 6 + 1
     tasks = b * per_row;
