@@ -161,7 +161,9 @@ struct Block {  // batch row bi, channels c0 .. c0 + m - 1 (block j of âŒˆd / Wâ
 // chunk, every block of its group through a chunk before the next chunk, so that the group's blocks read and write
 // the same rows of (b, t, d) tensors while those are in cache. With one block a task (a 64-byte piece of each row,
 // the rows d values apart, each task walking the whole sequence alone), a profile put a seventh of the backward on
-// stalled loads of those rows; grouped, the lab's scan (b 8, t 1024, d 104) ran its forward + backward 1.1x faster.
+// stalled loads of those rows: at the lab's d = 104 a row is 416 bytes, so half the pieces straddle two cache
+// lines, each line fetched by two tasks at different times. Grouped, the lab's scan (b 8, t 1024, d 104) ran its
+// forward + backward 1.1x faster.
 // Groups are as large as still leaves about four tasks a thread, and at most kMaxGroup blocks: at d = 512 (b 16,
 // t 256) a group of a whole row's 32 blocks ran 0.9x one of 8 on one thread (a chunk's rows of the eight (b, t, d)
 // tensors then outgrow the cache), where the scan is bound by its strided loads and neither helps much.
