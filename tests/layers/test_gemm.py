@@ -46,10 +46,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("wants", ["all", "weights only"])
-def test_values_and_gradients_match_f_linear(onednn, case, wants):
-    x, w, b = CASES[case]()
+def _check_against_f_linear(x, w, b, wants, path):
+    """gemm.linear's values and gradients (of x when ``wants`` is 'all') equal F.linear's, through ``path``."""
     x.requires_grad_(wants == "all")
     w.requires_grad_()
     if b is not None:
@@ -57,23 +55,34 @@ def test_values_and_gradients_match_f_linear(onednn, case, wants):
     (x1, w1, b1), (x2, w2, b2) = _pair(x, w, b)
     y = gemm.linear(x1, w1, b1)
     ref = F.linear(x2, w2, b2)
-    assert y.grad_fn is not None and type(y.grad_fn).__name__ == "_LinearBackward"  # oneDNN's path ran
+    assert y.grad_fn is not None and type(y.grad_fn).__name__ == path
     assert y.shape == ref.shape
     _close(y, ref)
     g = torch.randn_like(ref)
     y.backward(g)
     ref.backward(g)
     _close(w1.grad, w2.grad)
+    assert w1.grad.stride() == w2.grad.stride()  # the layout F.linear's gradient gets
     if b is not None:
         _close(b1.grad, b2.grad)
     assert (x1.grad is None) == (wants != "all")
     if wants == "all":
         _close(x1.grad, x2.grad)
+        assert x1.grad.shape == x1.shape
 
 
-def test_second_derivatives_are_f_linears(onednn):
-    x = torch.randn(512, 256, requires_grad=True)
-    w = torch.randn(256, 256, requires_grad=True)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("wants", ["all", "weights only"])
+def test_values_and_gradients_match_f_linear(onednn, case, wants):
+    _check_against_f_linear(*CASES[case](), wants, "_LinearBackward")  # oneDNN's path ran
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "n"), [(512, 256, 256), (4096, 4, 104)]
+)  # oneDNN's path, the narrow one
+def test_second_derivatives_are_f_linears(onednn, rows, k, n):
+    x = torch.randn(rows, k, requires_grad=True)
+    w = torch.randn(n, k, requires_grad=True)
     grads = []
     for f in (gemm.linear, F.linear):
         (gx,) = torch.autograd.grad(f(x, w).tanh().sum(), [x], create_graph=True)
@@ -231,36 +240,7 @@ NARROW_CASES = {
 @pytest.mark.parametrize("case", list(NARROW_CASES))
 @pytest.mark.parametrize("wants", ["all", "weights only"])
 def test_narrow_inputs_match_f_linear(onednn, case, wants):
-    x, w, b = NARROW_CASES[case]()
-    x.requires_grad_(wants == "all")
-    w.requires_grad_()
-    if b is not None:
-        b.requires_grad_()
-    (x1, w1, b1), (x2, w2, b2) = _pair(x, w, b)
-    y, ref = gemm.linear(x1, w1, b1), F.linear(x2, w2, b2)
-    assert type(y.grad_fn).__name__ == "_NarrowLinearBackward"
-    _close(y, ref)
-    g = torch.randn_like(ref)
-    y.backward(g)
-    ref.backward(g)
-    _close(w1.grad, w2.grad)
-    assert w1.grad.stride() == w2.grad.stride()  # the layout F.linear's gradient gets
-    if b is not None:
-        _close(b1.grad, b2.grad)
-    assert (x1.grad is None) == (wants != "all")
-    if wants == "all":
-        _close(x1.grad, x2.grad)
-        assert x1.grad.shape == x1.shape
-
-
-def test_narrow_second_derivatives_are_f_linears(onednn):
-    x = torch.randn(4096, 4, requires_grad=True)
-    w = torch.randn(104, 4, requires_grad=True)
-    grads = []
-    for f in (gemm.linear, F.linear):
-        (gx,) = torch.autograd.grad(f(x, w).tanh().sum(), [x], create_graph=True)
-        grads.append(torch.autograd.grad(gx.square().sum(), [w])[0])
-    _close(*grads)
+    _check_against_f_linear(*NARROW_CASES[case](), wants, "_NarrowLinearBackward")
 
 
 @pytest.mark.parametrize("why", ["k 1", "k 16", "small", "float64", "no grad", "SEQLAB_GEMM=torch"])

@@ -188,44 +188,42 @@ struct Groups {
 // through vec_math.h's interleaved forms: one row's softplus is a ~100-cycle dependent chain, and issued one row
 // after another the out-of-order window overlapped too few of them (the forward's softplus pass ran at ~90
 // cycles a row, latency-bound).
-template <typename T, int W>
-inline void softplus_rows(T* x, int64_t rows) {
+template <typename T, int W, typename F4, typename F1, typename Fs>
+inline void map_rows(const T* x, int64_t rows, T* out, F4 four, F1 one, Fs each) {
   int64_t r = 0;
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float> && W == 16) {
     for (; r + 4 <= rows; r += 4) {
       __m512 v[4];
       for (int q = 0; q < 4; ++q) v[q] = _mm512_loadu_ps(x + (r + q) * 16);
-      seqlab_vec::softplus16n<4>(v);
-      for (int q = 0; q < 4; ++q) _mm512_storeu_ps(x + (r + q) * 16, v[q]);
+      four(v);
+      for (int q = 0; q < 4; ++q) _mm512_storeu_ps(out + (r + q) * 16, v[q]);
     }
-    for (; r < rows; ++r) _mm512_storeu_ps(x + r * 16, seqlab_vec::softplus16(_mm512_loadu_ps(x + r * 16)));
+    for (; r < rows; ++r) _mm512_storeu_ps(out + r * 16, one(_mm512_loadu_ps(x + r * 16)));
   }
 #endif
   for (; r < rows; ++r) {
 #pragma omp simd
-    for (int c = 0; c < W; ++c) x[r * W + c] = softplus_(x[r * W + c]);
+    for (int c = 0; c < W; ++c) out[r * W + c] = each(x[r * W + c]);
   }
+}
+
+#if defined(__AVX512F__)
+// vec_math.h's AVX-512 forms of `name` for map_rows: four rows at a time, and one row
+#define SEQLAB_VEC_FNS(name) \
+  [](__m512(&v)[4]) { seqlab_vec::name##16n<4>(v); }, [](__m512 v) { return seqlab_vec::name##16(v); }
+#else
+#define SEQLAB_VEC_FNS(name) 0, 0
+#endif
+
+template <typename T, int W>
+inline void softplus_rows(T* x, int64_t rows) {
+  map_rows<T, W>(x, rows, x, SEQLAB_VEC_FNS(softplus), [](T v) { return softplus_(v); });
 }
 
 template <typename T, int W>
 inline void sigmoid_rows(const T* x, int64_t rows, T* out) {
-  int64_t r = 0;
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float> && W == 16) {
-    for (; r + 4 <= rows; r += 4) {
-      __m512 v[4];
-      for (int q = 0; q < 4; ++q) v[q] = _mm512_loadu_ps(x + (r + q) * 16);
-      seqlab_vec::sigmoid16n<4>(v);
-      for (int q = 0; q < 4; ++q) _mm512_storeu_ps(out + (r + q) * 16, v[q]);
-    }
-    for (; r < rows; ++r) _mm512_storeu_ps(out + r * 16, seqlab_vec::sigmoid16(_mm512_loadu_ps(x + r * 16)));
-  }
-#endif
-  for (; r < rows; ++r) {
-#pragma omp simd
-    for (int c = 0; c < W; ++c) out[r * W + c] = sigmoid_(x[r * W + c]);
-  }
+  map_rows<T, W>(x, rows, out, SEQLAB_VEC_FNS(sigmoid), [](T v) { return sigmoid_(v); });
 }
 
 // delta_i + bias and u_i for the block's channels, positions s0 .. e - 1 into (e - s0, W) rows, zero past m
