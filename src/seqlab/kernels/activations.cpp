@@ -75,15 +75,29 @@ struct ErfScalar {
 #if defined(__AVX512F__)
 // Float32 with AVX-512: 16 elements at a time through exp16 and a Newton-refined reciprocal (vec_math.h), the
 // last partial vector under a mask. max/min keep a NaN (their second operand is the value).
+// Each form in two parts: exp_arg(x), the argument of its one exp, and the constructor from x and that exp, so
+// that the loops below take four vectors' exps at once (exp16n: one exp is a dependent chain of ~13 instructions,
+// and one vector after another the out-of-order window overlapped too few of them; the same bits, and on (8192,
+// 160) with a bias, AMD EPYC: forward 1.07-1.19x, backward 1.16-1.23x).
 struct Tanh16 {
   __m512 s, rest, slope;  // σ(2z), 1 - σ(2z), 2c (1 + 3a x²), at x clamped to [-30, 30] (beyond: x or 0)
-  explicit Tanh16(__m512 x) {
+  static __m512 clamped(__m512 x) {
+    return _mm512_min_ps(_mm512_set1_ps(30.0f), _mm512_max_ps(_mm512_set1_ps(-30.0f), x));
+  }
+  // e^-2z's argument, -2z clamped at 87, so that 1 + e stays finite (σ(2z) < 1.7e-38 there)
+  static __m512 exp_arg(__m512 x) {
+    x = clamped(x);
     const __m512 c2 = _mm512_set1_ps(2 * 0.7978845608028654f), a = _mm512_set1_ps(0.044715f);
-    x = _mm512_min_ps(_mm512_set1_ps(30.0f), _mm512_max_ps(_mm512_set1_ps(-30.0f), x));
+    const __m512 poly = _mm512_fmadd_ps(a, _mm512_mul_ps(x, x), _mm512_set1_ps(1.0f));
+    const __m512 two_z = _mm512_mul_ps(_mm512_mul_ps(c2, x), poly);
+    return _mm512_min_ps(_mm512_set1_ps(87.0f), _mm512_sub_ps(_mm512_setzero_ps(), two_z));
+  }
+  Tanh16() = default;
+  explicit Tanh16(__m512 x) : Tanh16(x, seqlab_vec::exp16(exp_arg(x))) {}
+  Tanh16(__m512 x, __m512 e) {
+    const __m512 c2 = _mm512_set1_ps(2 * 0.7978845608028654f);
+    x = clamped(x);
     const __m512 x2 = _mm512_mul_ps(x, x);
-    const __m512 two_z = _mm512_mul_ps(_mm512_mul_ps(c2, x), _mm512_fmadd_ps(a, x2, _mm512_set1_ps(1.0f)));
-    // e^-2z with -2z clamped at 87, so that 1 + e stays finite (σ(2z) < 1.7e-38 there)
-    const __m512 e = seqlab_vec::exp16(_mm512_min_ps(_mm512_set1_ps(87.0f), _mm512_sub_ps(_mm512_setzero_ps(), two_z)));
     s = seqlab_vec::recip16(_mm512_add_ps(_mm512_set1_ps(1.0f), e));
     rest = _mm512_mul_ps(e, s);
     slope = _mm512_mul_ps(c2, _mm512_fmadd_ps(_mm512_set1_ps(3 * 0.044715f), x2, _mm512_set1_ps(1.0f)));
@@ -94,7 +108,10 @@ struct Tanh16 {
 
 struct Erf16 {
   __m512 cdf, x_pdf;  // Φ(x) and x φ(x)
-  explicit Erf16(__m512 x) {
+  static __m512 exp_arg(__m512 x) { return _mm512_mul_ps(_mm512_mul_ps(x, x), _mm512_set1_ps(-0.5f)); }
+  Erf16() = default;
+  explicit Erf16(__m512 x) : Erf16(x, seqlab_vec::exp16(exp_arg(x))) {}
+  Erf16(__m512 x, __m512 e) {  // e = e^(-x²/2)
     const __m512 ax = _mm512_abs_ps(x);
     const __m512 z = _mm512_min_ps(_mm512_set1_ps(10.0f), _mm512_mul_ps(ax, _mm512_set1_ps(0.70710678f)));
     __m512 p = _mm512_set1_ps(0.032733220143984748f);  // erfcx(z) ≈ P(z) / Q(z)
@@ -108,7 +125,6 @@ struct Erf16 {
     q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(2.4008220324619312f));
     q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(2.3661344256765968f));
     q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.0f));
-    const __m512 e = seqlab_vec::exp16(_mm512_mul_ps(_mm512_mul_ps(x, x), _mm512_set1_ps(-0.5f)));  // e^(-x²/2)
     const __m512 tail = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), e),
                                       _mm512_mul_ps(p, seqlab_vec::recip16(q)));  // Φ(-|x|)
     const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
@@ -141,9 +157,26 @@ inline void store16(at::BFloat16* p, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
 }
 
+// Four full vectors at a time: their exps interleaved, then each form from its exp
+template <typename F>
+SEQLAB_VEC_INLINE void four(const __m512 (&v)[4], F (&f)[4]) {
+  __m512 e[4];
+  for (int q = 0; q < 4; ++q) e[q] = F::exp_arg(v[q]);
+  seqlab_vec::exp16n<4>(e);
+  for (int q = 0; q < 4; ++q) f[q] = F(v[q], e[q]);
+}
+
 template <typename F, typename S>
 void forward(const S* __restrict__ x, S* __restrict__ y, int64_t lo, int64_t hi) {
-  for (int64_t i = lo; i < hi; i += 16) {
+  int64_t i = lo;
+  for (; i + 64 <= hi; i += 64) {
+    __m512 v[4];
+    F f[4];
+    for (int q = 0; q < 4; ++q) v[q] = load16(__mmask16(0xFFFF), x + i + 16 * q);
+    four(v, f);
+    for (int q = 0; q < 4; ++q) store16(y + i + 16 * q, __mmask16(0xFFFF), f[q].value(v[q]));
+  }
+  for (; i < hi; i += 16) {
     const __mmask16 m = tail_mask(hi - i);
     const __m512 v = load16(m, x + i);
     store16(y + i, m, F(v).value(v));
@@ -152,7 +185,17 @@ void forward(const S* __restrict__ x, S* __restrict__ y, int64_t lo, int64_t hi)
 
 template <typename F, typename S>
 void backward(const S* __restrict__ g, const S* __restrict__ x, S* __restrict__ dx, int64_t lo, int64_t hi) {
-  for (int64_t i = lo; i < hi; i += 16) {
+  int64_t i = lo;
+  for (; i + 64 <= hi; i += 64) {
+    __m512 v[4];
+    F f[4];
+    for (int q = 0; q < 4; ++q) v[q] = load16(__mmask16(0xFFFF), x + i + 16 * q);
+    four(v, f);
+    for (int q = 0; q < 4; ++q)
+      store16(dx + i + 16 * q, __mmask16(0xFFFF),
+              _mm512_mul_ps(load16(__mmask16(0xFFFF), g + i + 16 * q), f[q].deriv(v[q])));
+  }
+  for (; i < hi; i += 16) {
     const __mmask16 m = tail_mask(hi - i);
     const __m512 v = load16(m, x + i);
     store16(dx + i, m, _mm512_mul_ps(load16(m, g + i), F(v).deriv(v)));
@@ -163,32 +206,60 @@ void backward(const S* __restrict__ g, const S* __restrict__ x, S* __restrict__ 
 template <typename F>
 void bias_forward_rows(const float* __restrict__ p, const float* __restrict__ b, float* __restrict__ y, int64_t cols,
                        int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t j = 0; j < cols; j += 16) {
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t j = 0;
+    for (; j + 64 <= cols; j += 64) {
+      __m512 v[4];
+      F f[4];
+      for (int q = 0; q < 4; ++q)
+        v[q] = _mm512_add_ps(_mm512_loadu_ps(p + r * cols + j + 16 * q), _mm512_loadu_ps(b + j + 16 * q));
+      four(v, f);
+      for (int q = 0; q < 4; ++q) _mm512_storeu_ps(y + r * cols + j + 16 * q, f[q].value(v[q]));
+    }
+    for (; j < cols; j += 16) {
       const __mmask16 m = tail_mask(cols - j);
       const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, p + r * cols + j), _mm512_maskz_loadu_ps(m, b + j));
       _mm512_mask_storeu_ps(y + r * cols + j, m, F(v).value(v));
     }
+  }
+}
+
+// rows [r0, r1): du = g · gelu'(p + b), and Σ_rows du added into db (cols float64s)
+// one vector of du = g · gelu'(u) stored (mask m), and added into its columns' float64 sums db
+SEQLAB_VEC_INLINE void bias_grad_store(__m512 out, __mmask16 m, float* du, double* db) {
+  _mm512_mask_storeu_ps(du, m, out);
+  const __mmask8 m_lo = __mmask8(m & 0xFF), m_hi = __mmask8(m >> 8);
+  const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(out));
+  _mm512_mask_storeu_pd(db, m_lo, _mm512_add_pd(_mm512_maskz_loadu_pd(m_lo, db), lo));
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(out), 1));
+  _mm512_mask_storeu_pd(db + 8, m_hi, _mm512_add_pd(_mm512_maskz_loadu_pd(m_hi, db + 8), _mm512_cvtps_pd(hi)));
 }
 
 // rows [r0, r1): du = g · gelu'(p + b), and Σ_rows du added into db (cols float64s)
 template <typename F>
 void bias_backward_rows(const float* __restrict__ g, const float* __restrict__ p, const float* __restrict__ b,
                         float* __restrict__ du, double* __restrict__ db, int64_t cols, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t j = 0; j < cols; j += 16) {
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t j = 0;
+    for (; j + 64 <= cols; j += 64) {
+      __m512 v[4];
+      F f[4];
+      const int64_t i = r * cols + j;
+      for (int q = 0; q < 4; ++q)
+        v[q] = _mm512_add_ps(_mm512_loadu_ps(p + i + 16 * q), _mm512_loadu_ps(b + j + 16 * q));
+      four(v, f);
+      for (int q = 0; q < 4; ++q)
+        bias_grad_store(_mm512_mul_ps(_mm512_loadu_ps(g + i + 16 * q), f[q].deriv(v[q])), __mmask16(0xFFFF),
+                        du + i + 16 * q, db + j + 16 * q);
+    }
+    for (; j < cols; j += 16) {
       const __mmask16 m = tail_mask(cols - j);
       const int64_t i = r * cols + j;
       const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, p + i), _mm512_maskz_loadu_ps(m, b + j));
       const __m512 out = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g + i), F(v).deriv(v));  // 0 past the tail
-      _mm512_mask_storeu_ps(du + i, m, out);
-      const __mmask8 m_lo = __mmask8(m & 0xFF), m_hi = __mmask8(m >> 8);
-      _mm512_mask_storeu_pd(db + j, m_lo, _mm512_add_pd(_mm512_maskz_loadu_pd(m_lo, db + j),
-                                                        _mm512_cvtps_pd(_mm512_castps512_ps256(out))));
-      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(out), 1));
-      _mm512_mask_storeu_pd(db + j + 8, m_hi, _mm512_add_pd(_mm512_maskz_loadu_pd(m_hi, db + j + 8),
-                                                            _mm512_cvtps_pd(hi)));
+      bias_grad_store(out, m, du + i, db + j);
     }
+  }
 }
 
 // the vector form of each scalar form
