@@ -166,14 +166,20 @@ SEQLAB_VEC_INLINE void four(const __m512 (&v)[4], F (&f)[4]) {
   for (int q = 0; q < 4; ++q) f[q] = F(v[q], e[q]);
 }
 
+// the same on four full vectors read at x
+template <typename F, typename S>
+SEQLAB_VEC_INLINE void four(const S* x, __m512 (&v)[4], F (&f)[4]) {
+  for (int q = 0; q < 4; ++q) v[q] = load16(__mmask16(0xFFFF), x + 16 * q);
+  four(v, f);
+}
+
 template <typename F, typename S>
 void forward(const S* __restrict__ x, S* __restrict__ y, int64_t lo, int64_t hi) {
   int64_t i = lo;
   for (; i + 64 <= hi; i += 64) {
     __m512 v[4];
     F f[4];
-    for (int q = 0; q < 4; ++q) v[q] = load16(__mmask16(0xFFFF), x + i + 16 * q);
-    four(v, f);
+    four(x + i, v, f);
     for (int q = 0; q < 4; ++q) store16(y + i + 16 * q, __mmask16(0xFFFF), f[q].value(v[q]));
   }
   for (; i < hi; i += 16) {
@@ -189,8 +195,7 @@ void backward(const S* __restrict__ g, const S* __restrict__ x, S* __restrict__ 
   for (; i + 64 <= hi; i += 64) {
     __m512 v[4];
     F f[4];
-    for (int q = 0; q < 4; ++q) v[q] = load16(__mmask16(0xFFFF), x + i + 16 * q);
-    four(v, f);
+    four(x + i, v, f);
     for (int q = 0; q < 4; ++q)
       store16(dx + i + 16 * q, __mmask16(0xFFFF),
               _mm512_mul_ps(load16(__mmask16(0xFFFF), g + i + 16 * q), f[q].deriv(v[q])));
