@@ -207,6 +207,22 @@ void backward_unit(Rows<T> gy, Rows<T> q, Rows<T> k, Rows<T> v, Rows<T> y, Rows<
 // forward_unit and backward_unit, in the same order within a row; partial sums are split in two.
 inline __m512 masked(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 
+// update_and_read with the matrix in registers: X[r] += a[r] b for r < rows, and acc0 + Σ_r w[r] X[r] returned
+// (the even rows summed into acc0, the odd into a second partial sum, then the two added)
+template <int R>
+inline __attribute__((always_inline)) __m512 update_and_read_regs(__m512 (&X)[R], int64_t rows, const float* a,
+                                                                  __m512 b, const float* w, __m512 acc0) {
+  __m512 acc1 = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;
+    X[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r]), b, X[r]);
+    if (r % 2 == 0) acc0 = _mm512_fmadd_ps(_mm512_set1_ps(w[r]), X[r], acc0);
+    else acc1 = _mm512_fmadd_ps(_mm512_set1_ps(w[r]), X[r], acc1);
+  }
+  return _mm512_add_ps(acc0, acc1);
+}
+
 template <int R>
 void forward_regs(Rows<float> q, Rows<float> k, Rows<float> v, Rows<float> y, float* S_io, float* z_io,
                   const Shape& n, float eps) {
@@ -217,17 +233,10 @@ void forward_regs(Rows<float> q, Rows<float> k, Rows<float> v, Rows<float> y, fl
   for (int64_t i = 0; i < n.t; ++i) {
     const float *qi = q.at(i), *ki = k.at(i);
     const __m512 vi = masked(v.at(i), me), kv = masked(ki, mk), qv = masked(qi, mk);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      if (r >= n.k) break;
-      S[r] = _mm512_fmadd_ps(_mm512_set1_ps(ki[r]), vi, S[r]);
-      if (r % 2 == 0) acc0 = _mm512_fmadd_ps(_mm512_set1_ps(qi[r]), S[r], acc0);
-      else acc1 = _mm512_fmadd_ps(_mm512_set1_ps(qi[r]), S[r], acc1);
-    }
+    const __m512 num = update_and_read_regs<R>(S, n.k, ki, vi, qi, _mm512_setzero_ps());  // S_i, S_iᵀ q_i
     zv = _mm512_add_ps(zv, kv);
     const float inv = 1.0f / (_mm512_reduce_add_ps(_mm512_mul_ps(qv, zv)) + eps);
-    _mm512_mask_storeu_ps(y.at(i), me, _mm512_mul_ps(_mm512_add_ps(acc0, acc1), _mm512_set1_ps(inv)));
+    _mm512_mask_storeu_ps(y.at(i), me, _mm512_mul_ps(num, _mm512_set1_ps(inv)));
   }
   for (int r = 0; r < n.k; ++r) _mm512_mask_storeu_ps(S_io + r * n.e, me, S[r]);
   _mm512_mask_storeu_ps(z_io, mk, zv);
@@ -260,15 +269,8 @@ void backward_regs(Rows<float> gy, Rows<float> q, Rows<float> k, Rows<float> v, 
     float* gni = gn + i * n.e;
     _mm512_mask_storeu_ps(gni, me, gnv);
     gd[i] = -_mm512_reduce_add_ps(_mm512_mul_ps(gyv, masked(y.at(i), me))) * inv;
-    __m512 acc0 = _mm512_mul_ps(zv, _mm512_set1_ps(gd[i])), acc1 = _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int c = 0; c < R; ++c) {
-      if (c >= n.e) break;
-      St[c] = _mm512_fmadd_ps(_mm512_set1_ps(vi[c]), kv, St[c]);
-      if (c % 2 == 0) acc0 = _mm512_fmadd_ps(_mm512_set1_ps(gni[c]), St[c], acc0);
-      else acc1 = _mm512_fmadd_ps(_mm512_set1_ps(gni[c]), St[c], acc1);
-    }
-    _mm512_mask_storeu_ps(dq.at(i), mk, _mm512_add_ps(acc0, acc1));
+    const __m512 zgd = _mm512_mul_ps(zv, _mm512_set1_ps(gd[i]));
+    _mm512_mask_storeu_ps(dq.at(i), mk, update_and_read_regs<R>(St, n.e, vi, kv, gni, zgd));  // Sᵀ_i, S_i gn_i
   }
   __m512 G[R], Gt[R];
   for (int r = 0; r < R; ++r) G[r] = r < n.k ? masked(G_io + r * n.e, me) : _mm512_setzero_ps();
@@ -277,25 +279,10 @@ void backward_regs(Rows<float> gy, Rows<float> q, Rows<float> k, Rows<float> v, 
   for (int64_t i = n.t - 1; i >= 0; --i) {  // reverse sweep: dk_i = G_i v_i + g_i, dv_i = G_iᵀ k_i
     const float *qi = q.at(i), *ki = k.at(i), *vi = v.at(i), *gni = gn + i * n.e;
     const __m512 qv = masked(qi, mk), gnv = masked(gni, me);
-    __m512 dv0 = _mm512_setzero_ps(), dv1 = _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      if (r >= n.k) break;
-      G[r] = _mm512_fmadd_ps(_mm512_set1_ps(qi[r]), gnv, G[r]);
-      if (r % 2 == 0) dv0 = _mm512_fmadd_ps(_mm512_set1_ps(ki[r]), G[r], dv0);
-      else dv1 = _mm512_fmadd_ps(_mm512_set1_ps(ki[r]), G[r], dv1);
-    }
+    const __m512 dvi = update_and_read_regs<R>(G, n.k, qi, gnv, ki, _mm512_setzero_ps());  // G_i, G_iᵀ k_i
     gv = _mm512_fmadd_ps(qv, _mm512_set1_ps(gd[i]), gv);
-    __m512 dk0 = gv, dk1 = _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int c = 0; c < R; ++c) {
-      if (c >= n.e) break;
-      Gt[c] = _mm512_fmadd_ps(_mm512_set1_ps(gni[c]), qv, Gt[c]);
-      if (c % 2 == 0) dk0 = _mm512_fmadd_ps(_mm512_set1_ps(vi[c]), Gt[c], dk0);
-      else dk1 = _mm512_fmadd_ps(_mm512_set1_ps(vi[c]), Gt[c], dk1);
-    }
-    _mm512_mask_storeu_ps(dv.at(i), me, _mm512_add_ps(dv0, dv1));
-    _mm512_mask_storeu_ps(dk.at(i), mk, _mm512_add_ps(dk0, dk1));
+    _mm512_mask_storeu_ps(dk.at(i), mk, update_and_read_regs<R>(Gt, n.e, gni, qv, vi, gv));  // Gᵀ_i, G_i v_i + g_i
+    _mm512_mask_storeu_ps(dv.at(i), me, dvi);
   }
   for (int r = 0; r < n.k; ++r) _mm512_mask_storeu_ps(G_io + r * n.e, me, G[r]);
   _mm512_mask_storeu_ps(g_io, mk, gv);
