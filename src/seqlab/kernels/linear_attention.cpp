@@ -210,8 +210,8 @@ inline __m512 masked(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps
 // update_and_read with the matrix in registers: X[r] += a[r] b for r < rows, and acc0 + Σ_r w[r] X[r] returned
 // (the even rows summed into acc0, the odd into a second partial sum, then the two added)
 template <int R>
-inline __attribute__((always_inline)) __m512 update_and_read_regs(__m512 (&X)[R], int64_t rows, const float* a,
-                                                                  __m512 b, const float* w, __m512 acc0) {
+SEQLAB_VEC_INLINE __m512 update_and_read_regs(__m512 (&X)[R], int64_t rows, const float* a, __m512 b,
+                                              const float* w, __m512 acc0) {
   __m512 acc1 = _mm512_setzero_ps();
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {

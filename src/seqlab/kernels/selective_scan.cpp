@@ -73,12 +73,12 @@ struct CacheAligned {
 template <typename T>
 using Lines = std::vector<T, CacheAligned<T>>;
 
-#define SEQLAB_INLINE inline __attribute__((always_inline))  // GCC left copy_in a call: 4% of the backward
+// SEQLAB_VEC_INLINE (vec_math.h) on the small helpers: GCC left copy_in a call, 4% of the backward
 
 // m ≤ W values into a W-wide buffer, zero past m, and back. A full block (m = W, all but the last channel
 // block) is one vector load or store; std::copy made it a call to memmove for every row of every position.
 template <typename T, int W>
-SEQLAB_INLINE void copy_in(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
+SEQLAB_VEC_INLINE void copy_in(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
   if (m == W) {
 #pragma omp simd
     for (int c = 0; c < W; ++c) dst[c] = src[c];
@@ -88,7 +88,7 @@ SEQLAB_INLINE void copy_in(const T* __restrict__ src, int64_t m, T* __restrict__
 }
 
 template <typename T, int W>
-SEQLAB_INLINE void copy_out(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
+SEQLAB_VEC_INLINE void copy_out(const T* __restrict__ src, int64_t m, T* __restrict__ dst) {
   if (m == W) {
 #pragma omp simd
     for (int c = 0; c < W; ++c) dst[c] = src[c];
@@ -99,12 +99,12 @@ SEQLAB_INLINE void copy_out(const T* __restrict__ src, int64_t m, T* __restrict_
 
 // `rows` rows of W values, `stride` apart in the source, zero past the m valid channels (and back)
 template <typename T, int W>
-SEQLAB_INLINE void load_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
+SEQLAB_VEC_INLINE void load_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
   for (int64_t k = 0; k < rows; ++k) copy_in<T, W>(src + k * stride, m, dst + k * W);
 }
 
 template <typename T, int W>
-SEQLAB_INLINE void store_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
+SEQLAB_VEC_INLINE void store_rows(const T* src, int64_t stride, int64_t rows, int64_t m, T* dst) {
   for (int64_t k = 0; k < rows; ++k) copy_out<T, W>(src + k * W, m, dst + k * stride);
 }
 
@@ -124,7 +124,7 @@ inline void store_state(const T* h, int64_t n, int64_t m, T* dst) {
 
 
 template <typename T, int W>
-SEQLAB_INLINE void load_row(const T* src, int64_t m, T* dst) {
+SEQLAB_VEC_INLINE void load_row(const T* src, int64_t m, T* dst) {
   load_rows<T, W>(src, 0, 1, m, dst);
 }
 
@@ -272,8 +272,8 @@ inline void load_gate(const Scan<T>& s, const Block<T, W>& k, int64_t s0, int64_
 // forward_position for 16 floats, in AVX-512 intrinsics: the exp (exp16) in half the instructions of exp_, four
 // state rows' exps interleaved (exp16n: the lab's scan 1.05x faster than one exp after another)
 template <bool Store>
-SEQLAB_INLINE void forward_position16(const Scan<float>& s, const float* At, const float* dt, const float* uv,
-                                      int64_t pos, const float* hprev, float* h, float* abar, float* y) {
+SEQLAB_VEC_INLINE void forward_position16(const Scan<float>& s, const float* At, const float* dt, const float* uv,
+                                          int64_t pos, const float* hprev, float* h, float* abar, float* y) {
   const float *Bi = s.B + pos * s.ldB, *Ci = s.C + pos * s.ldC;
   const __m512 vdt = _mm512_loadu_ps(dt), du = _mm512_mul_ps(vdt, _mm512_loadu_ps(uv));
   __m512 acc = _mm512_setzero_ps();
@@ -408,7 +408,7 @@ inline void add_row_sums(const T* x, int64_t rows, T* out) {
 
 #if defined(__AVX512F__)
 // 16 rows of 16 floats -> their 16 sums, row k's in element k
-SEQLAB_INLINE __m512 sums16(const float* x) {
+SEQLAB_VEC_INLINE __m512 sums16(const float* x) {
   __m512 a[8], b[4], c[2];
   for (int i = 0; i < 8; ++i) {  // rows 2i, 2i+1 -> their 128-bit lanes (0 + 2, 1 + 3): [2i: 8 | 2i+1: 8]
     const __m512 r = _mm512_loadu_ps(x + 32 * i), s = _mm512_loadu_ps(x + 32 * i + 16);
@@ -426,7 +426,7 @@ SEQLAB_INLINE __m512 sums16(const float* x) {
 }
 
 template <>
-SEQLAB_INLINE void add_row_sums<float, 16>(const float* x, int64_t rows, float* out) {
+SEQLAB_VEC_INLINE void add_row_sums<float, 16>(const float* x, int64_t rows, float* out) {
   int64_t k = 0;
   for (; k + 16 <= rows; k += 16) _mm512_storeu_ps(out + k, _mm512_add_ps(_mm512_loadu_ps(out + k), sums16(x + k * 16)));
   if (k < rows) {
@@ -518,9 +518,10 @@ struct Position {  // what the adjoint step reads at one position (vectors over 
 //   g_k ← Ā ⊙ G                           carried to position i - 1
 #if defined(__AVX512F__)
 // adjoint_position for 16 floats, in AVX-512 intrinsics (GCC reloaded the pointers from the stack in the generic loop)
-SEQLAB_INLINE void adjoint_position16(const Scan<float>& s, const float* __restrict__ At, const Position<float>& p,
-                                      float* __restrict__ g, float* __restrict__ dA, float* __restrict__ pC,
-                                      float* __restrict__ pB, float* dBrow, float* dCrow, float* gb, float* ddt) {
+SEQLAB_VEC_INLINE void adjoint_position16(const Scan<float>& s, const float* __restrict__ At,
+                                          const Position<float>& p, float* __restrict__ g, float* __restrict__ dA,
+                                          float* __restrict__ pC, float* __restrict__ pB, float* dBrow, float* dCrow,
+                                          float* gb, float* ddt) {
   const __m512 dt = _mm512_loadu_ps(p.dt), gy = _mm512_loadu_ps(p.gy), du = _mm512_mul_ps(dt, _mm512_loadu_ps(p.uv));
   __m512 gbv = _mm512_setzero_ps(), ddtv = _mm512_setzero_ps();
   for (int64_t k = 0, o = 0; k < s.n; ++k, o += 16) {

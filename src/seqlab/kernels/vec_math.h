@@ -13,7 +13,7 @@
 #include <xmmintrin.h>
 #endif
 
-#define SEQLAB_VEC_INLINE inline __attribute__((always_inline))
+#define SEQLAB_VEC_INLINE inline __attribute__((always_inline))  // for the kernels' small vector helpers
 
 namespace seqlab_vec {
 
