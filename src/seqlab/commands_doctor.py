@@ -199,19 +199,9 @@ def _kernels() -> list[str]:
     from seqlab.kernels import build as scan_build
     from seqlab.kernels.prune import EXTENSIONS
 
-    labels = {
-        "recurrent": "GRU / RNN",
-        "causal_conv": "causal conv (Mamba)",
-        "mingru_scan": "minGRU scan",
-        "linear_attention": "linear attention",
-        "decode": "decoding step (GPT)",
-        "activations": "GELU",
-        "layer_norm": "LayerNorm",
-        "attention": "attention (short seqs)",
-    }
     libraries = [("selective scan (Mamba)", scan_build.library(), "scan")]
     for extension in EXTENSIONS:
-        libraries.append((labels[extension.stem], extension.library(), extension.stem))
+        libraries.append((extension.label, extension.library(), extension.stem))
     tool = scan_build.missing_tool()
     lines = []
     for label, library, name in libraries:

@@ -57,6 +57,23 @@ def test_nan_stays_nan(dtype, form):
 
 @needs_compiler
 @forms
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_huge_inputs_give_the_limits(dtype, form):
+    """Far out on either side GELU is 0 and x, its derivative 0 and 1, for every finite x (the tanh form once gave
+    -4.9 at x = -3e38 in float32 and a NaN gradient at -1e300 in float64); 20 values: a vector and a tail."""
+    big = torch.finfo(dtype).max / 2
+    neg = torch.tensor([-big, -1e30, -1e10, -1e4, -200.0, -40.0, -31.0] * 3 + [-100.0], dtype=dtype)
+    for x0 in (neg, -neg):
+        x = x0.clone().requires_grad_()
+        y = FORMS[form](x)
+        y.backward(torch.ones_like(y))
+        want_y, want_g = (torch.zeros_like(x0), torch.zeros_like(x0)) if x0[0] < 0 else (x0, torch.ones_like(x0))
+        torch.testing.assert_close(y.detach(), want_y, rtol=1e-6, atol=1e-30)
+        torch.testing.assert_close(x.grad, want_g, rtol=1e-6, atol=1e-30)
+
+
+@needs_compiler
+@forms
 def test_bfloat16_is_the_float32_kernel_rounded_once(form):
     """bfloat16 (torch.autocast's CPU dtype): each value and gradient is the float32 kernel's on the same inputs
     rounded to nearest-even (exactly, the tails included; NaN stays NaN), and within bf16's rounding of torch's."""

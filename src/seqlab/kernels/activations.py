@@ -32,6 +32,7 @@ EXTENSION = CppExtension(
     "GELU uses torch's kernel instead",
     headers=("vec_math.h",),
     openmp=True,
+    label="GELU",
 )
 
 _TORCH = {True: "tanh", False: "none"}  # F.gelu's approximate= for each form

@@ -43,6 +43,7 @@ EXTENSION = CppExtension(
     "attention uses torch's scaled_dot_product_attention instead",
     headers=("vec_math.h",),
     openmp=True,
+    label="attention (short seqs)",
 )
 
 # the key lengths up to which the kernel beats torch's (benchmarks/results/attention-kernel-*): its products

@@ -24,6 +24,7 @@ EXTENSION = CppExtension(
     "Mamba's convolution uses torch's conv1d instead",
     headers=("vec_math.h",),
     openmp=True,
+    label="causal conv (Mamba)",
 )
 
 

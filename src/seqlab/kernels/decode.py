@@ -22,6 +22,7 @@ EXTENSION = CppExtension(
     "attention LMs decode through torch's kernels instead",
     headers=("vec_math.h",),
     openmp=True,
+    label="decoding step (GPT)",
 )
 
 

@@ -118,14 +118,22 @@ def _import_extension(name: str, library: Path) -> ModuleType:
 class CppExtension:
     """The kernel in ``<stem>.cpp`` (plus the headers it includes, listed in ``headers``), built on first use.
 
-    ``what`` names it in messages ("fused recurrent kernel"); ``instead`` says what runs without it.
+    ``what`` names it in messages ("fused recurrent kernel"); ``instead`` says what runs without it; ``label``
+    names what it serves in ``seqlab doctor``'s list ("GRU / RNN").
     """
 
     def __init__(
-        self, stem: str, what: str, instead: str, headers: tuple[str, ...] = (), openmp: bool = False
+        self,
+        stem: str,
+        what: str,
+        instead: str,
+        headers: tuple[str, ...] = (),
+        openmp: bool = False,
+        *,
+        label: str,
     ):
         self.source = HERE / f"{stem}.cpp"
-        self.stem, self.what, self.instead = stem, what, instead
+        self.stem, self.what, self.instead, self.label = stem, what, instead, label
         self.headers = tuple(HERE / h for h in headers)
         self.openmp = openmp
         self._lock = threading.Lock()

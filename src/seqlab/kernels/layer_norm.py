@@ -35,6 +35,7 @@ EXTENSION = CppExtension(
     "LayerNorm uses torch's kernel instead",
     headers=("vec_math.h",),
     openmp=True,
+    label="LayerNorm",
 )
 
 

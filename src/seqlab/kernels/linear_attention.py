@@ -34,6 +34,7 @@ EXTENSION = CppExtension(
     "causal linear attention runs its chunked form in PyTorch instead",
     headers=("vec_math.h",),
     openmp=True,
+    label="linear attention",
 )
 
 

@@ -26,6 +26,7 @@ EXTENSION = CppExtension(
     "minGRU runs its log-space scan in PyTorch instead",
     headers=("vec_math.h",),
     openmp=True,
+    label="minGRU scan",
 )
 
 

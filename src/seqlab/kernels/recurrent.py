@@ -48,6 +48,7 @@ EXTENSION = CppExtension(
     "fused recurrent kernel",
     "GRU and RNN use torch.nn's fused kernels instead",
     headers=("vec_math.h",),
+    label="GRU / RNN",
 )
 
 

@@ -126,10 +126,13 @@ inline T silu_(T x) {
   return x * sigmoid_(x);
 }
 
-// GELU with the tanh approximation: ½ x (1 + tanh z) = x σ(2z), z = √(2/π) (x + 0.044715 x³)
+// GELU with the tanh approximation: ½ x (1 + tanh z) = x σ(2z), z = √(2/π) (x + 0.044715 x³). Below x = -30,
+// σ(2z) is 0 in either type, but exp_'s clamp leaves it at e^-88 (float) or e^-709 (double), subnormal, which
+// times x = -3e38 would be -1.8 where subnormals are not flushed: 0 there (a select, so the loops still vectorize).
 template <typename T>
 inline T gelu_tanh_(T x) {
-  return x * sigmoid_(T(2) * T(0.7978845608028654) * (x + T(0.044715) * x * x * x));
+  const T y = x * sigmoid_(T(2) * T(0.7978845608028654) * (x + T(0.044715) * x * x * x));
+  return x < T(-30) ? x * T(0) : y;
 }
 
 #if defined(__AVX512F__)
