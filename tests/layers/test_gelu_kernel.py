@@ -67,7 +67,9 @@ def test_huge_inputs_give_the_limits(dtype, form):
         x = x0.clone().requires_grad_()
         y = FORMS[form](x)
         y.backward(torch.ones_like(y))
-        want_y, want_g = (torch.zeros_like(x0), torch.zeros_like(x0)) if x0[0] < 0 else (x0, torch.ones_like(x0))
+        want_y, want_g = (
+            (torch.zeros_like(x0), torch.zeros_like(x0)) if x0[0] < 0 else (x0, torch.ones_like(x0))
+        )
         torch.testing.assert_close(y.detach(), want_y, rtol=1e-6, atol=1e-30)
         torch.testing.assert_close(x.grad, want_g, rtol=1e-6, atol=1e-30)
 

@@ -216,8 +216,8 @@ def test_failed_build_warns_once_and_falls_back_to_torch_nn(monkeypatch, caplog)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("batch", "hidden_size"), [(2, 16), (8, 160)])
 def test_small_and_large_steps_match_torch_nn(kind, threads, batch, hidden_size):
-    """A step's product runs as plain loops up to 2^16 multiply-adds on one thread (2^17 on more) and through MKL
-    past that: b 2, H 16 is below both limits, b 8, H 160 above both (the RNN's 8 x 160 x 160 = 204,800)."""
+    """A step's product runs as plain loops up to 163,840 (5 x 2^15) multiply-adds and through MKL past that:
+    b 2, H 16 is below the limit, b 8, H 160 above it (the RNN's 8 x 160 x 160 = 204,800)."""
     ours, theirs = make_pair(kind, hidden_size, bidirectional=True)
     x, h0 = (
         torch.randn(batch, 9, IN, dtype=torch.float64),
@@ -230,6 +230,27 @@ def test_small_and_large_steps_match_torch_nn(kind, threads, batch, hidden_size)
         assert_same(outputs_and_grads(ours, x, h0), outputs_and_grads(theirs, x, h0), atol=1e-10, rtol=1e-10)
     finally:
         torch.set_num_threads(before)
+
+
+@needs_compiler
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("hidden_size", [5, 16, 40, 47])
+def test_small_steps_in_float32_match_torch_nn(kind, threads, hidden_size):
+    """The small steps' float32 products (AVX-512: each row's sums in registers, blocks of up to 128 columns, a
+    masked last vector) against torch.nn in float32: the GRU's 15, 48, 120 and 141 gate columns and the RNN's 5
+    to 47 cover one to nine vectors with and without a partial last one, and two blocks (141); the backward's
+    product has H columns."""
+    ours, theirs = (m.float() for m in make_pair(kind, hidden_size))
+    x, h0 = torch.randn(3, 12, IN), torch.randn(1, 3, hidden_size)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert ours.why_not_kernel(x) is None
+        got = outputs_and_grads(ours, x, h0)
+    finally:
+        torch.set_num_threads(before)
+    assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-5, rtol=1e-5)
 
 
 @needs_compiler

@@ -28,6 +28,7 @@
 #include <sys/mman.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -230,14 +231,13 @@ at::Tensor contiguous_scratch(Scratch role, const at::Tensor& t) {
 // ---- small per-step products -------------------------------------------------------------------------------
 // At the lab's widths a step's product is tiny (b 8, H 40: 8 x 40 x 120 multiply-adds for a GRU), and a call into
 // the BLAS through torch's dispatcher, with a tensor made for the step's rows, costs more than the arithmetic. Up
-// to 2^17 multiply-adds a step with several threads, 2^16 with one, the steps multiply in plain vector loops over
-// raw pointers on the calling thread. Measured fwd + bwd, t 512, in two processes one after the other on a quiet
-// 2-core AMD EPYC, MKL -> loops: 2 threads, the RNN at b 8, H 40 10.3 -> 2.2 ms, at b 32, H 64 25.9 -> 14.9, the
-// GRU at b 8, H 64 11.6 -> 9.8; one thread, the RNN at b 8, H 40 3.3 -> 2.6. Past the limits MKL won (the GRU at
-// b 32, H 40: 19.6 against 21.3 ms on 2 threads; the RNN at b 32, H 64 on one thread: 16.6 against 19.5).
-bool small_steps(int64_t B, int64_t H, int64_t G) {
-  return B * H * G <= (at::get_num_threads() > 1 ? (int64_t(1) << 17) : (int64_t(1) << 16));
-}
+// to 160K (5 x 2^15) multiply-adds a step the steps multiply in vector loops over raw pointers on the calling
+// thread (float32 with AVX-512: small_product<float> below). Measured fwd + bwd on a quiet 2-core AMD EPYC,
+// alternating in one process, loops against MKL (the ratio: MKL's time over the loops'): one thread, the GRU at
+// b 32, H 40 (153,600) 1.07x, b 16, H 64 (196,608) 1.02x, b 8, H 96 (221,184) 0.96x, b 32, H 64 (393,216) 0.90x;
+// the RNN at b 8, H 96 (73,728) 1.27x, b 32, H 64 (131,072) 1.19x, b 16, H 128 (262,144) 1.00x; two threads, the
+// GRU 1.14x, 1.00x, 1.02x, 0.82x and the RNN 1.04x, 1.02x, 0.91x at the same shapes.
+bool small_steps(int64_t B, int64_t H, int64_t G) { return B * H * G <= 5 * (int64_t(1) << 15); }
 
 // out (rows, cols) = x (rows, inner) w (inner, cols), plus bias (cols) or, when accumulate, plus out itself
 template <typename T>
@@ -256,6 +256,51 @@ void small_product(const T* __restrict__ x, const T* __restrict__ w, const T* __
     }
   }
 }
+
+#if defined(__AVX512F__)
+// float with AVX-512: a row's outputs in blocks of up to 8 vectors (128 columns), each block's sums held in
+// registers through the whole inner loop. The loop above loads and stores every output vector once per inner
+// index, and at b 8, H 40 those store-to-load round trips were about half of a GRU's forward (perf, AMD EPYC).
+// w, init and o point at the block's first column; the block's last vector takes the `left` columns that remain.
+template <int V>
+SEQLAB_VEC_INLINE void row_block(const float* __restrict__ xi, const float* __restrict__ w, const float* init,
+                                 float* o, int64_t inner, int64_t cols, int64_t left) {
+  const int64_t rest = left - 16 * (V - 1);  // 1..16 columns in the last vector
+  const __mmask16 tail = rest >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rest) - 1);
+  __m512 acc[V];
+#pragma GCC unroll 8
+  for (int v = 0; v < V; ++v) {
+    const __mmask16 m = v == V - 1 ? tail : __mmask16(0xFFFF);
+    acc[v] = init ? _mm512_maskz_loadu_ps(m, init + 16 * v) : _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < inner; ++j) {
+    const __m512 xj = _mm512_set1_ps(xi[j]);
+    const float* wj = w + j * cols;
+#pragma GCC unroll 8
+    for (int v = 0; v < V - 1; ++v) acc[v] = _mm512_fmadd_ps(xj, _mm512_loadu_ps(wj + 16 * v), acc[v]);
+    acc[V - 1] = _mm512_fmadd_ps(xj, _mm512_maskz_loadu_ps(tail, wj + 16 * (V - 1)), acc[V - 1]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < V - 1; ++v) _mm512_storeu_ps(o + 16 * v, acc[v]);
+  _mm512_mask_storeu_ps(o + 16 * (V - 1), tail, acc[V - 1]);
+}
+
+template <>
+void small_product<float>(const float* x, const float* w, const float* bias, float* out, int64_t rows,
+                          int64_t inner, int64_t cols, bool accumulate) {
+  using Block = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
+  static constexpr Block blocks[8] = {row_block<1>, row_block<2>, row_block<3>, row_block<4>,
+                                      row_block<5>, row_block<6>, row_block<7>, row_block<8>};
+  for (int64_t i = 0; i < rows; ++i) {
+    float* o = out + i * cols;
+    for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+      const int64_t left = std::min<int64_t>(128, cols - c0);
+      const float* init = accumulate ? o + c0 : (bias ? bias + c0 : nullptr);
+      blocks[(left + 15) / 16 - 1](x + i * inner, w + c0, init, o + c0, inner, cols, left);
+    }
+  }
+}
+#endif
 
 // The previous state of step s (time-major out; the recurrence walks backwards in time when reverse).
 at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool reverse) {
