@@ -52,6 +52,10 @@ SHAPES = [
     ("causal 1024", 2, 8, 1024, 64, True),
     ("causal 2048", 1, 8, 2048, 64, True),
     ("bidirectional 1024", 2, 8, 1024, 64, False),
+    ("bidirectional 2048", 1, 8, 2048, 64, False),
+    ("causal 4096", 1, 8, 4096, 64, True),
+    ("the full suite's attention mixer (t 4096)", 8, 4, 4096, 12, True),
+    ("causal 8192, head dim 12", 1, 4, 8192, 12, True),
 ]
 
 
@@ -154,6 +158,14 @@ def model_steps(quick: bool) -> list[tuple[str, object]]:
             (
                 "the lab's attention mixer (quick suite, batch 8 × 1024)",
                 lm_step(lab, torch.randint(0, 256, (8, 1024), generator=g)),
+            )
+        )
+        full = build_lab_model("attention", SUITES["full"], {"vocab_size": VOCAB_SIZE}, 0)[0].train()
+        steps.append(
+            (
+                "the lab's attention mixer at the full suite's longest length (batch 8 × 4096; the kernel takes "
+                "it where max_keys allows)",
+                lm_step(full, torch.randint(0, 256, (8, 4096), generator=g)),
             )
         )
         vit = models.create("vit-fashion").train()

@@ -162,9 +162,33 @@ def test_why_not_kernel_names_each_case():
     assert "query rows" in why(short[:8], short[:8], short[:8], None, 0.0, False)  # 544 rows: torch
     assert "t_q == t_k" in why(q[:, :, :35], kv, kv, None, 0.0, True)
     assert "float32 or float64" in why(q.half(), kv.half(), kv.half(), None, 0.0, False)
-    long = torch.randn(1, 1, kernel.MAX_KEYS["bidirectional"] + 1, 16)
+    long = torch.randn(1, 1, kernel.max_keys(False, 64) + 1, 64)
     assert "keys" in why(long, long, long, None, 0.0, False)
     assert why(long, long, long, None, 0.0, True) is None  # causal rows hold out longer
+
+
+@needs_compiler
+@pytest.mark.parametrize("amd", [True, False])
+def test_the_key_limits_follow_the_machine(monkeypatch, amd):
+    """Past these many keys torch's kernel was measured faster: on an AMD CPU with AVX-512 (torch's products
+    slower there) the kernel holds out twice as long at head dim 64, and to 8,192 keys at head dims up to 32;
+    elsewhere the limits measured on an Intel Xeon hold at every head dim."""
+    monkeypatch.setattr(kernel, "amd_with_avx512", lambda: amd)
+    limits = {(c, d): kernel.max_keys(c, d) for c in (True, False) for d in (12, 32, 33, 64)}
+    if amd:
+        assert limits == {(True, 12): 8192, (False, 12): 8192, (True, 32): 8192, (False, 32): 8192,
+                          (True, 33): 2048, (False, 33): 1024, (True, 64): 2048, (False, 64): 1024}  # fmt: skip
+    else:
+        assert (
+            set(limits.values()) == {1024, 512} and limits[(True, 12)] == 1024 and limits[(False, 64)] == 512
+        )
+    cpu = torch.device("cpu")
+    for (c, d), most in limits.items():
+        if not c and d % 16:
+            continue  # bidirectional head dims off a multiple of 16 go to torch at any length
+        assert kernel.why_not_shapes(torch.float32, cpu, 4, 4, most, most, d, c) is None
+        past = kernel.why_not_shapes(torch.float32, cpu, 4, 4, most + 1, most + 1, d, c)
+        assert f"past {most} keys" in past
 
 
 @needs_compiler

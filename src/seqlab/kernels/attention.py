@@ -14,7 +14,8 @@ up to 256 (bidirectional: a multiple of 16 floats, 8 doubles; any other runs pad
 which pays off only when causal), and the lengths where it was measured faster than torch's: at least 32
 queries (decoding steps, with one query each, run faster in torch's kernel: transposing the keys once per call
 costs as much as the step; shorter self-attention only over at least 4,096 query rows in all, as in a batch of
-short sequences) and at most 512 keys, 1,024 when causal (``MAX_KEYS``). The scores of a block of 24 queries
+short sequences) and at most 512 keys, 1,024 when causal (``MAX_KEYS``; on AMD CPUs with AVX-512 1,024 and 2,048,
+and 8,192 for head dims up to 32: :func:`max_keys`). The scores of a block of 24 queries
 against all keys are held in one buffer, so the softmax is exact in two passes.
 
 Measured in ``benchmarks/bench_attention_kernel.py``; the derivation and the reasons for each limit: docs/attention.md.
@@ -26,13 +27,16 @@ import torch
 from torch import Tensor
 
 from seqlab.kernels.extension import CppExtension, cpu_float_reason_of
+from seqlab.kernels.gemm import amd_with_avx512
 
 __all__ = [
     "EXTENSION",
     "MAX_KEYS",
+    "MAX_KEYS_AMD",
     "attention",
     "attention_packed",
     "key_mask",
+    "max_keys",
     "why_not_kernel",
     "why_not_shapes",
 ]
@@ -50,6 +54,13 @@ EXTENSION = CppExtension(
 # run from cache-sized blocks at about the same rate at any length, while torch's overheads shrink as the
 # sequence grows; a causal row block reads half the keys on average, so it holds out twice as long
 MAX_KEYS = {"causal": 1024, "bidirectional": 512}
+# on an AMD CPU with AVX-512 (gemm.amd_with_avx512), where torch's float32 products run slower (MKL), the kernel
+# held out longer (attention-kernel-amd-epyc-*, fwd+bwd, 2 threads): at head dim 64 causal 1.28x torch's at
+# 2,048 keys and 0.91x at 4,096, bidirectional 1.04x at 1,024 and 1.01x at 2,048; at head dims up to 32 it
+# stayed ahead at every length measured, causal and not (d 12: 1.58x at 8,192 keys; d 16 and 32: 1.23-1.51x at
+# 2,048 and 4,096), so there the limit is the longest measured
+MAX_KEYS_AMD = {"causal": 2048, "bidirectional": 1024}
+SMALL_HEAD_DIM, MAX_KEYS_SMALL_HEADS_AMD = 32, 8192
 MAX_HEAD_DIM = 256
 MIN_QUERIES = 32  # below this torch's kernel is faster: decoding steps (t_q = 1) go to torch ...
 MIN_SHORT_ROWS = (
@@ -200,7 +211,7 @@ def why_not_shapes(
             f"bidirectional attention with a head dim that is not a multiple of {width} (here {d}) runs as fast in "
             "torch's kernel (the padded head dim costs what the kernel saves)"
         )
-    most = MAX_KEYS["causal" if is_causal else "bidirectional"]
+    most = max_keys(is_causal, d)
     if not 1 <= t_k <= most:
         kind = "causal" if is_causal else "bidirectional"
         return f"past {most} keys ({kind}; here {t_k}) torch's kernel is faster"
@@ -213,6 +224,14 @@ def why_not_shapes(
     if torch.compiler.is_compiling():
         return "torch.compile is tracing"
     return EXTENSION.unbuilt_reason()
+
+
+def max_keys(is_causal: bool, d: int) -> int:
+    """The most keys for which the kernel takes attention of head dim ``d`` on this machine (the limits above)."""
+    kind = "causal" if is_causal else "bidirectional"
+    if not amd_with_avx512():
+        return MAX_KEYS[kind]
+    return MAX_KEYS_SMALL_HEADS_AMD if d <= SMALL_HEAD_DIM else MAX_KEYS_AMD[kind]
 
 
 def why_not_kernel(

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from seqlab.kernels.build import disabled_reason
 
-__all__ = ["MIN_WORK", "NARROW", "choice", "linear", "onednn_reason"]
+__all__ = ["MIN_WORK", "NARROW", "amd_with_avx512", "choice", "linear", "onednn_reason"]
 
 MIN_WORK = 1 << 24  # rows x in x out multiply-adds from which oneDNN's product beats MKL's (bench_gemm.py)
 NARROW = range(2, 16)  # input features for which the gradients take _NarrowLinear's product order
@@ -71,6 +71,12 @@ def _cpu_vendor() -> str:
     return ""
 
 
+def amd_with_avx512() -> bool:
+    """An AMD CPU that torch runs with AVX-512: where MKL's float32 products lag (the module docstring), so that
+    oneDNN's, and seqlab's attention kernel at longer lengths (``seqlab.kernels.attention.max_keys``), win."""
+    return _cpu_vendor() == "AuthenticAMD" and torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
 @functools.cache
 def _op_reason() -> str | None:
     if not torch.backends.mkldnn.is_available():
@@ -91,9 +97,7 @@ def onednn_reason() -> str | None:
     chosen = choice()
     if chosen == "torch":
         return "SEQLAB_GEMM=torch"
-    if chosen is None and not (
-        _cpu_vendor() == "AuthenticAMD" and torch.backends.cpu.get_cpu_capability() == "AVX512"
-    ):
+    if chosen is None and not amd_with_avx512():
         return "MKL is the faster library on this CPU (oneDNN is chosen on AMD CPUs with AVX-512; SEQLAB_GEMM=onednn)"
     return None
 
