@@ -80,6 +80,24 @@ def test_s4d_kernel_is_the_unrolled_recurrence():
     torch.testing.assert_close(y[0], K)
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 16, 17, 1025])
+def test_s4d_powers_in_blocks_equal_one_exp_per_power(n):
+    """The convolution view's Ā^k, k < n, as products of two complex exps (one per block of about √n powers, one
+    within the block) equal exp(k log Ā) to float64 rounding, gradients too, at block counts and sizes that do and
+    do not divide n."""
+    from seqlab.layers.s4d import _powers
+
+    torch.manual_seed(n)
+    log_a = torch.complex(-torch.rand(3, 4, dtype=F64) * 0.05, torch.randn(3, 4, dtype=F64)).requires_grad_()
+    got = _powers(log_a, n)
+    want = torch.exp(log_a[..., None] * torch.arange(n, dtype=F64))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    g = torch.randn(got.shape, dtype=torch.complex128)
+    (d_got,) = torch.autograd.grad(got, log_a, g)
+    (d_want,) = torch.autograd.grad(want, log_a, g)
+    torch.testing.assert_close(d_got, d_want, rtol=1e-10, atol=1e-10)
+
+
 def test_s4d_lin_and_inv_initializations():
     m = S4D(2, 8, init="lin")
     torch.testing.assert_close(-torch.exp(m.A_log_re), torch.full((2, 4), -0.5))

