@@ -55,10 +55,10 @@ EXTENSION = CppExtension(
 # sequence grows; a causal row block reads half the keys on average, so it holds out twice as long
 MAX_KEYS = {"causal": 1024, "bidirectional": 512}
 # on an AMD CPU with AVX-512 (gemm.amd_with_avx512), where torch's float32 products run slower (MKL), the kernel
-# held out longer (attention-kernel-amd-epyc-*, fwd+bwd, 2 threads): at head dim 64 causal 1.28x torch's at
-# 2,048 keys and 0.91x at 4,096, bidirectional 1.04x at 1,024 and 1.01x at 2,048; at head dims up to 32 it
-# stayed ahead at every length measured, causal and not (d 12: 1.58x at 8,192 keys; d 16 and 32: 1.23-1.51x at
-# 2,048 and 4,096), so there the limit is the longest measured
+# held out longer (attention-kernel-amd-epyc-*, fwd+bwd, 2 threads, two runs): at head dim 64 causal 1.28-1.30x
+# torch's at 2,048 keys and 0.91-1.01x at 4,096, bidirectional 1.04-1.06x at 1,024 and 1.01-1.03x at 2,048; at
+# head dims up to 32 it stayed ahead at every length measured, causal and not (d 12: 1.58-1.67x at 8,192 keys;
+# d 16 and 32: 1.23-1.51x at 2,048 and 4,096), so there the limit is the longest measured
 MAX_KEYS_AMD = {"causal": 2048, "bidirectional": 1024}
 SMALL_HEAD_DIM, MAX_KEYS_SMALL_HEADS_AMD = 32, 8192
 MAX_HEAD_DIM = 256
