@@ -53,6 +53,9 @@ NOTES = [
     "- on a shared machine the 2-thread rows suffer most (an OpenMP thread waits at every operation for a "
     "descheduled partner, and torch.nn has more operations per step); the 1-thread rows are the steadier "
     "comparison",
+    "- matmuls alone: the same matrix products with nothing else (buffers made beforehand; the per-step ones one "
+    "call each from Python), so torch.nn over that time is the largest speed-up that an implementation calling "
+    "torch's BLAS per step could show",
     "- the kernel asks Linux for transparent huge pages for its O(t*b*H) buffers (page faults are costly on this "
     "machine: about 1 ms per fresh MB); torch does the same for all its CPU memory only with "
     "THP_MEM_ALLOC_ENABLE=1, which is not set here",
