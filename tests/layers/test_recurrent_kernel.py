@@ -235,12 +235,13 @@ def test_small_and_large_steps_match_torch_nn(kind, threads, batch, hidden_size)
 @needs_compiler
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("hidden_size", [5, 16, 40, 47])
-def test_small_steps_in_float32_match_torch_nn(kind, threads, hidden_size):
-    """The small steps' float32 products (AVX-512: each row's sums in registers, blocks of up to 128 columns, a
-    masked last vector) against torch.nn in float32: the GRU's 15, 48, 120 and 141 gate columns and the RNN's 5
-    to 47 cover one to nine vectors with and without a partial last one, and two blocks (141); the backward's
-    product has H columns."""
+@pytest.mark.parametrize("hidden_size", [5, 16, 40, 47, 240])
+def test_float32_steps_match_torch_nn(kind, threads, hidden_size):
+    """The steps' float32 products against torch.nn in float32. The small ones (AVX-512: each row's sums in
+    registers, blocks of up to 128 columns, a masked last vector): the GRU's 15, 48, 120 and 141 gate columns and
+    the RNN's 5 to 47 cover one to nine vectors with and without a partial last one, and two blocks (141); the
+    backward's product has H columns. H 240 is past the small limit (the RNN's 3 x 240 x 240 = 172,800): oneDNN's
+    brgemm on one thread (AVX-512), MKL on two."""
     ours, theirs = (m.float() for m in make_pair(kind, hidden_size))
     x, h0 = torch.randn(3, 12, IN), torch.randn(1, 3, hidden_size)
     before = torch.get_num_threads()
