@@ -6,8 +6,9 @@ Two contenders per (layer, sequence length), holding the same weights and the sa
 * ``seqlab kernel``: seqlab's ``GRU`` / ``RNN`` on its fast path, which on CPU is ``seqlab.kernels.recurrent``;
 * ``matmuls alone``: only the matrix products that both do (the input projection, the t per-step products each
   way, the input and weight gradients), on buffers made beforehand. No implementation of these equations can
-  take less time with torch's BLAS, so torch.nn over this time is the largest speed-up any kernel could show,
-  and the table gives it beside the kernel's.
+  take less time with torch's BLAS (MKL), so torch.nn over this time is the largest speed-up any kernel calling
+  it could show; the table gives it beside the kernel's. (On one thread seqlab's kernel multiplies the steps
+  through oneDNN's brgemm instead, which can take it below this time.)
 
 Within each repeat the contenders run back to back, the one going first alternating from repeat to repeat,
 so a slow phase of the shared machine hits both alike; the table gives the median over repeats with the
@@ -55,7 +56,8 @@ NOTES = [
     "comparison",
     "- matmuls alone: the same matrix products with nothing else (buffers made beforehand; the per-step ones one "
     "call each from Python), so torch.nn over that time is the largest speed-up that an implementation calling "
-    "torch's BLAS per step could show",
+    "torch's BLAS (MKL) per step could show; on one thread the kernel's steps run oneDNN's brgemm instead, which "
+    "can go below it",
     "- the kernel asks Linux for transparent huge pages for its O(t*b*H) buffers (page faults are costly on this "
     "machine: about 1 ms per fresh MB); torch does the same for all its CPU memory only with "
     "THP_MEM_ALLOC_ENABLE=1, which is not set here",
