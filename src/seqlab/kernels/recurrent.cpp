@@ -23,6 +23,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/accumulate.h>
+#include <torch/version.h>
 #include <torch/csrc/utils/pybind.h>
 
 #if defined(__linux__)
@@ -308,7 +309,14 @@ void small_product<float>(const float* x, const float* w, const float* bias, flo
 // at::native::cpublas::brgemm, float32) ran it 1.19-1.30x faster on the AMD EPYC, 100 steps alternating in one
 // process, two runs: (32, 256) x (256, 256) 52.6 -> 40.5 us, x (256, 768) 147 -> 124, (32, 768) x (768, 256)
 // 149 -> 116. With more threads MKL's threaded product stays (brgemm is one thread's call; split over two threads
-// it lost to MKL). float64 and builds without AVX-512 keep MKL.
+// it lost to MKL). float64, builds without AVX-512 and torch before 2.13 (where this was measured; the float form
+// of brgemm is recent) keep MKL.
+#if defined(__AVX512F__) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13))
+#define SEQLAB_BRGEMM_STEPS 1
+#else
+#define SEQLAB_BRGEMM_STEPS 0
+#endif
+
 template <typename T>
 bool brgemm_steps() {
   return false;
@@ -320,7 +328,7 @@ void brgemm_product(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t,
   TORCH_CHECK(false, "seqlab's recurrent kernel: brgemm steps take float32 only");
 }
 
-#if defined(__AVX512F__)
+#if SEQLAB_BRGEMM_STEPS
 template <>
 bool brgemm_steps<float>() {
   return at::get_num_threads() == 1;
@@ -334,6 +342,13 @@ void brgemm_product<float>(const float* x, const float* w, const float* bias, fl
   at::native::cpublas::brgemm(rows, cols, inner, inner, cols, cols, accumulate || bias != nullptr, x, w, out);
 }
 #endif
+
+// after a loop of brgemm steps: the micro-kernel's per-thread state
+void release_brgemm() {
+#if SEQLAB_BRGEMM_STEPS
+  at::native::cpublas::brgemm_release();
+#endif
+}
 
 // The previous state of step s (time-major out; the recurrence walks backwards in time when reverse).
 at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool reverse) {
@@ -398,7 +413,7 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
         rnn_forward_row(hs, gxp + s * B * G, B * H, mode == kRelu);
       }
     }
-    if (brg) at::native::cpublas::brgemm_release();  // the micro-kernel's per-thread state
+    if (brg) release_brgemm();
   });
   return {out, ws, x};
 }
@@ -440,7 +455,7 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
         else at::mm_out(dh, dgh[s], w_hh);
       }
     }
-    if (brg) at::native::cpublas::brgemm_release();  // the micro-kernel's per-thread state
+    if (brg) release_brgemm();
   });
   return dh;
 }
