@@ -304,13 +304,13 @@ void small_product<float>(const float* x, const float* w, const float* bias, flo
 }
 #endif
 
-// ---- one thread: the larger steps through oneDNN's brgemm ---------------------------------------------------
-// Past the small limit a step's product went to MKL. On one thread oneDNN's brgemm micro-kernel (torch's
-// at::native::cpublas::brgemm, float32) ran it 1.19-1.30x faster on the AMD EPYC, 100 steps alternating in one
-// process, two runs: (32, 256) x (256, 256) 52.6 -> 40.5 us, x (256, 768) 147 -> 124, (32, 768) x (768, 256)
-// 149 -> 116. With more threads MKL's threaded product stays (brgemm is one thread's call; split over two threads
-// it lost to MKL). float64, builds without AVX-512 and torch before 2.13 (where this was measured; the float form
-// of brgemm is recent) keep MKL.
+// ---- the larger steps through oneDNN's brgemm ----------------------------------------------------------------
+// Past the small limit a step's product went to MKL. oneDNN's brgemm micro-kernel (torch's
+// at::native::cpublas::brgemm, float32), one call per thread on its share of the output columns, ran it faster on
+// the AMD EPYC, 100 steps alternating in one process: one thread 1.19-1.30x ((32, 256) x (256, 256) 52.6 -> 40.5
+// us, x (256, 768) 147 -> 124, (32, 768) x (768, 256) 149 -> 116; two runs), two threads 1.48-1.58x against MKL's
+// threaded product (32.4 -> 20.5, 94.4 -> 60.8, 88.2 -> 59.4). float64, builds without AVX-512 and torch before
+// 2.13 (where this was measured; the float form of brgemm is recent) keep MKL.
 #if defined(__AVX512F__) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13))
 #define SEQLAB_BRGEMM_STEPS 1
 #else
@@ -331,22 +331,38 @@ void brgemm_product(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t,
 #if SEQLAB_BRGEMM_STEPS
 template <>
 bool brgemm_steps<float>() {
-  return at::get_num_threads() == 1;
+  return true;
+}
+
+// The output's columns in `parts` shares of whole 16-column vectors, the last share taking the rest
+inline int64_t share_start(int64_t cols, int64_t parts, int64_t p) {
+  return p >= parts ? cols : cols * p / parts / 16 * 16;
+}
+
+inline int64_t brgemm_parts(int64_t cols) {
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), cols / 64));  // at least 64 columns each
 }
 
 template <>
 void brgemm_product<float>(const float* x, const float* w, const float* bias, float* out, int64_t rows,
                            int64_t inner, int64_t cols, bool accumulate) {
-  if (bias != nullptr && !accumulate)
-    for (int64_t i = 0; i < rows; ++i) std::copy(bias, bias + cols, out + i * cols);
-  at::native::cpublas::brgemm(rows, cols, inner, inner, cols, cols, accumulate || bias != nullptr, x, w, out);
+  const int64_t parts = brgemm_parts(cols);
+  at::parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const int64_t c0 = share_start(cols, parts, p), c1 = share_start(cols, parts, p + 1);
+      if (bias != nullptr && !accumulate)
+        for (int64_t i = 0; i < rows; ++i) std::copy(bias + c0, bias + c1, out + i * cols + c0);
+      at::native::cpublas::brgemm(rows, c1 - c0, inner, inner, cols, cols, accumulate || bias != nullptr, x,
+                                  w + c0, out + c0);
+    }
+  });
 }
 #endif
 
-// after a loop of brgemm steps: the micro-kernel's per-thread state
+// after a loop of brgemm steps: the micro-kernel's per-thread state, on each thread that ran it
 void release_brgemm() {
 #if SEQLAB_BRGEMM_STEPS
-  at::native::cpublas::brgemm_release();
+  at::parallel_for(0, at::get_num_threads(), 1, [](int64_t, int64_t) { at::native::cpublas::brgemm_release(); });
 #endif
 }
 

@@ -48,6 +48,7 @@ EXTENSION = CppExtension(
     "fused recurrent kernel",
     "GRU and RNN use torch.nn's fused kernels instead",
     headers=("vec_math.h",),
+    openmp=True,  # the larger steps' brgemm calls, one per thread
     label="GRU / RNN",
 )
 
