@@ -238,8 +238,14 @@ at::Tensor contiguous_scratch(Scratch role, const at::Tensor& t) {
 // alternating in one process, loops against MKL (the ratio: MKL's time over the loops'): one thread, the GRU at
 // b 32, H 40 (153,600) 1.07x, b 16, H 64 (196,608) 1.02x, b 8, H 96 (221,184) 0.96x, b 32, H 64 (393,216) 0.90x;
 // the RNN at b 8, H 96 (73,728) 1.27x, b 32, H 64 (131,072) 1.19x, b 16, H 128 (262,144) 1.00x; two threads, the
-// GRU 1.14x, 1.00x, 1.02x, 0.82x and the RNN 1.04x, 1.02x, 0.91x at the same shapes.
-bool small_steps(int64_t B, int64_t H, int64_t G) { return B * H * G <= 5 * (int64_t(1) << 15); }
+// GRU 1.14x, 1.00x, 1.02x, 0.82x and the RNN 1.04x, 1.02x, 0.91x at the same shapes. Where the larger steps go
+// through oneDNN's brgemm instead (below), the loops stop at 64K (2^16): against brgemm (one thread / two) they
+// lost at the GRU's b 8, H 64 (98,304: 0.82x / 0.81x) and the RNN's b 8, H 96 (73,728: 0.85x / 0.79x), were level
+// at the RNN's b 32, H 40 (51,200: 0.98x / 0.96x) and won at the GRU's b 8, H 40 (38,400: 1.05x / 1.00x in the
+// whole fwd + bwd) and the RNN's b 8, H 40 (12,800: 1.02x / 1.03x).
+bool small_steps(int64_t B, int64_t H, int64_t G, bool brgemm) {
+  return B * H * G <= (brgemm ? (int64_t(1) << 16) : 5 * (int64_t(1) << 15));
+}
 
 // out (rows, cols) = x (rows, inner) w (inner, cols), plus bias (cols) or, when accumulate, plus out itself
 template <typename T>
@@ -397,7 +403,6 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
   at::Tensor out = buffer({T, B, H}, x.options());
   at::Tensor ws = buffer({gru ? T : 0, B, 4 * H}, x.options());
   at::Tensor gh = at::empty({B, G}, x.options());
-  const bool small = small_steps(B, H, G);
   const at::Tensor b_step = gru && has_bias ? b_hh->contiguous() : at::Tensor();  // kept alive for its pointer
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "seqlab_recurrent_forward", [&] {
     // raw pointers for every buffer (contiguous and time-major); tensors only for MKL's products
@@ -405,6 +410,7 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
     const scalar_t* whh = w_hh_t.data_ptr<scalar_t>();
     const scalar_t* bias = b_step.defined() ? b_step.data_ptr<scalar_t>() : nullptr;
     scalar_t *outp = out.data_ptr<scalar_t>(), *ghp = gh.data_ptr<scalar_t>();
+    const bool small = small_steps(B, H, G, brgemm_steps<scalar_t>());
     const bool brg = !small && brgemm_steps<scalar_t>();
     for (int64_t k = 0; k < T; ++k) {
       const int64_t s = reverse ? T - 1 - k : k;
@@ -442,12 +448,12 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
                          int64_t mode, bool reverse) {
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
   const bool gru = mode == kGru;
-  const bool small = small_steps(B, H, G);
   const at::Tensor w = w_hh.contiguous();
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "seqlab_recurrent_backward", [&] {
     const scalar_t *outp = out.data_ptr<scalar_t>(), *h0p = h0.data_ptr<scalar_t>(), *wp = w.data_ptr<scalar_t>();
     scalar_t *dghp = dgh.data_ptr<scalar_t>(), *dgxp = dgx.data_ptr<scalar_t>();
     const scalar_t* none = nullptr;  // no bias in these products
+    const bool small = small_steps(B, H, G, brgemm_steps<scalar_t>());
     const bool brg = !small && brgemm_steps<scalar_t>();
     for (int64_t k = T - 1; k >= 0; --k) {
       const int64_t s = reverse ? T - 1 - k : k;
