@@ -180,6 +180,13 @@ SEQLAB_VEC_INLINE void four(const S* x, __m512 (&v)[4], F (&f)[4]) {
   four(v, f);
 }
 
+// the same on four full vectors p + b (a row's pre-activations and their bias)
+template <typename F>
+SEQLAB_VEC_INLINE void four(const float* p, const float* b, __m512 (&v)[4], F (&f)[4]) {
+  for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_loadu_ps(p + 16 * q), _mm512_loadu_ps(b + 16 * q));
+  four(v, f);
+}
+
 template <typename F, typename S>
 void forward(const S* __restrict__ x, S* __restrict__ y, int64_t lo, int64_t hi) {
   int64_t i = lo;
@@ -223,9 +230,7 @@ void bias_forward_rows(const float* __restrict__ p, const float* __restrict__ b,
     for (; j + 64 <= cols; j += 64) {
       __m512 v[4];
       F f[4];
-      for (int q = 0; q < 4; ++q)
-        v[q] = _mm512_add_ps(_mm512_loadu_ps(p + r * cols + j + 16 * q), _mm512_loadu_ps(b + j + 16 * q));
-      four(v, f);
+      four(p + r * cols + j, b + j, v, f);
       for (int q = 0; q < 4; ++q) _mm512_storeu_ps(y + r * cols + j + 16 * q, f[q].value(v[q]));
     }
     for (; j < cols; j += 16) {
@@ -236,7 +241,6 @@ void bias_forward_rows(const float* __restrict__ p, const float* __restrict__ b,
   }
 }
 
-// rows [r0, r1): du = g · gelu'(p + b), and Σ_rows du added into db (cols float64s)
 // one vector of du = g · gelu'(u) stored (mask m), and added into its columns' float64 sums db
 SEQLAB_VEC_INLINE void bias_grad_store(__m512 out, __mmask16 m, float* du, double* db) {
   _mm512_mask_storeu_ps(du, m, out);
@@ -257,9 +261,7 @@ void bias_backward_rows(const float* __restrict__ g, const float* __restrict__ p
       __m512 v[4];
       F f[4];
       const int64_t i = r * cols + j;
-      for (int q = 0; q < 4; ++q)
-        v[q] = _mm512_add_ps(_mm512_loadu_ps(p + i + 16 * q), _mm512_loadu_ps(b + j + 16 * q));
-      four(v, f);
+      four(p + i, b + j, v, f);
       for (int q = 0; q < 4; ++q)
         bias_grad_store(_mm512_mul_ps(_mm512_loadu_ps(g + i + 16 * q), f[q].deriv(v[q])), __mmask16(0xFFFF),
                         du + i + 16 * q, db + j + 16 * q);

@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "vec_math.h"
@@ -372,6 +373,13 @@ void release_brgemm() {
 #endif
 }
 
+// Which way a call's steps multiply, for its scalar type and sizes: {small loops, brgemm}; neither: MKL
+template <typename T>
+std::pair<bool, bool> step_paths(int64_t B, int64_t H, int64_t G) {
+  const bool brgemm = brgemm_steps<T>(), small = small_steps(B, H, G, brgemm);
+  return {small, !small && brgemm};
+}
+
 // The previous state of step s (time-major out; the recurrence walks backwards in time when reverse).
 at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool reverse) {
   const int64_t first = reverse ? out.size(0) - 1 : 0;
@@ -410,8 +418,7 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
     const scalar_t* whh = w_hh_t.data_ptr<scalar_t>();
     const scalar_t* bias = b_step.defined() ? b_step.data_ptr<scalar_t>() : nullptr;
     scalar_t *outp = out.data_ptr<scalar_t>(), *ghp = gh.data_ptr<scalar_t>();
-    const bool small = small_steps(B, H, G, brgemm_steps<scalar_t>());
-    const bool brg = !small && brgemm_steps<scalar_t>();
+    const auto [small, brg] = step_paths<scalar_t>(B, H, G);
     for (int64_t k = 0; k < T; ++k) {
       const int64_t s = reverse ? T - 1 - k : k;
       const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
@@ -453,8 +460,7 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
     const scalar_t *outp = out.data_ptr<scalar_t>(), *h0p = h0.data_ptr<scalar_t>(), *wp = w.data_ptr<scalar_t>();
     scalar_t *dghp = dgh.data_ptr<scalar_t>(), *dgxp = dgx.data_ptr<scalar_t>();
     const scalar_t* none = nullptr;  // no bias in these products
-    const bool small = small_steps(B, H, G, brgemm_steps<scalar_t>());
-    const bool brg = !small && brgemm_steps<scalar_t>();
+    const auto [small, brg] = step_paths<scalar_t>(B, H, G);
     for (int64_t k = T - 1; k >= 0; --k) {
       const int64_t s = reverse ? T - 1 - k : k;
       const scalar_t* gos = go.data_ptr<scalar_t>() + s * B * H;  // go, out, dgh, dgx, ws contiguous, time-major
