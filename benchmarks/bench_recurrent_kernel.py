@@ -7,8 +7,9 @@ Two contenders per (layer, sequence length), holding the same weights and the sa
 * ``matmuls alone``: only the matrix products that both do (the input projection, the t per-step products each
   way, the input and weight gradients), on buffers made beforehand. No implementation of these equations can
   take less time with torch's BLAS (MKL), so torch.nn over this time is the largest speed-up any kernel calling
-  it could show; the table gives it beside the kernel's. (On one thread seqlab's kernel multiplies the steps
-  through oneDNN's brgemm instead, which can take it below this time.)
+  it could show; the table gives it beside the kernel's. (With AVX-512 and float32 seqlab's kernel runs the
+  larger per-step products, the input projection and the input gradient through oneDNN's brgemm instead, which
+  takes it below this time.)
 
 Within each repeat the contenders run back to back, the one going first alternating from repeat to repeat,
 so a slow phase of the shared machine hits both alike; the table gives the median over repeats with the
@@ -47,17 +48,17 @@ LAYERS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {"GRU": (nn.GRU, GR
 NAMES = ("torch.nn", "seqlab kernel", "matmuls alone")
 DEFAULT_THREADS = torch.get_num_threads()
 NOTES = [
-    "- both contenders do the same arithmetic (a GRU at t=100: about 5.7 GFLOP, mostly matmuls; the per-step "
-    "(b, H) x (H, 3H) products are MKL's in both); the kernel saves torch.nn's per-step autograd nodes and "
-    "temporaries, fuses the gate arithmetic into one loop each way, and computes dW_hh as one matmul instead of "
-    "t small ones",
+    "- both contenders do the same arithmetic (a GRU at t=100: about 5.7 GFLOP, mostly matmuls); the kernel "
+    "saves torch.nn's per-step autograd nodes and temporaries, fuses the gate arithmetic into one loop each way "
+    "(the bias gradients summed in it), computes dW_hh as one matmul instead of t small ones, and multiplies the "
+    "per-step products, the input projection and the input gradient with oneDNN's brgemm (float32, AVX-512) "
+    "where torch.nn calls MKL",
     "- on a shared machine the 2-thread rows suffer most (an OpenMP thread waits at every operation for a "
     "descheduled partner, and torch.nn has more operations per step); the 1-thread rows are the steadier "
     "comparison",
     "- matmuls alone: the same matrix products with nothing else (buffers made beforehand; the per-step ones one "
     "call each from Python), so torch.nn over that time is the largest speed-up that an implementation calling "
-    "torch's BLAS (MKL) per step could show; on one thread the kernel's steps run oneDNN's brgemm instead, which "
-    "can go below it",
+    "torch's BLAS (MKL) per step could show; the kernel's brgemm products go below it",
     "- the kernel asks Linux for transparent huge pages for its O(t*b*H) buffers (page faults are costly on this "
     "machine: about 1 ms per fresh MB); torch does the same for all its CPU memory only with "
     "THP_MEM_ALLOC_ENABLE=1, which is not set here",

@@ -255,6 +255,33 @@ def test_float32_steps_match_torch_nn(kind, threads, hidden_size):
 
 
 @needs_compiler
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_whole_sequence_products_and_fused_bias_sums_match_torch_nn(kind, threads):
+    """Past 2^25 multiply-adds the input projection and the input gradient run as oneDNN brgemm calls on blocks of
+    64 rows (float32 with AVX-512): b 8, t 131 is 1,048 rows, 16 blocks and a last one of 24; 96 inputs and the
+    GRU's 384 gate columns (H 128) or the RNN's 384 make 38.6M. Beside these larger steps the bias gradients are
+    summed step by step in the backward loop (the GRU's r and z columns shared by both biases). Both directions:
+    the backward direction walks the steps the other way. Against torch.nn in float32; it fails with a block's bias
+    or rows dropped or a bias sum taken from the wrong columns."""
+    ours_cls, theirs_cls, extra = KINDS[kind]
+    hidden = 128 if kind == "gru" else 384
+    theirs = theirs_cls(96, hidden, batch_first=True, bidirectional=True, **extra)
+    ours = ours_cls(96, hidden, bidirectional=True, **extra)
+    ours.load_state_dict(theirs.state_dict())
+    torch.manual_seed(0)
+    x, h0 = torch.randn(8, 131, 96), torch.randn(2, 8, hidden)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert ours.why_not_kernel(x) is None
+        got = outputs_and_grads(ours, x, h0)
+    finally:
+        torch.set_num_threads(before)
+    assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-4, rtol=1e-4)
+
+
+@needs_compiler
 def test_a_strided_bias_in_the_small_steps():
     """b_hh as a view of every other element (not contiguous): the small steps read a contiguous copy they keep."""
     torch.manual_seed(0)
