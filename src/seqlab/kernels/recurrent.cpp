@@ -2,13 +2,15 @@
 // parameter layout and gate order [r, z, n]). Built on first use by seqlab/kernels/recurrent.py.
 //
 // Notation: t time, b batch, H hidden size, G = gates * H (H for the RNN, 3H for the GRU). Every buffer is
-// time-major and contiguous: x (t, b, in), out (t, b, H), so step s is the contiguous block [s].
+// time-major and contiguous: x (t, b, in), out (t, b, H), so step s is the contiguous block [s] (the GRU's
+// dL/dout alone is read where its rows lie).
 //
 // Forward:   gx = x W_ih^T + b_ih                 one matmul for all steps: (t*b, in) x (in, G) -> (t*b, G)
 //            per step: gh = h_{s-1} W_hh^T (+ b_hh)  one matmul (b, H) x (H, G) -> (b, G) into a reused buffer,
 //            then ONE loop over the b*H elements that applies the gates and writes h_s into out[s].
 // Backward:  per step, in reverse: one loop for the gate gradients, one matmul dgh[s] W_hh for dL/dh_{s-1};
-//            after the loop dW_ih, dW_hh, the biases and dx are one matmul (or sum) each over all steps.
+//            after the loop dW_ih, dW_hh and dx are one matmul each over all steps; the bias gradients are summed
+//            in the loop beside the larger steps (add_rows), after it beside the small ones.
 //
 // Saved for the backward: out (the h_s), and for the GRU its gates r, z, n and W_hn h + b_hn: O(t*b*H).
 // Narrow includes rather than <torch/extension.h>: they halve the first build's time.
@@ -441,8 +443,8 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
   const at::Tensor w_ih_t = w_ih.t().contiguous();  // (in, G), row-major for the same reason (126 -> 171 GFLOP/s)
   const at::Tensor b_in = has_bias ? (gru ? b_ih->contiguous() : b_ih->add(*b_hh)) : at::Tensor();
   if (brgemm_rows_for(x, T * B, x.size(2), G)) {
-    brgemm_rows<float>(x2.data_ptr<float>(), w_ih_t.data_ptr<float>(), has_bias ? b_in.data_ptr<float>() : nullptr,
-                gx.data_ptr<float>(), T * B, x.size(2), G);
+    const float* bias = has_bias ? b_in.data_ptr<float>() : nullptr;
+    brgemm_rows<float>(x2.data_ptr<float>(), w_ih_t.data_ptr<float>(), bias, gx.data_ptr<float>(), T * B, x.size(2), G);
     release_brgemm();
   } else if (has_bias) {
     at::addmm_out(gx, b_in, x2, w_ih_t);
@@ -587,7 +589,8 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
   at::Tensor dx = need_dx ? buffer({T * B, x.size(2)}, x.options()) : at::Tensor();
   if (need_dx && brgemm_rows_for(x, T * B, G, x.size(2))) {  // (t*b, G) x (G, in) -> (t*b, in)
     const at::Tensor w = w_ih.contiguous();
-    brgemm_rows<float>(dgx2.data_ptr<float>(), w.data_ptr<float>(), nullptr, dx.data_ptr<float>(), T * B, G, x.size(2));
+    float* out = dx.data_ptr<float>();
+    brgemm_rows<float>(dgx2.data_ptr<float>(), w.data_ptr<float>(), nullptr, out, T * B, G, x.size(2));
     release_brgemm();
   } else if (need_dx) {
     at::mm_out(dx, dgx2, w_ih);
