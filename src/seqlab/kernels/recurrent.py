@@ -83,14 +83,26 @@ class _RecurrentLayer(torch.autograd.Function):
         x, h0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients that autograd can differentiate again
             return _backward_through_ref(ctx, (x_in, h0_in, w_ih, w_hh, b_ih, b_hh), grad_out, grad_hn)
-        return _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws)
+        return _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, x_in)
 
 
-def _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws):
-    """The kernel's own first-order backward (grad mode is off): the adjoint recurrence, fused."""
+def _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, x_in):
+    """The kernel's own first-order backward (grad mode is off): the adjoint recurrence, fused. dL/dx comes in
+    x_in's layout where the kernel can write it so (no copy when autograd adds it to a batch-first input's)."""
     need_dx = ctx.needs_input_grad[0]
     dx, dh0, dw_ih, dw_hh, db_ih, db_hh = EXTENSION.load(even_if_disabled=True).backward(
-        grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, ctx.mode, ctx.reverse, ctx.has_bias, need_dx
+        grad_out,
+        grad_hn,
+        x,
+        h0,
+        w_ih,
+        w_hh,
+        out,
+        ws,
+        ctx.mode,
+        ctx.reverse,
+        ctx.has_bias,
+        x_in if need_dx else None,
     )
     biases = (db_ih, db_hh) if ctx.has_bias else (None, None)
     return (dx if need_dx else None), dh0, dw_ih, dw_hh, *biases, None, None
