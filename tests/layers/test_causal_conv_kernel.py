@@ -22,8 +22,11 @@ def inputs(dtype, b=3, t=11, c=37, k=4, bias=True):
 @needs_compiler
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_values_and_every_gradient_match_conv1d(dtype, tol, bias):
-    args = inputs(dtype, bias=bias)  # c = 37: two full 16-channel blocks and a partial one
+@pytest.mark.parametrize(
+    "k", [4, 2, 5]
+)  # 4 (Mamba's d_conv) has its own one-pass loops; the others the general ones
+def test_values_and_every_gradient_match_conv1d(dtype, tol, bias, k):
+    args = inputs(dtype, k=k, bias=bias)  # c = 37: two full 16-channel blocks and a partial one
     y, ref = causal_conv_silu(*args), causal_conv_silu_ref(*args)
     assert "CausalConvSilu" in type(y.grad_fn).__name__  # the kernel ran
     torch.testing.assert_close(y, ref, rtol=tol, atol=tol)

@@ -61,6 +61,21 @@ inline const T* row(const T* x, const T* s, const Shape& n, int64_t bi, int64_t 
 // pre = bias + Σ_j w[j] ⊙ in[t − (k − 1) + j] at (bi, t), every channel
 template <typename T>
 inline void conv_at(const T* x, const T* s, const T* w, const T* bias, const Shape& n, int64_t bi, int64_t t, T* pre) {
+  // Mamba's d_conv, 4: the four taps in one pass over the channels, each sum in a register until it is stored. Tap
+  // by tap, every sum was loaded and stored again for each tap; in one pass the conv's forward ran 1.17-1.30x and,
+  // with the input gradient's four taps likewise (backward_rows), its backward 1.17-1.28x faster at the lab's
+  // b 8, t 1024, c 104 (one and two threads); the lab's Mamba LM step 1.01x.
+  if (n.k == 4) {
+    const T *__restrict__ i0 = row(x, s, n, bi, t - 3), *__restrict__ i1 = row(x, s, n, bi, t - 2);
+    const T *__restrict__ i2 = row(x, s, n, bi, t - 1), *__restrict__ i3 = row(x, s, n, bi, t);
+    const T* __restrict__ wp = w;
+    T* __restrict__ out = pre;
+#pragma omp simd
+    for (int64_t c = 0; c < n.c; ++c)
+      out[c] = (bias ? bias[c] : T(0)) + wp[c] * i0[c] + wp[n.c + c] * i1[c] + wp[2 * n.c + c] * i2[c] +
+               wp[3 * n.c + c] * i3[c];
+    return;
+  }
   for (int64_t c = 0; c < n.c; ++c) pre[c] = bias ? bias[c] : T(0);
   for (int64_t j = 0; j < n.k; ++j) {
     const T* in = row(x, s, n, bi, t - (n.k - 1) + j);
@@ -155,6 +170,16 @@ void backward_rows(const T* g, const T* x, const T* s, const T* w, const T* bias
   }
   for (int64_t tau = tau0; tau < tau1; ++tau) {
     T* din = tau >= 0 ? dx + (bi * n.t + tau) * n.c : ds + (bi * (n.k - 1) + (n.k - 1 + tau)) * n.c;
+    if (n.k == 4) {  // as conv_at: the four taps in one pass
+      const T* __restrict__ d0 = D + (tau + 3 - tau0) * n.c;  // dpre[τ + 3 − j] = d0 − j c
+      const T* __restrict__ wp = w;
+      T* __restrict__ out = din;
+#pragma omp simd
+      for (int64_t c = 0; c < n.c; ++c)
+        out[c] = d0[c] * wp[c] + d0[c - n.c] * wp[n.c + c] + d0[c - 2 * n.c] * wp[2 * n.c + c] +
+                 d0[c - 3 * n.c] * wp[3 * n.c + c];
+      continue;
+    }
     for (int64_t c = 0; c < n.c; ++c) din[c] = T(0);
     for (int64_t j = 0; j < n.k; ++j) {
       const T* dp = D + (tau + (n.k - 1) - j - tau0) * n.c;  // dpre[τ + (k − 1) − j]
