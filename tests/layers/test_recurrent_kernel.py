@@ -59,6 +59,17 @@ def assert_same(got: dict, want: dict, **tol) -> None:
         torch.testing.assert_close(got[key], want[key], **tol, msg=lambda m, k=key: f"{k}: {m}")
 
 
+def kernel_outputs_and_grads(layer: nn.Module, x: torch.Tensor, h0: torch.Tensor, threads: int) -> dict:
+    """``outputs_and_grads`` of a seqlab layer on its kernel (asserted), with torch on ``threads`` threads."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert layer.why_not_kernel(x) is None
+        return outputs_and_grads(layer, x, h0)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def count_kernel_calls(monkeypatch) -> list[int]:
     """Counts the layer's calls into seqlab's kernel, one per layer and direction."""
@@ -223,13 +234,8 @@ def test_small_and_large_steps_match_torch_nn(kind, threads, batch, hidden_size)
         torch.randn(batch, 9, IN, dtype=torch.float64),
         torch.randn(2, batch, hidden_size, dtype=torch.float64),
     )
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        assert ours.why_not_kernel(x) is None
-        assert_same(outputs_and_grads(ours, x, h0), outputs_and_grads(theirs, x, h0), atol=1e-10, rtol=1e-10)
-    finally:
-        torch.set_num_threads(before)
+    got = kernel_outputs_and_grads(ours, x, h0, threads)
+    assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-10, rtol=1e-10)
 
 
 @needs_compiler
@@ -244,13 +250,7 @@ def test_float32_steps_match_torch_nn(kind, threads, hidden_size):
     brgemm on one thread (AVX-512), MKL on two."""
     ours, theirs = (m.float() for m in make_pair(kind, hidden_size))
     x, h0 = torch.randn(3, 12, IN), torch.randn(1, 3, hidden_size)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        assert ours.why_not_kernel(x) is None
-        got = outputs_and_grads(ours, x, h0)
-    finally:
-        torch.set_num_threads(before)
+    got = kernel_outputs_and_grads(ours, x, h0, threads)
     assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-5, rtol=1e-5)
 
 
@@ -271,13 +271,7 @@ def test_whole_sequence_products_and_fused_bias_sums_match_torch_nn(kind, thread
     ours.load_state_dict(theirs.state_dict())
     torch.manual_seed(0)
     x, h0 = torch.randn(8, 131, 96), torch.randn(2, 8, hidden)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        assert ours.why_not_kernel(x) is None
-        got = outputs_and_grads(ours, x, h0)
-    finally:
-        torch.set_num_threads(before)
+    got = kernel_outputs_and_grads(ours, x, h0, threads)
     assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-4, rtol=1e-4)
 
 
