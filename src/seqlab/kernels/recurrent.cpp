@@ -412,6 +412,10 @@ void brgemm_into_layout(const float* a, const float* w, float* out, int64_t T, i
     }
   });
 }
+#else
+void brgemm_into_layout(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
+  TORCH_CHECK(false, "seqlab's recurrent kernel: brgemm products need an AVX-512 build with torch 2.13 or newer");
+}
 #endif
 
 // after a loop of brgemm steps: the micro-kernel's per-thread state, on each thread that ran it
