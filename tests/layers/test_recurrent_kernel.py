@@ -275,31 +275,23 @@ def test_whole_sequence_products_and_fused_bias_sums_match_torch_nn(kind, thread
     assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-4, rtol=1e-4)
 
 
-def _layout(name: str, t: int, b: int, n: int) -> torch.Tensor:
-    """A (t, b, n) float32 input laid out as ``name`` says, a view into a larger leaf's storage."""
-    torch.manual_seed(2)
-    if name == "batch-first":
-        return torch.randn(b, t, n).transpose(0, 1)
-    if name == "every other step":
-        return torch.randn(b, 2 * t, n)[:, ::2].transpose(0, 1)
-    if name == "one row expanded":
-        return torch.randn(1, t, n).expand(b, t, n).transpose(0, 1)
-    return torch.randn(t, b, 2 * n)[..., ::2]  # every other feature
+LAYOUTS = {  # name -> (the leaf's shape, the (t, b, n) = (131, 8, 96) view of it that the layer takes)
+    "batch-first": ((8, 131, 96), lambda leaf: leaf.transpose(0, 1)),
+    "every other step": ((8, 262, 96), lambda leaf: leaf[:, ::2].transpose(0, 1)),
+    "one row expanded": ((1, 131, 96), lambda leaf: leaf.expand(8, 131, 96).transpose(0, 1)),
+    "every other feature": ((131, 8, 192), lambda leaf: leaf[..., ::2]),
+}
 
 
 @needs_compiler
-@pytest.mark.parametrize(
-    "layout", ["batch-first", "every other step", "one row expanded", "every other feature"]
-)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_the_input_gradient_in_any_input_layout(layout):
     """dL/dx through brgemm (past 2^25 multiply-adds: t 131, b 8, 96 inputs, the GRU's 384 gate columns) is written
     in the input's own layout where that is dense (a batch-first view), contiguous otherwise (a sliced or expanded
     input, one whose features are not contiguous): every one against the reference loop, values and gradients."""
-    x = _layout(layout, 131, 8, 96)
-    storage = torch.zeros(x.untyped_storage().nbytes() // 4)
-    storage.copy_(torch.frombuffer(bytearray(x.untyped_storage()), dtype=torch.float32))
-    storage.requires_grad_()
+    shape, view = LAYOUTS[layout]
     g = torch.Generator().manual_seed(3)
+    leaf = torch.randn(shape, generator=g).requires_grad_()
     h0, w_ih, w_hh = (
         torch.randn(8, 128, generator=g),
         torch.randn(384, 96, generator=g) / 10,
@@ -308,9 +300,8 @@ def test_the_input_gradient_in_any_input_layout(layout):
     b_ih, b_hh = torch.randn(384, generator=g), torch.randn(384, generator=g)
 
     def run(layer):
-        view = storage.as_strided(x.size(), x.stride(), x.storage_offset())
-        out, h_n = layer(view, h0, w_ih, w_hh, b_ih, b_hh, "GRU")
-        return out, torch.autograd.grad(out.square().sum() + h_n.sum(), [storage])[0]
+        out, h_n = layer(view(leaf), h0, w_ih, w_hh, b_ih, b_hh, "GRU")
+        return out, torch.autograd.grad(out.square().sum() + h_n.sum(), [leaf])[0]
 
     (out, dx), (ref, ref_dx) = run(recurrent_layer), run(recurrent_layer_ref)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

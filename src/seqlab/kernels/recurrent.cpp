@@ -432,10 +432,13 @@ std::pair<bool, bool> step_paths(int64_t B, int64_t H, int64_t G) {
   return {small, !small && brgemm};
 }
 
+// Whether this build multiplies tensors of x's dtype through brgemm (step_paths' choice, outside the dispatch)
+bool brgemm_for(const at::Tensor& x) { return x.scalar_type() == at::kFloat && brgemm_steps<float>(); }
+
 // Whether a whole-sequence float32 product of rows x inner x cols multiply-adds goes through brgemm_rows: from 2^25
 // (below, at the RNN's b 8, t 1024, H 40 (13M), brgemm's blocks lost 0.93x on two threads, level on one)
 bool brgemm_rows_for(const at::Tensor& x, int64_t rows, int64_t inner, int64_t cols) {
-  return x.scalar_type() == at::kFloat && brgemm_steps<float>() && rows * inner * cols >= (int64_t(1) << 25);
+  return brgemm_for(x) && rows * inner * cols >= (int64_t(1) << 25);
 }
 
 // The previous state of step s (time-major out; the recurrence walks backwards in time when reverse).
@@ -602,7 +605,7 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
   at::Tensor dh = grad_hn.has_value() ? grad_hn->contiguous().clone() : at::zeros({B, H}, out.options());
   at::Tensor dgh = scratch(kDgh, {T, B, G}, out.options());
   at::Tensor dgx = mode == kGru ? scratch(kDgx, {T, B, G}, out.options()) : dgh;  // the RNN's are the same
-  const bool fused_sums = has_bias && !small_steps(B, H, G, out.scalar_type() == at::kFloat && brgemm_steps<float>());
+  const bool fused_sums = has_bias && !small_steps(B, H, G, brgemm_for(out));
   at::Tensor bias_sums = at::zeros({fused_sums ? 2 : 0, G}, out.options().dtype(at::kDouble));
   double* sums[2] = {nullptr, nullptr};
   if (fused_sums) sums[0] = bias_sums.data_ptr<double>(), sums[1] = sums[0] + G;
@@ -612,12 +615,11 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
   const at::Tensor x2 = x.contiguous().view({T * B, x.size(2)});
   const bool need_dx = dx_like.has_value() && dx_like->defined();
   const bool brg_dx = need_dx && brgemm_rows_for(x, T * B, G, x.size(2));
-  // dx in x's own layout where brgemm writes it and x's rows are contiguous (a transposed view); contiguous else
-  at::Tensor dx = !need_dx ? at::Tensor() : buffer({T, B, x.size(2)}, x.options());
-  if (brg_dx && !dx_like->is_contiguous() && dx_like->sizes() == dx.sizes() && dx_like->stride(2) == 1) {
-    at::Tensor like = at::empty_like(*dx_like);  // x's strides (dense and non-overlapping), else contiguous
-    if (like.stride(2) == 1) dx = like;
-  }
+  // dx in x's own layout where brgemm writes it and that layout is dense with contiguous rows (a transposed view);
+  // contiguous else (empty_like keeps the strides of a dense, non-overlapping tensor only)
+  at::Tensor dx;
+  if (brg_dx && !dx_like->is_contiguous() && dx_like->sizes() == x.sizes()) dx = at::empty_like(*dx_like);
+  if (need_dx && (!dx.defined() || dx.stride(2) != 1)) dx = buffer({T, B, x.size(2)}, x.options());
   if (brg_dx) {  // (t*b, G) x (G, in) -> (t*b, in)
     const at::Tensor w = w_ih.contiguous();
     const float *a = dgx2.data_ptr<float>(), *wp = w.data_ptr<float>();
