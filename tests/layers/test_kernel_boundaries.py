@@ -72,7 +72,19 @@ def _gru_args(**change):
         ({"b_ih": torch.zeros(3 * H + 1)}, r"b_ih must be \(G,\) = \(15,\) .* got \(16,\)"),
         ({"b_hh": torch.zeros(2 * H)}, r"b_hh must be \(G,\) = \(15,\) .* got \(10,\)"),
         ({"b_hh": torch.zeros(3 * H, dtype=torch.float64)}, r"b_hh must have x's dtype and device"),
-        ({"mode": "LSTM"}, r"recurrent_layer: mode must be one of 'RNN_TANH', 'RNN_RELU', 'GRU', got 'LSTM'"),
+        (
+            {"mode": "GRU2"},
+            r"recurrent_layer: mode must be one of 'RNN_TANH', 'RNN_RELU', 'GRU', 'LSTM', got 'GRU2'",
+        ),
+        ({"mode": "LSTM"}, r"recurrent_layer: the LSTM's state must be a pair \(h0, c0\), got \(4, 5\)"),
+        (
+            {"mode": "LSTM", "h0": (torch.zeros(B, H), torch.zeros(B, H + 1))},
+            r"recurrent_layer: c0 must be h0's shape \(4, 5\), got \(4, 6\)",
+        ),
+        (
+            {"mode": "LSTM", "h0": (torch.zeros(B, H), torch.zeros(B, H))},
+            r"w_ih must be \(G, in\) = \(20, 2\) for LSTM with H = 5 .* got \(15, 2\)",
+        ),
         (
             {"x": torch.zeros(T, B, IN, dtype=torch.int64)},
             r"x must be float32 or float64 on the CPU, got torch\.int64",
@@ -100,9 +112,9 @@ def _kernel_forward(args: dict):
     kernel = load_recurrent_kernel()
     if kernel is None:
         pytest.skip("seqlab's recurrent kernel could not be built")
-    mode = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2}.get(args["mode"], args["mode"])
+    mode = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2, "LSTM": 3}.get(args["mode"], args["mode"])
     keys = ("x", "h0", "w_ih", "w_hh", "b_ih", "b_hh")
-    return kernel.forward(*(args[k] for k in keys), mode, False)
+    return kernel.forward(*(args[k] for k in keys), mode, False, args.get("c0"))
 
 
 @needs_compiler
@@ -115,7 +127,27 @@ def _kernel_forward(args: dict):
         ({"w_ih": torch.zeros(3 * H)}, r"w_ih must be \(G, in\) = \(15, 2\), got \[15\]"),
         ({"b_hh": torch.zeros(3 * H + 1)}, r"the biases must be \(G,\) = \(15,\), got \[16\]"),
         ({"b_ih": torch.zeros(3 * H, dtype=torch.float64)}, r"must share one dtype"),
-        ({"mode": 3}, r"mode must be 0 \(tanh\), 1 \(relu\) or 2 \(GRU\), got 3"),
+        ({"mode": 4}, r"mode must be 0 \(tanh\), 1 \(relu\), 2 \(GRU\) or 3 \(LSTM\), got 4"),
+        ({"c0": torch.zeros(B, H)}, r"the LSTM takes a cell state c0 and the other modes none"),
+        (
+            {
+                "mode": 3,
+                "w_ih": torch.zeros(4 * H, IN),
+                "w_hh": torch.zeros(4 * H, H),
+                "b_ih": None,
+                "b_hh": None,
+            },
+            r"the LSTM takes a cell state c0 and the other modes none",
+        ),
+        (
+            {
+                "mode": 3,
+                "w_ih": torch.zeros(4 * H, IN),
+                "w_hh": torch.zeros(4 * H, H),
+                "c0": torch.zeros(B, 1),
+            },
+            r"c0 must be h0's shape \[4, 5\], got \[4, 1\]",
+        ),
     ],
 )
 def test_the_cpp_entry_checks_its_arguments_on_its_own(change, message):
@@ -133,7 +165,7 @@ def test_the_cpp_entry_refuses_one_bias_without_crashing():
         "x, h0, w_ih, w_hh, b = torch.randn(3, 4, 2), torch.randn(4, 5), torch.randn(15, 2), torch.randn(15, 5), "
         "torch.randn(15)\n"
         "try:\n"
-        "    k.forward(x, h0, w_ih, w_hh, b, None, 2, False)\n"
+        "    k.forward(x, h0, w_ih, w_hh, b, None, 2, False, None)\n"
         "except RuntimeError as e:\n"
         "    print('refused:', str(e).splitlines()[0])\n"
     )
@@ -143,7 +175,7 @@ def test_the_cpp_entry_refuses_one_bias_without_crashing():
 
 
 @needs_compiler
-@pytest.mark.parametrize(("mode", "gates"), [("GRU", 3), ("RNN_TANH", 1), ("RNN_RELU", 1)])
+@pytest.mark.parametrize(("mode", "gates"), [("GRU", 3), ("RNN_TANH", 1), ("RNN_RELU", 1), ("LSTM", 4)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_valid_recurrent_layer_calls_keep_the_reference_numbers(mode, gates, bias):
     g = torch.Generator().manual_seed(1)
@@ -155,10 +187,12 @@ def test_valid_recurrent_layer_calls_keep_the_reference_numbers(mode, gates, bia
     )
     if load_recurrent_kernel() is None:
         pytest.skip("seqlab's recurrent kernel could not be built")
+    if mode == "LSTM":
+        h0 = (h0, torch.randn(B, H, generator=g, dtype=torch.float64))
     out, h_n = recurrent_layer(x, h0, w_ih, w_hh, *biases, mode)
     ref, ref_n = recurrent_layer_ref(x, h0, w_ih, w_hh, *biases, mode)
     torch.testing.assert_close(out, ref)
-    torch.testing.assert_close(h_n, ref_n)
+    torch.testing.assert_close(h_n, ref_n)  # the LSTM's (h_n, c_n) pair compared as one
 
 
 # ---- the selective scan -----------------------------------------------------------------------------------------

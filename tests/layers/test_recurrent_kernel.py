@@ -1,6 +1,6 @@
-"""seqlab's fused CPU kernel for GRU and RNN (seqlab.kernels.recurrent) against torch.nn, and its fallback.
+"""seqlab's fused CPU kernel for GRU, RNN and LSTM (seqlab.kernels.recurrent) against torch.nn, and its fallback.
 
-torch.nn's own GRU and RNN are the reference: the same weights through ``load_state_dict``, float64, and every
+torch.nn's own GRU, RNN and LSTM are the reference: the same weights through ``load_state_dict``, float64, and every
 output, final state and gradient compared. The kernel is compiled on the first test that needs it (about 30 s
 on 2 cores, then cached in ~/.cache/seqlab/kernels).
 """
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from seqlab.kernels import recurrent as kernel_module
-from seqlab.kernels.recurrent import load_recurrent_kernel, recurrent_layer, recurrent_layer_ref
+from seqlab.kernels.recurrent import GATES, load_recurrent_kernel, recurrent_layer, recurrent_layer_ref
 from seqlab.layers import GRU, LSTM, RNN, recurrent_base
 
 IN, H = 3, 4
@@ -24,6 +24,7 @@ KINDS = {  # name -> (seqlab class, torch.nn class, extra constructor arguments)
     "gru": (GRU, nn.GRU, {}),
     "rnn_tanh": (RNN, nn.RNN, {"nonlinearity": "tanh"}),
     "rnn_relu": (RNN, nn.RNN, {"nonlinearity": "relu"}),
+    "lstm": (LSTM, nn.LSTM, {}),
 }
 _CXX = os.environ.get("CXX", "c++")
 needs_compiler = pytest.mark.skipif(
@@ -40,17 +41,37 @@ def make_pair(kind: str, hidden_size: int = H, **kw) -> tuple[nn.Module, nn.Modu
     return ours, theirs
 
 
-def outputs_and_grads(layer: nn.Module, x: torch.Tensor, h0: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """Output, final state, and the gradients of a random projection of both w.r.t. everything."""
+def make_state(
+    kind: str, *shape: int, dtype=torch.float64
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """A random initial state of ``shape``: h, or the LSTM's (h, c)."""
+    if kind == "lstm":
+        return torch.randn(*shape, dtype=dtype), torch.randn(*shape, dtype=dtype)
+    return torch.randn(*shape, dtype=dtype)
+
+
+def outputs_and_grads(layer: nn.Module, x: torch.Tensor, h0) -> dict[str, torch.Tensor]:
+    """Output, final state (h_n, and the LSTM's c_n), and the gradients of a random projection of them w.r.t.
+    everything. ``h0``: None, a tensor, or the LSTM's pair (h0, c0)."""
     x = x.detach().requires_grad_()
-    h0 = None if h0 is None else h0.detach().requires_grad_()
-    out, h_n = layer(x, h0)
+    names = ("h", "c") if isinstance(h0, tuple) else ("h",)
+    state = (
+        () if h0 is None else tuple(s.detach().requires_grad_() for s in (h0 if len(names) > 1 else (h0,)))
+    )
+    out, s_n = layer(x, None if h0 is None else state if len(state) > 1 else state[0])
+    finals = s_n if isinstance(s_n, tuple) else (s_n,)
     g = torch.Generator().manual_seed(1)
     loss = (out * torch.randn(out.shape, generator=g, dtype=out.dtype)).sum()
-    loss = loss + (h_n * torch.randn(h_n.shape, generator=g, dtype=h_n.dtype)).sum()
-    inputs = {"x": x, **({} if h0 is None else {"h0": h0}), **dict(layer.named_parameters())}
+    for f in finals:
+        loss = loss + (f * torch.randn(f.shape, generator=g, dtype=f.dtype)).sum()
+    inputs = {
+        "x": x,
+        **{f"{n}0": s for n, s in zip(names, state, strict=False)},
+        **dict(layer.named_parameters()),
+    }
     grads = torch.autograd.grad(loss, list(inputs.values()))
-    return {"out": out, "h_n": h_n, **{f"d{k}": v for k, v in zip(inputs, grads, strict=True)}}
+    finals = {f"{n}_n": f for n, f in zip(("h", "c"), finals, strict=False)}
+    return {"out": out, **finals, **{f"d{k}": v for k, v in zip(inputs, grads, strict=True)}}
 
 
 def assert_same(got: dict, want: dict, **tol) -> None:
@@ -102,7 +123,7 @@ def test_kernel_matches_torch_nn_in_float64(
 ):
     ours, theirs = make_pair(kind, num_layers=num_layers, bidirectional=bidirectional, bias=bias)
     x = torch.randn(b, t, IN, dtype=torch.float64)
-    h0 = torch.randn(num_layers * (1 + bidirectional), b, H, dtype=torch.float64) if with_state else None
+    h0 = make_state(kind, num_layers * (1 + bidirectional), b, H) if with_state else None
     assert ours.why_not_kernel(x) is None
     assert_same(outputs_and_grads(ours, x, h0), outputs_and_grads(theirs, x, h0), atol=1e-10, rtol=1e-10)
     assert len(count_kernel_calls) == num_layers * (1 + bidirectional)
@@ -115,42 +136,56 @@ def test_kernel_matches_torch_nn_in_float32_time_major(kind, hidden_size, count_
     ours, theirs = make_pair(kind, hidden_size, num_layers=2)
     ours, theirs = ours.float(), theirs.float()
     ours.batch_first = theirs.batch_first = False
-    x, h0 = torch.randn(7, 3, IN), torch.randn(2, 3, hidden_size)  # (t, b, in)
+    x, h0 = torch.randn(7, 3, IN), make_state(kind, 2, 3, hidden_size, dtype=torch.float32)  # (t, b, in)
     assert_same(outputs_and_grads(ours, x, h0), outputs_and_grads(theirs, x, h0), atol=1e-5, rtol=1e-4)
     assert count_kernel_calls
 
 
+def flat_layer(mode: str, reverse: bool = False):
+    """recurrent_layer over flat tensor arguments and outputs, as gradcheck takes them: the LSTM's state is two
+    arguments (h0, c0) and two outputs (h_n, c_n)."""
+
+    def run(x, *rest):
+        if mode != "LSTM":
+            return recurrent_layer(x, *rest, mode, reverse)
+        out, (h_n, c_n) = recurrent_layer(x, rest[:2], *rest[2:], mode, reverse)
+        return out, h_n, c_n
+
+    return run
+
+
+def arg(*shape):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+
 @needs_compiler
-@pytest.mark.parametrize("mode", ["GRU", "RNN_TANH", "RNN_RELU"])
+@pytest.mark.parametrize("mode", ["GRU", "RNN_TANH", "RNN_RELU", "LSTM"])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("bias", [True, False])
 def test_gradcheck(mode, reverse, bias):
     assert load_recurrent_kernel() is not None
-    g = 3 if mode == "GRU" else 1
+    g = GATES[mode]
     t, b = 3, 2
-
-    def arg(*shape):
-        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-
     biases = (arg(g * H), arg(g * H)) if bias else (None, None)
-    args = (arg(t, b, IN), arg(b, H), arg(g * H, IN), arg(g * H, H), *biases)
-    assert torch.autograd.gradcheck(lambda *a: recurrent_layer(*a, mode, reverse), args)
+    states = (arg(b, H), arg(b, H)) if mode == "LSTM" else (arg(b, H),)
+    args = (arg(t, b, IN), *states, arg(g * H, IN), arg(g * H, H), *biases)
+    assert torch.autograd.gradcheck(flat_layer(mode, reverse), args)
+
+
+DOUBLE = {"GRU": (GRU, nn.GRU), "RNN_TANH": (RNN, nn.RNN), "LSTM": (LSTM, nn.LSTM)}
 
 
 @needs_compiler
-@pytest.mark.parametrize("mode", ["GRU", "RNN_TANH"])
+@pytest.mark.parametrize("mode", list(DOUBLE))
 def test_double_backward_is_exact(mode):
     """create_graph=True (a gradient penalty) differentiates the reference: gradgradcheck, and the same second
     derivatives as torch.nn's layer."""
-    g = 3 if mode == "GRU" else 1
-
-    def arg(*shape):
-        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-
-    args = (arg(3, 2, IN), arg(2, H), arg(g * H, IN), arg(g * H, H), arg(g * H), arg(g * H))
-    assert torch.autograd.gradgradcheck(lambda *a: recurrent_layer(*a, mode), args)
-    ours = (GRU if mode == "GRU" else RNN)(IN, H, num_layers=2, batch_first=True).double()
-    theirs = (nn.GRU if mode == "GRU" else nn.RNN)(IN, H, num_layers=2, batch_first=True).double()
+    g = GATES[mode]
+    states = (arg(2, H), arg(2, H)) if mode == "LSTM" else (arg(2, H),)
+    args = (arg(3, 2, IN), *states, arg(g * H, IN), arg(g * H, H), arg(g * H), arg(g * H))
+    assert torch.autograd.gradgradcheck(flat_layer(mode), args)
+    ours = DOUBLE[mode][0](IN, H, num_layers=2, batch_first=True).double()
+    theirs = DOUBLE[mode][1](IN, H, num_layers=2, batch_first=True).double()
     theirs.load_state_dict(ours.state_dict())
     x = torch.randn(2, 5, IN, dtype=torch.float64)
     penalties = []
@@ -163,20 +198,30 @@ def test_double_backward_is_exact(mode):
 
 
 @needs_compiler
-@pytest.mark.parametrize("mode", ["GRU", "RNN_TANH", "RNN_RELU"])
+@pytest.mark.parametrize("mode", ["GRU", "RNN_TANH", "RNN_RELU", "LSTM"])
 @pytest.mark.parametrize(
     ("dtype", "hidden_size", "tol"), [(torch.float64, 5, 1e-10), (torch.float32, 40, 1e-5)]
 )
 def test_kernel_matches_its_ref(mode, dtype, hidden_size, tol):
-    g = 3 if mode == "GRU" else 1
+    g = GATES[mode]
     t, b = 6, 3
     torch.manual_seed(0)
-    args = [torch.randn(t, b, IN), torch.randn(b, hidden_size), torch.randn(g * hidden_size, IN) / 2]
+    states = [torch.randn(b, hidden_size) for _ in range(2 if mode == "LSTM" else 1)]
+    args = [torch.randn(t, b, IN), *states, torch.randn(g * hidden_size, IN) / 2]
     args += [torch.randn(g * hidden_size, hidden_size) / hidden_size**0.5, torch.randn(g * hidden_size)]
     args = [a.to(dtype).requires_grad_() for a in (*args, torch.randn(g * hidden_size))]
+    x, *rest = args
+    if mode == "LSTM":
+        rest = [tuple(rest[:2]), *rest[2:]]
     for reverse in (False, True):
-        got, want = recurrent_layer(*args, mode, reverse), recurrent_layer_ref(*args, mode, reverse)
-        grads = [torch.autograd.grad(out[0].sum() + out[1].square().sum(), args) for out in (got, want)]
+        got, want = (
+            flat(recurrent_layer(x, *rest, mode, reverse)),
+            flat(recurrent_layer_ref(x, *rest, mode, reverse)),
+        )
+        grads = [
+            torch.autograd.grad(out[0].sum() + sum(s.square().sum() for s in out[1:]), args)
+            for out in (got, want)
+        ]
         for mine, ref in zip([*got, *grads[0]], [*want, *grads[1]], strict=True):
             # rounding scales with the terms summed, not with their (possibly cancelling) sum: the tolerance is
             # relative to each tensor's largest entry (a float32 ReLU gradient near 0.07 among entries up to 800
@@ -195,12 +240,18 @@ def test_only_the_final_state_used_and_input_without_grad():
         torch.testing.assert_close(p.grad, q.grad, atol=1e-10, rtol=1e-10, msg=name)
 
 
-def test_padded_batches_and_the_lstm_keep_torch_nn_kernels():
-    gru, _ = make_pair("gru")
-    x = torch.randn(2, 4, IN, dtype=torch.float64)
-    assert "padded" in gru.why_not_kernel(x, torch.tensor([4, 2]))
-    assert "float32 or float64" in gru.why_not_kernel(x.half())
-    assert "LSTM" in LSTM(IN, H).why_not_kernel(x.float())
+def flat(result) -> tuple[torch.Tensor, ...]:
+    """(out, h_n) or the LSTM's (out, (h_n, c_n)) as one flat tuple."""
+    out, state = result
+    return (out, *state) if isinstance(state, tuple) else (out, state)
+
+
+def test_padded_batches_keep_torch_nn_kernels():
+    for kind in ("gru", "lstm"):
+        layer, _ = make_pair(kind)
+        x = torch.randn(2, 4, IN, dtype=torch.float64)
+        assert "padded" in layer.why_not_kernel(x, torch.tensor([4, 2]))
+        assert "float32 or float64" in layer.why_not_kernel(x.half())
 
 
 def test_failed_build_warns_once_and_falls_back_to_torch_nn(monkeypatch, caplog):
@@ -230,10 +281,7 @@ def test_small_and_large_steps_match_torch_nn(kind, threads, batch, hidden_size)
     """A step's product runs as plain loops up to 163,840 (5 x 2^15) multiply-adds and through MKL past that:
     b 2, H 16 is below the limit, b 8, H 160 above it (the RNN's 8 x 160 x 160 = 204,800)."""
     ours, theirs = make_pair(kind, hidden_size, bidirectional=True)
-    x, h0 = (
-        torch.randn(batch, 9, IN, dtype=torch.float64),
-        torch.randn(2, batch, hidden_size, dtype=torch.float64),
-    )
+    x, h0 = torch.randn(batch, 9, IN, dtype=torch.float64), make_state(kind, 2, batch, hidden_size)
     got = kernel_outputs_and_grads(ours, x, h0, threads)
     assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-10, rtol=1e-10)
 
@@ -249,7 +297,7 @@ def test_float32_steps_match_torch_nn(kind, threads, hidden_size):
     backward's product has H columns. H 240 is past the small limit (the RNN's 3 x 240 x 240 = 172,800): oneDNN's
     brgemm on one thread (AVX-512), MKL on two."""
     ours, theirs = (m.float() for m in make_pair(kind, hidden_size))
-    x, h0 = torch.randn(3, 12, IN), torch.randn(1, 3, hidden_size)
+    x, h0 = torch.randn(3, 12, IN), make_state(kind, 1, 3, hidden_size, dtype=torch.float32)
     got = kernel_outputs_and_grads(ours, x, h0, threads)
     assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-5, rtol=1e-5)
 
@@ -265,12 +313,12 @@ def test_whole_sequence_products_and_fused_bias_sums_match_torch_nn(kind, thread
     the backward direction walks the steps the other way. Against torch.nn in float32; it fails with a block's bias
     or rows dropped or a bias sum taken from the wrong columns."""
     ours_cls, theirs_cls, extra = KINDS[kind]
-    hidden = 128 if kind == "gru" else 384
+    hidden = {"gru": 128, "lstm": 96}.get(kind, 384)  # 384 gate columns
     theirs = theirs_cls(96, hidden, batch_first=True, bidirectional=True, **extra)
     ours = ours_cls(96, hidden, bidirectional=True, **extra)
     ours.load_state_dict(theirs.state_dict())
     torch.manual_seed(0)
-    x, h0 = torch.randn(8, 131, 96), torch.randn(2, 8, hidden)
+    x, h0 = torch.randn(8, 131, 96), make_state(kind, 2, 8, hidden, dtype=torch.float32)
     got = kernel_outputs_and_grads(ours, x, h0, threads)
     assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-4, rtol=1e-4)
 

@@ -1,9 +1,10 @@
-// seqlab's fused CPU kernels for one layer, one direction of a tanh/ReLU RNN or a GRU (torch.nn's equations,
-// parameter layout and gate order [r, z, n]). Built on first use by seqlab/kernels/recurrent.py.
+// seqlab's fused CPU kernels for one layer, one direction of a tanh/ReLU RNN, a GRU or an LSTM (torch.nn's
+// equations, parameter layout and gate orders [r, z, n] and [i, f, g, o]). Built on first use by
+// seqlab/kernels/recurrent.py.
 //
-// Notation: t time, b batch, H hidden size, G = gates * H (H for the RNN, 3H for the GRU). Every buffer is
-// time-major and contiguous: x (t, b, in), out (t, b, H), so step s is the contiguous block [s] (the GRU's
-// dL/dout alone is read where its rows lie).
+// Notation: t time, b batch, H hidden size, G = gates * H (H for the RNN, 3H for the GRU, 4H for the LSTM).
+// Every buffer is time-major and contiguous: x (t, b, in), out (t, b, H), so step s is the contiguous block [s]
+// (the GRU's and the LSTM's dL/dout alone are read where their rows lie).
 //
 // Forward:   gx = x W_ih^T + b_ih                 one matmul for all steps: (t*b, in) x (in, G) -> (t*b, G)
 //            per step: gh = h_{s-1} W_hh^T (+ b_hh)  one matmul (b, H) x (H, G) -> (b, G) into a reused buffer,
@@ -12,7 +13,8 @@
 //            after the loop dW_ih, dW_hh and dx are one matmul each over all steps; the bias gradients are summed
 //            in the loop beside the larger steps (add_rows), after it beside the small ones.
 //
-// Saved for the backward: out (the h_s), and for the GRU its gates r, z, n and W_hn h + b_hn: O(t*b*H).
+// Saved for the backward: out (the h_s), for the GRU its gates r, z, n and W_hn h + b_hn, for the LSTM its gates
+// i, f, g, o and its cell state c_s: O(t*b*H).
 // Narrow includes rather than <torch/extension.h>: they halve the first build's time.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -45,7 +47,11 @@
 
 namespace {
 
-constexpr int64_t kTanh = 0, kRelu = 1, kGru = 2;
+constexpr int64_t kTanh = 0, kRelu = 1, kGru = 2, kLstm = 3;
+
+// G / H, and the width of a step's saved row in ws (0: nothing saved; the RNN's backward reads out alone)
+inline int64_t n_gates(int64_t mode) { return mode == kGru ? 3 : mode == kLstm ? 4 : 1; }
+inline int64_t saved_width(int64_t mode) { return mode == kGru ? 4 : mode == kLstm ? 5 : 0; }
 
 // ---- activations -------------------------------------------------------------------------------------------
 // float: exp by range reduction x = n ln2 + r and Cephes' degree-6 polynomial for e^r (about 2 ulp), written
@@ -140,16 +146,58 @@ void rnn_backward_row(const T* __restrict__ go, const T* __restrict__ h, const T
   }
 }
 
+// LSTM: i, f, o = σ(gx + gh) and g = tanh(gx + gh) in their columns; c = f ⊙ c_prev + i ⊙ g; h = o ⊙ tanh(c).
+// gh holds W_hh h_prev (both biases are in gx). ws receives [i | f | g | o | c], each H long.
+template <typename T>
+void lstm_forward_row(const T* __restrict__ gx, const T* __restrict__ gh, const T* __restrict__ cp,
+                      T* __restrict__ h, T* __restrict__ ws, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) {
+    const T i = sigmoid(gx[j] + gh[j]);
+    const T f = sigmoid(gx[H + j] + gh[H + j]);
+    const T g = tanh_(gx[2 * H + j] + gh[2 * H + j]);
+    const T o = sigmoid(gx[3 * H + j] + gh[3 * H + j]);
+    const T c = f * cp[j] + i * g;
+    ws[j] = i;
+    ws[H + j] = f;
+    ws[2 * H + j] = g;
+    ws[3 * H + j] = o;
+    ws[4 * H + j] = c;
+    h[j] = o * tanh_(c);
+  }
+}
+
+// LSTM backward for one row. dh: dL/dh_s from later steps (the matmul's); dc: in, dL/dc_s from later steps, out,
+// dL/dc_{s-1}; dg: dL/d(gx + gh) = [di | df | dg | do]. tanh(c) is recomputed: one exp is cheaper than a sixth
+// saved row read back from memory.
+template <typename T>
+void lstm_backward_row(const T* __restrict__ go, const T* __restrict__ ws, const T* __restrict__ cp,
+                       const T* __restrict__ dh, T* __restrict__ dc, T* __restrict__ dg, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) {
+    const T gh = dh[j] + go[j];
+    const T i = ws[j], f = ws[H + j], g = ws[2 * H + j], o = ws[3 * H + j], tc = tanh_(ws[4 * H + j]);
+    const T dct = dc[j] + gh * o * (T(1) - tc * tc);  // through h = o ⊙ tanh(c), plus the later steps'
+    dg[j] = dct * g * i * (T(1) - i);
+    dg[H + j] = dct * cp[j] * f * (T(1) - f);
+    dg[2 * H + j] = dct * i * (T(1) - g * g);
+    dg[3 * H + j] = gh * tc * o * (T(1) - o);
+    dc[j] = dct * f;
+  }
+}
+
 // The forward's arguments, before any buffer is sized from them: every row the loops read must exist (an h0 of
 // another batch, a w_hh of another width or a missing b_hh would otherwise be read out of bounds).
 void check(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
-           const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh, int64_t mode) {
-  TORCH_CHECK(mode == kTanh || mode == kRelu || mode == kGru, "mode must be 0 (tanh), 1 (relu) or 2 (GRU), got ",
-              mode);
+           const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh, int64_t mode,
+           const std::optional<at::Tensor>& c0) {
+  TORCH_CHECK(mode == kTanh || mode == kRelu || mode == kGru || mode == kLstm,
+              "mode must be 0 (tanh), 1 (relu), 2 (GRU) or 3 (LSTM), got ", mode);
   TORCH_CHECK(x.dim() == 3 && h0.dim() == 2, "expected x (t, b, in) and h0 (b, H), got x ", x.sizes(), " and h0 ",
               h0.sizes());
   TORCH_CHECK(h0.size(0) == x.size(1), "h0 must be (b, H) with x's batch b = ", x.size(1), ", got ", h0.sizes());
-  const int64_t H = h0.size(1), G = (mode == kGru ? 3 : 1) * H;
+  const int64_t H = h0.size(1), G = n_gates(mode) * H;
+  TORCH_CHECK(c0.has_value() == (mode == kLstm), "the LSTM takes a cell state c0 and the other modes none");
+  TORCH_CHECK(!c0.has_value() || c0->sizes() == h0.sizes(), "c0 must be h0's shape ", h0.sizes(), ", got ",
+              c0.has_value() ? c0->sizes() : h0.sizes());
   TORCH_CHECK(w_ih.dim() == 2 && w_ih.size(0) == G && w_ih.size(1) == x.size(2), "w_ih must be (G, in) = (", G,
               ", ", x.size(2), "), got ", w_ih.sizes());
   TORCH_CHECK(w_hh.dim() == 2 && w_hh.size(0) == G && w_hh.size(1) == H, "w_hh must be (G, H) = (", G, ", ", H,
@@ -163,6 +211,7 @@ void check(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, co
               "seqlab's recurrent kernel takes float32 or float64, got ", x.scalar_type());
   std::vector<const at::Tensor*> all = {&x, &h0, &w_ih, &w_hh};
   if (b_ih.has_value()) all.insert(all.end(), {&*b_ih, &*b_hh});
+  if (c0.has_value()) all.push_back(&*c0);
   for (const auto* t : all) {
     TORCH_CHECK(t->device().is_cpu(), "seqlab's recurrent kernel runs on CPU tensors only, got ", t->device());
     TORCH_CHECK(t->scalar_type() == x.scalar_type(), "x, h0, the weights and the biases must share one dtype, got ",
@@ -172,23 +221,28 @@ void check(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, co
 
 // The backward's arguments: what the forward returned for these inputs, and gradients of out's and h_n's shapes.
 void check_backward(const std::optional<at::Tensor>& grad_out, const std::optional<at::Tensor>& grad_hn,
+                    const std::optional<at::Tensor>& grad_cn,
                     const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
-                    const at::Tensor& out, const at::Tensor& ws, int64_t mode) {
-  check(x, h0, w_ih, w_hh, std::nullopt, std::nullopt, mode);
+                    const at::Tensor& out, const at::Tensor& ws, int64_t mode,
+                    const std::optional<at::Tensor>& c0) {
+  check(x, h0, w_ih, w_hh, std::nullopt, std::nullopt, mode, c0);
   const int64_t T = x.size(0), B = x.size(1), H = h0.size(1);
   TORCH_CHECK(out.sizes() == at::IntArrayRef({T, B, H}) && out.is_contiguous() &&
                   out.scalar_type() == x.scalar_type(),
               "out must be the forward's contiguous (t, b, H) = (", T, ", ", B, ", ", H, "), got ", out.sizes());
-  const int64_t saved = mode == kGru ? T : 0;
-  TORCH_CHECK(ws.sizes() == at::IntArrayRef({saved, B, 4 * H}) && ws.is_contiguous() &&
+  const int64_t saved = saved_width(mode) > 0 ? T : 0, width = std::max<int64_t>(saved_width(mode), 4) * H;
+  TORCH_CHECK(ws.sizes() == at::IntArrayRef({saved, B, width}) && ws.is_contiguous() &&
                   ws.scalar_type() == x.scalar_type(),
-              "ws must be the forward's saved gates (", saved, ", ", B, ", ", 4 * H, "), got ", ws.sizes());
+              "ws must be the forward's saved gates (", saved, ", ", B, ", ", width, "), got ", ws.sizes());
   TORCH_CHECK(!grad_out.has_value() ||
                   (grad_out->sizes() == out.sizes() && grad_out->scalar_type() == x.scalar_type()),
               "grad_out must have out's shape ", out.sizes(), " and dtype");
   TORCH_CHECK(!grad_hn.has_value() ||
                   (grad_hn->sizes() == h0.sizes() && grad_hn->scalar_type() == x.scalar_type()),
               "grad_hn must have h0's shape ", h0.sizes(), " and dtype");
+  TORCH_CHECK(!grad_cn.has_value() || (mode == kLstm && grad_cn->sizes() == h0.sizes() &&
+                                       grad_cn->scalar_type() == x.scalar_type()),
+              "grad_cn must be the LSTM's, of h0's shape ", h0.sizes(), " and dtype");
 }
 
 // A fresh buffer for O(t*b*H) data. Above a few MB the allocator hands out newly mapped memory, and on Linux
@@ -449,20 +503,23 @@ at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool
 
 }  // namespace
 
-// x (t, b, in), h0 (b, H) -> {out (t, b, H), ws, x}: ws is the GRU's saved gates (t, b, 4H), empty for the RNN;
-// x is the contiguous input that the backward needs (the argument itself when it already was).
+// x (t, b, in), h0 (b, H), the LSTM's c0 (b, H) -> {out (t, b, H), ws, x}: ws is the GRU's saved gates (t, b, 4H)
+// or the LSTM's gates and cell states (t, b, 5H; c_n is its last step's [4H, 5H) columns), empty for the RNN; x is
+// the contiguous input that the backward needs (the argument itself when it already was).
 std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor& h0_, const at::Tensor& w_ih,
                                           const at::Tensor& w_hh, const std::optional<at::Tensor>& b_ih,
-                                          const std::optional<at::Tensor>& b_hh, int64_t mode, bool reverse) {
+                                          const std::optional<at::Tensor>& b_hh, int64_t mode, bool reverse,
+                                          const std::optional<at::Tensor>& c0_) {
   seqlab_vec::FlushDenormals flush;  // the gate loops run on this thread: subnormals flushed (vec_math.h)
-  check(x_, h0_, w_ih, w_hh, b_ih, b_hh, mode);
+  check(x_, h0_, w_ih, w_hh, b_ih, b_hh, mode, c0_);
   const at::Tensor x = contiguous_buffer(x_), h0 = h0_.contiguous();
-  const int64_t T = x.size(0), B = x.size(1), H = h0.size(1), G = w_hh.size(0);
-  const bool gru = mode == kGru, has_bias = b_ih.has_value();
+  const at::Tensor c0 = c0_.has_value() ? c0_->contiguous() : at::Tensor();
+  const int64_t T = x.size(0), B = x.size(1), H = h0.size(1), G = w_hh.size(0), W = saved_width(mode) * H;
+  const bool gru = mode == kGru, lstm = mode == kLstm, has_bias = b_ih.has_value();
   // (H, G), made row-major once: MKL's product against a transposed view ran at 0.73x the rate per step
   // (122 against 168 GFLOP/s for (32, 256) x (256, 256) on one thread of an Intel Xeon)
   const at::Tensor w_hh_t = w_hh.t().contiguous();
-  // all steps' input projection at once; the RNN folds b_hh in here, the GRU keeps b_hn inside r ⊙ (...)
+  // all steps' input projection at once; the RNN and the LSTM fold b_hh in here, the GRU keeps b_hn inside r ⊙ (...)
   const at::Tensor x2 = x.view({T * B, x.size(2)});
   at::Tensor gx = scratch(kGx, {T * B, G}, x.options());  // (t*b, in) x (in, G) -> (t*b, G)
   const at::Tensor w_ih_t = w_ih.t().contiguous();  // (in, G), row-major for the same reason (126 -> 171 GFLOP/s)
@@ -478,12 +535,13 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
   }
   gx = gx.view({T, B, G});
   at::Tensor out = buffer({T, B, H}, x.options());
-  at::Tensor ws = buffer({gru ? T : 0, B, 4 * H}, x.options());
+  at::Tensor ws = buffer({W > 0 ? T : 0, B, std::max<int64_t>(W, 4 * H)}, x.options());
   at::Tensor gh = at::empty({B, G}, x.options());
   const at::Tensor b_step = gru && has_bias ? b_hh->contiguous() : at::Tensor();  // kept alive for its pointer
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "seqlab_recurrent_forward", [&] {
     // raw pointers for every buffer (contiguous and time-major); tensors only for MKL's products
     const scalar_t *h0p = h0.data_ptr<scalar_t>(), *gxp = gx.data_ptr<scalar_t>();
+    const scalar_t* c0p = lstm ? c0.data_ptr<scalar_t>() : nullptr;
     const scalar_t* whh = w_hh_t.data_ptr<scalar_t>();
     const scalar_t* bias = b_step.defined() ? b_step.data_ptr<scalar_t>() : nullptr;
     scalar_t *outp = out.data_ptr<scalar_t>(), *ghp = gh.data_ptr<scalar_t>();
@@ -492,21 +550,27 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
       const int64_t s = reverse ? T - 1 - k : k;
       const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
       scalar_t* hs = outp + s * B * H;
-      // W_hh h_{s-1} (+ b_hn): (b, H) x (H, G), into gh for the GRU, straight into out[s] for the RNN
+      // W_hh h_{s-1} (+ b_hn): (b, H) x (H, G), into gh for the GRU and the LSTM, straight into out[s] for the RNN
       if (small) {
-        small_product(hps, whh, bias, gru ? ghp : hs, B, H, G, false);
+        small_product(hps, whh, bias, gru || lstm ? ghp : hs, B, H, G, false);
       } else if (brg) {
-        brgemm_product(hps, whh, bias, gru ? ghp : hs, B, H, G, false);
+        brgemm_product(hps, whh, bias, gru || lstm ? ghp : hs, B, H, G, false);
       } else {
         const at::Tensor hp = previous(out, h0, s, reverse);
-        at::Tensor dst = gru ? gh : out[s];
+        at::Tensor dst = gru || lstm ? gh : out[s];
         if (bias) at::addmm_out(dst, *b_hh, hp, w_hh_t);
         else at::mm_out(dst, hp, w_hh_t);
       }
+      scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * W;
       if (gru) {
-        scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * 4 * H;
         for (int64_t i = 0; i < B; ++i)
-          gru_forward_row(gxp + (s * B + i) * G, ghp + i * G, hps + i * H, hs + i * H, wss + i * 4 * H, H);
+          gru_forward_row(gxp + (s * B + i) * G, ghp + i * G, hps + i * H, hs + i * H, wss + i * W, H);
+      } else if (lstm) {
+        // c_{s-1}: c0's rows (H apart) at the first step, else the previous step's saved c (W apart)
+        const scalar_t* cps = k == 0 ? c0p : wss + (reverse ? B : -B) * W + 4 * H;
+        const int64_t ci = k == 0 ? H : W;
+        for (int64_t i = 0; i < B; ++i)
+          lstm_forward_row(gxp + (s * B + i) * G, ghp + i * G, cps + i * ci, hs + i * H, wss + i * W, H);
       } else {
         rnn_forward_row(hs, gxp + s * B * G, B * H, mode == kRelu);
       }
@@ -534,13 +598,14 @@ void add_rows(const T* rows, int64_t B, int64_t G, int64_t c0, T* part, double* 
   for (int64_t j = c0; j < G; ++j) total[j] += part[j];
 }
 
-// The reverse loop: fills dgx, dgh (t, b, G) and returns dL/dh0; with sums (G,) float64 each, adds dgh's column
-// sums into sums[0] and, for the GRU, the n gate's columns of dgx into sums[1] (its r and z columns equal dgh's)
-at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& h0, const at::Tensor& w_hh,
-                         const at::Tensor& out, const at::Tensor& ws, at::Tensor& dgx, at::Tensor& dgh,
-                         int64_t mode, bool reverse, double* sums[2]) {
-  const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
-  const bool gru = mode == kGru;
+// The reverse loop: fills dgx, dgh (t, b, G) and returns dL/dh0 (the LSTM's dc, dL/dc_n on entry, becomes
+// dL/dc0); with sums (G,) float64 each, adds dgh's column sums into sums[0] and, for the GRU, the n gate's columns
+// of dgx into sums[1] (its r and z columns equal dgh's)
+at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, const at::Tensor& h0,
+                         const at::Tensor& c0, const at::Tensor& w_hh, const at::Tensor& out, const at::Tensor& ws,
+                         at::Tensor& dgx, at::Tensor& dgh, int64_t mode, bool reverse, double* sums[2]) {
+  const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0), W = saved_width(mode) * H;
+  const bool gru = mode == kGru, lstm = mode == kLstm;
   const at::Tensor w = w_hh.contiguous();
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "seqlab_recurrent_backward", [&] {
     const scalar_t *outp = out.data_ptr<scalar_t>(), *h0p = h0.data_ptr<scalar_t>(), *wp = w.data_ptr<scalar_t>();
@@ -550,16 +615,16 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
     std::vector<scalar_t> part(G);
     for (int64_t k = T - 1; k >= 0; --k) {
       const int64_t s = reverse ? T - 1 - k : k;
-      // out, dgh, dgx, ws contiguous, time-major; the GRU's go rows may lie apart (recurrent_backward)
+      // out, dgh, dgx, ws contiguous, time-major; the GRU's and the LSTM's go rows may lie apart (recurrent_backward)
       const scalar_t* gos = go.data_ptr<scalar_t>() + s * go.stride(0);
       const int64_t gi = go.stride(1);
       scalar_t *dhs = dh.data_ptr<scalar_t>(), *dghs = dghp + s * B * G;
       const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
       if (gru) {
-        const scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * 4 * H;
+        const scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * W;
         scalar_t* dgxs = dgxp + s * B * G;
         for (int64_t i = 0; i < B; ++i)
-          gru_backward_row(gos + i * gi, wss + i * 4 * H, hps + i * H, dhs + i * H, dgxs + i * G, dghs + i * G, H);
+          gru_backward_row(gos + i * gi, wss + i * W, hps + i * H, dhs + i * H, dgxs + i * G, dghs + i * G, H);
         if (sums[0]) {
           add_rows(static_cast<const scalar_t*>(dghs), B, G, 0, part.data(), sums[0]);
           add_rows(static_cast<const scalar_t*>(dgxs), B, G, 2 * H, part.data(), sums[1]);
@@ -568,6 +633,19 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
         if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, G, H, true);
         else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, G, H, true);
         else dh.addmm_(dgh[s], w_hh);
+      } else if (lstm) {
+        const scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * W;
+        const scalar_t* cps = k == 0 ? c0.data_ptr<scalar_t>() : wss + (reverse ? B : -B) * W + 4 * H;
+        const int64_t ci = k == 0 ? H : W;
+        scalar_t* dcs = dc.data_ptr<scalar_t>();
+        for (int64_t i = 0; i < B; ++i)
+          lstm_backward_row(gos + i * gi, wss + i * W, cps + i * ci, static_cast<const scalar_t*>(dhs + i * H),
+                            dcs + i * H, dghs + i * G, H);
+        if (sums[0]) add_rows(static_cast<const scalar_t*>(dghs), B, G, 0, part.data(), sums[0]);
+        // dL/dh_{s-1} = dgates[s] W_hh: (b, 4H) x (4H, H) -> (b, H)
+        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, G, H, false);
+        else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, G, H, false);
+        else at::mm_out(dh, dgh[s], w_hh);
       } else {
         rnn_backward_row(gos, outp + s * B * H, dhs, dghs, B * H, mode == kRelu);  // go contiguous: one span
         if (sums[0]) add_rows(static_cast<const scalar_t*>(dghs), B, G, 0, part.data(), sums[0]);
@@ -584,32 +662,38 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, const at::Tensor& 
 
 }  // namespace
 
-// -> {dx (t, b, in) or undefined, dh0 (b, H), dW_ih, dW_hh, db_ih, db_hh (undefined without bias)}. dx_like: the
-// input as the caller holds it (undefined: no dx wanted); through brgemm, dx takes its strides (a batch-first x's
-// gradient then arrives contiguous), else dx is contiguous.
+// -> {dx (t, b, in) or undefined, dh0 (b, H), dW_ih, dW_hh, db_ih, db_hh (undefined without bias), dc0 (the
+// LSTM's; undefined for the others)}. dx_like: the input as the caller holds it (undefined: no dx wanted); through
+// brgemm, dx takes its strides (a batch-first x's gradient then arrives contiguous), else dx is contiguous.
 std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad_out,
-                                           const std::optional<at::Tensor>& grad_hn, const at::Tensor& x,
+                                           const std::optional<at::Tensor>& grad_hn,
+                                           const std::optional<at::Tensor>& grad_cn, const at::Tensor& x,
                                            const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                            const at::Tensor& out, const at::Tensor& ws, int64_t mode, bool reverse,
-                                           bool has_bias, const std::optional<at::Tensor>& dx_like) {
+                                           bool has_bias, const std::optional<at::Tensor>& dx_like,
+                                           const std::optional<at::Tensor>& c0) {
   seqlab_vec::FlushDenormals flush;  // as in recurrent_forward
-  check_backward(grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, mode);
+  check_backward(grad_out, grad_hn, grad_cn, x, h0, w_ih, w_hh, out, ws, mode, c0);
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
-  // dL/dout: the GRU's gate loop runs row by row and reads the rows where they are (a batch-first dL/dout needs
+  // dL/dout: the GRU's and the LSTM's gate loops run row by row and read the rows where they are (a batch-first dL/dout needs
   // no copy: 1% of its fwd + bwd at b 32, t 100, H 256); the RNN's runs over a step's b*H values as one span, which
   // a contiguous copy buys (row by row it lost 2% at b 8, H 40)
-  const bool rows_ok = grad_out.has_value() && grad_out->stride(2) == 1 && (mode == kGru || grad_out->is_contiguous());
+  const bool rows_ok =
+      grad_out.has_value() && grad_out->stride(2) == 1 && (mode >= kGru || grad_out->is_contiguous());
   const at::Tensor go = !grad_out.has_value() ? at::zeros_like(out)
                         : rows_ok             ? *grad_out
                                               : contiguous_scratch(kGo, *grad_out);
   at::Tensor dh = grad_hn.has_value() ? grad_hn->contiguous().clone() : at::zeros({B, H}, out.options());
   at::Tensor dgh = scratch(kDgh, {T, B, G}, out.options());
-  at::Tensor dgx = mode == kGru ? scratch(kDgx, {T, B, G}, out.options()) : dgh;  // the RNN's are the same
+  at::Tensor dgx = mode == kGru ? scratch(kDgx, {T, B, G}, out.options()) : dgh;  // the RNN's, the LSTM's: the same
   const bool fused_sums = has_bias && !small_steps(B, H, G, brgemm_for(out));
   at::Tensor bias_sums = at::zeros({fused_sums ? 2 : 0, G}, out.options().dtype(at::kDouble));
   double* sums[2] = {nullptr, nullptr};
   if (fused_sums) sums[0] = bias_sums.data_ptr<double>(), sums[1] = sums[0] + G;
-  const at::Tensor dh0 = backward_loop(go, dh, h0.contiguous(), w_hh, out, ws, dgx, dgh, mode, reverse, sums);
+  const bool lstm = mode == kLstm;
+  at::Tensor dc = !lstm ? at::Tensor() : grad_cn.has_value() ? grad_cn->contiguous().clone() : at::zeros_like(dh);
+  const at::Tensor c0c = lstm ? c0->contiguous() : at::Tensor();
+  const at::Tensor dh0 = backward_loop(go, dh, dc, h0.contiguous(), c0c, w_hh, out, ws, dgx, dgh, mode, reverse, sums);
   // weight, bias and input gradients: one matmul (or sum) each over all t*b rows
   const at::Tensor dgx2 = dgx.view({T * B, G}), dgh2 = dgh.view({T * B, G});
   const at::Tensor x2 = x.contiguous().view({T * B, x.size(2)});
@@ -645,10 +729,11 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
     db_hh = fused_sums ? bias_sums[0].to(out.scalar_type()) : dgh2.sum(0);
     db_ih = mode != kGru ? db_hh.clone() : fused_sums ? bias_sums[1].to(out.scalar_type()) : dgx2.sum(0);
   }
-  return {dx, dh0, dw_ih, dw_hh, db_ih, db_hh};
+  return {dx, dh0, dw_ih, dw_hh, db_ih, db_hh, dc};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &recurrent_forward, "one recurrent layer, one direction: x (t, b, in), h0 (b, H) -> out, ws");
-  m.def("backward", &recurrent_backward, "gradients of forward, given dL/dout and dL/dh_n");
+  m.def("forward", &recurrent_forward,
+        "one recurrent layer, one direction: x (t, b, in), h0 (b, H) (and the LSTM's c0 (b, H)) -> out, ws, x");
+  m.def("backward", &recurrent_backward, "gradients of forward, given dL/dout, dL/dh_n and the LSTM's dL/dc_n");
 }

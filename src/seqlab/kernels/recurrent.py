@@ -1,8 +1,9 @@
-r"""Fused CPU kernels for one layer, one direction of a tanh/ReLU RNN or a GRU (the C++ is ``recurrent.cpp``).
+r"""Fused CPU kernels for one layer, one direction of a tanh/ReLU RNN, a GRU or an LSTM (the C++ is
+``recurrent.cpp``).
 
-Notation: ``t`` time, ``b`` batch, ``H`` hidden size, ``G`` = gates × H (H for the RNN, 3H for the GRU).
-Everything here is time-major: x (t, b, in), out (t, b, H); the equations, parameter layout and gate order
-[r, z, n] are torch.nn's (see ``seqlab.layers.recurrent``).
+Notation: ``t`` time, ``b`` batch, ``H`` hidden size, ``G`` = gates × H (H for the RNN, 3H for the GRU, 4H for
+the LSTM). Everything here is time-major: x (t, b, in), out (t, b, H); the equations, parameter layout and gate
+orders [r, z, n] and [i, f, g, o] are torch.nn's (see ``seqlab.layers.recurrent``). The LSTM carries (h, c).
 
     forward   gx = x W_ih^T + b_ih                          one matmul over all t*b rows
               per step: W_hh h_{s-1} (+ b_hh) as one matmul, then one fused loop over the gates -> h_s
@@ -15,7 +16,7 @@ cores) and cached across processes in ``$TORCH_EXTENSIONS_DIR/seqlab``, else ``$
 (``~/.cache/seqlab/kernels``), in a folder named after the instruction set and a hash of the source and flags,
 so an edited source builds afresh. ``build_info()`` says how long the build (or the cached load) took. When
 the kernel cannot be built, ``load_recurrent_kernel()`` warns once and returns None, and the layers keep
-torch.nn's fused kernels.
+torch.nn's fused kernels (oneDNN's for the LSTM).
 
 Float32 uses a vectorizable polynomial exp for σ and tanh (absolute error below 1e-7); float64 uses the C
 library's exp and tanh, so it matches torch.nn to rounding.
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 __all__ = [
+    "GATES",
     "MODES",
     "build_info",
     "check_layer_args",
@@ -42,14 +44,15 @@ __all__ = [
     "recurrent_layer_ref",
 ]
 
-MODES = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2}  # the layer's mode -> the kernel's
+MODES = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2, "LSTM": 3}  # the layer's mode -> the kernel's
+GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "GRU": 3, "LSTM": 4}  # G / H
 EXTENSION = CppExtension(
     "recurrent",
     "fused recurrent kernel",
-    "GRU and RNN use torch.nn's fused kernels instead",
+    "GRU, RNN and LSTM use torch.nn's fused kernels instead",
     headers=("vec_math.h",),
     openmp=True,  # the larger steps' brgemm calls, one per thread
-    label="GRU / RNN",
+    label="GRU / RNN / LSTM",
 )
 
 
@@ -67,32 +70,39 @@ class _RecurrentLayer(torch.autograd.Function):
     """One layer, one direction, through the compiled kernel; the backward is the kernel's own."""
 
     @staticmethod
-    def forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, mode: int, reverse: bool):
+    def forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode: int, reverse: bool):
+        """-> out (t, b, H), h_n (b, H), and for the LSTM (c0 given) c_n (b, H)."""
         kernel = load_recurrent_kernel()
         x_in, h0_in = x, h0  # as given: a double backward differentiates the reference through them
         h0 = h0.contiguous()
-        out, ws, x = kernel.forward(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse)  # (t, b, H), gates, x
-        ctx.save_for_backward(x, h0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh)
+        out, ws, x = kernel.forward(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, c0)  # (t, b, H), saved, x
+        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh)
         ctx.mode, ctx.reverse, ctx.has_bias = mode, reverse, b_ih is not None
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: the kernel skips it
-        h_n = out[0 if reverse else -1].clone()  # (b, H): the state after the last step of the recurrence
-        return out, h_n
+        last = 0 if reverse else -1  # the last step of the recurrence
+        h_n = out[last].clone()  # (b, H)
+        if c0 is None:
+            return out, h_n
+        return out, h_n, ws[last, :, 4 * h0.size(1) :].clone()  # c_n: the saved c of the last step
 
     @staticmethod
-    def backward(ctx, grad_out, grad_hn):
-        x, h0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh = ctx.saved_tensors
+    def backward(ctx, grad_out, grad_hn, grad_cn=None):
+        x, h0, c0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients that autograd can differentiate again
-            return _backward_through_ref(ctx, (x_in, h0_in, w_ih, w_hh, b_ih, b_hh), grad_out, grad_hn)
-        return _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, x_in)
+            inputs = (x_in, h0_in, c0, w_ih, w_hh, b_ih, b_hh)
+            return _backward_through_ref(ctx, inputs, (grad_out, grad_hn, grad_cn))
+        return _backward_kernel(ctx, (grad_out, grad_hn, grad_cn), x, h0, c0, w_ih, w_hh, out, ws, x_in)
 
 
-def _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, x_in):
+def _backward_kernel(ctx, grads, x, h0, c0, w_ih, w_hh, out, ws, x_in):
     """The kernel's own first-order backward (grad mode is off): the adjoint recurrence, fused. dL/dx comes in
     x_in's layout where the kernel can write it so (no copy when autograd adds it to a batch-first input's)."""
     need_dx = ctx.needs_input_grad[0]
-    dx, dh0, dw_ih, dw_hh, db_ih, db_hh = EXTENSION.load(even_if_disabled=True).backward(
+    grad_out, grad_hn, grad_cn = grads
+    dx, dh0, dw_ih, dw_hh, db_ih, db_hh, dc0 = EXTENSION.load(even_if_disabled=True).backward(
         grad_out,
         grad_hn,
+        grad_cn,
         x,
         h0,
         w_ih,
@@ -103,25 +113,39 @@ def _backward_kernel(ctx, grad_out, grad_hn, x, h0, w_ih, w_hh, out, ws, x_in):
         ctx.reverse,
         ctx.has_bias,
         x_in if need_dx else None,
+        c0,
     )
     biases = (db_ih, db_hh) if ctx.has_bias else (None, None)
-    return (dx if need_dx else None), dh0, dw_ih, dw_hh, *biases, None, None
+    return (
+        (dx if need_dx else None),
+        dh0,
+        (dc0 if c0 is not None else None),
+        dw_ih,
+        dw_hh,
+        *biases,
+        None,
+        None,
+    )
 
 
-def _backward_through_ref(ctx, inputs, grad_out, grad_hn):
+def _backward_through_ref(ctx, inputs, grads):
     """A differentiable backward (double backward, gradient penalties): recompute the layer with
     :func:`recurrent_layer_ref` on the same inputs and let autograd build the gradients' own graph."""
     names = {v: k for k, v in MODES.items()}
+    x, h0, c0, *params = inputs
     wanted = [t for t, need in zip(inputs, ctx.needs_input_grad, strict=False) if need]
     with torch.enable_grad():
-        out, h_n = recurrent_layer_ref(*inputs, names[ctx.mode], ctx.reverse)
-        pairs = [(o, g) for o, g in ((out, grad_out), (h_n, grad_hn)) if g is not None]
+        out, state = recurrent_layer_ref(
+            x, h0 if c0 is None else (h0, c0), *params, names[ctx.mode], ctx.reverse
+        )
+        outputs = (out, *(state if c0 is not None else (state,)))
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=False) if g is not None]
         grads = iter(
             torch.autograd.grad(
                 [o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True, allow_unused=True
             )
         )
-    return (*(next(grads) if need else None for need in ctx.needs_input_grad[:6]), None, None)
+    return (*(next(grads) if need else None for need in ctx.needs_input_grad[:7]), None, None)
 
 
 def _shape(v) -> str:
@@ -131,8 +155,8 @@ def _shape(v) -> str:
 def check_layer_args(x, h0, w_ih, w_hh, b_ih, b_hh, mode) -> None:
     """A ValueError naming the expected and the given unless the arguments are what :func:`recurrent_layer`'s
     kernel reads: ``mode`` one of :data:`MODES`; x (t, b, in) with t >= 1, float32 or float64 on the CPU; h0
-    (b, H); w_ih (G, in), w_hh (G, H) with G = 3H for the GRU and H for the RNN; both biases (G,) or both None;
-    all of x's dtype and device. Shapes and dtypes only: no value is read."""
+    (b, H), for the LSTM a pair (h0, c0) of that shape; w_ih (G, in), w_hh (G, H) with G = :data:`GATES` x H;
+    both biases (G,) or both None; all of x's dtype and device. Shapes and dtypes only: no value is read."""
     if mode not in MODES:
         raise ValueError(f"recurrent_layer: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     if not isinstance(x, Tensor) or x.dim() != 3 or x.size(0) == 0:
@@ -147,10 +171,23 @@ def check_layer_args(x, h0, w_ih, w_hh, b_ih, b_hh, mode) -> None:
             f"recurrent_layer: give both biases b_ih and b_hh or neither, got {given} and {missing}=None"
         )
     b = x.size(1)
-    if not isinstance(h0, Tensor) or h0.dim() != 2 or h0.size(0) != b:
-        raise ValueError(f"recurrent_layer: h0 must be (b, H) with x's batch b = {b}, got {_shape(h0)}")
+    states = {"h0": h0}
+    if mode == "LSTM":
+        if not isinstance(h0, tuple | list) or len(h0) != 2:
+            raise ValueError(f"recurrent_layer: the LSTM's state must be a pair (h0, c0), got {_shape(h0)}")
+        states = {"h0": h0[0], "c0": h0[1]}
+    for name, v in states.items():
+        if not isinstance(v, Tensor) or v.dim() != 2 or v.size(0) != b:
+            raise ValueError(
+                f"recurrent_layer: {name} must be (b, H) with x's batch b = {b}, got {_shape(v)}"
+            )
+    h0 = states["h0"]
     H = h0.size(1)
-    G = (3 if mode == "GRU" else 1) * H
+    if "c0" in states and states["c0"].shape != h0.shape:
+        raise ValueError(
+            f"recurrent_layer: c0 must be h0's shape {tuple(h0.shape)}, got {_shape(states['c0'])}"
+        )
+    G = GATES[mode] * H
     expected = {"w_ih": (G, x.size(2)), "w_hh": (G, H), "b_ih": (G,), "b_hh": (G,)}
     for name, v in zip(expected, (w_ih, w_hh, b_ih, b_hh), strict=True):
         if v is None:
@@ -161,7 +198,7 @@ def check_layer_args(x, h0, w_ih, w_hh, b_ih, b_hh, mode) -> None:
                 f"recurrent_layer: {name} must be {layout} = {expected[name]} for {mode} with H = {H} "
                 f"(h0's width), got {_shape(v)}"
             )
-    for name, v in (("h0", h0), ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih), ("b_hh", b_hh)):
+    for name, v in (*states.items(), ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih), ("b_hh", b_hh)):
         if v is not None and (v.dtype != x.dtype or v.device != x.device):
             raise ValueError(
                 f"recurrent_layer: {name} must have x's dtype and device ({x.dtype}, {x.device}), "
@@ -171,18 +208,19 @@ def check_layer_args(x, h0, w_ih, w_hh, b_ih, b_hh, mode) -> None:
 
 def recurrent_layer(
     x: Tensor,
-    h0: Tensor,
+    h0: Tensor | tuple[Tensor, Tensor],
     w_ih: Tensor,
     w_hh: Tensor,
     b_ih: Tensor | None,
     b_hh: Tensor | None,
     mode: str,
     reverse: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """x (t, b, in), h0 (b, H) -> out (t, b, H), h_n (b, H), differentiable in every tensor argument.
+) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
+    """x (t, b, in), h0 (b, H) -> out (t, b, H), h_n (b, H), differentiable in every tensor argument; for the
+    LSTM the state is a pair, (h0, c0) -> out, (h_n, c_n), as torch.nn's LSTM carries it.
 
-    ``mode`` is the layer's ('RNN_TANH', 'RNN_RELU' or 'GRU'); the weights are torch.nn's, (G, in) and (G, H),
-    the biases (G,) or both None. ``reverse`` runs the recurrence from the last step to the first (the
+    ``mode`` is the layer's ('RNN_TANH', 'RNN_RELU', 'GRU' or 'LSTM'); the weights are torch.nn's, (G, in) and
+    (G, H), the biases (G,) or both None. ``reverse`` runs the recurrence from the last step to the first (the
     backward direction of a bidirectional layer). The backward is the kernel's own; a backward with
     ``create_graph=True`` (double backward) recomputes the layer with :func:`recurrent_layer_ref` instead, so
     second derivatives are exact too, at the reference's speed.
@@ -190,29 +228,36 @@ def recurrent_layer(
     check_layer_args(x, h0, w_ih, w_hh, b_ih, b_hh, mode)
     if load_recurrent_kernel() is None:
         raise RuntimeError(f"seqlab's recurrent kernel is not available: {build_info()['error']}")
-    return _RecurrentLayer.apply(x, h0, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)
+    if mode != "LSTM":
+        return _RecurrentLayer.apply(x, h0, None, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)
+    out, h_n, c_n = _RecurrentLayer.apply(x, *h0, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)
+    return out, (h_n, c_n)
 
 
 def recurrent_layer_ref(
     x: Tensor,
-    h0: Tensor,
+    h0: Tensor | tuple[Tensor, Tensor],
     w_ih: Tensor,
     w_hh: Tensor,
     b_ih: Tensor | None,
     b_hh: Tensor | None,
     mode: str,
     reverse: bool = False,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
     """``recurrent_layer`` in plain PyTorch (a loop over time, autograd for the backward), for tests."""
     gx = torch.nn.functional.linear(x, w_ih, b_ih)  # (t, b, in) x (in, G) -> (t, b, G)
-    h, outs = h0, [None] * x.size(0)
+    (h, c), outs = (h0 if mode == "LSTM" else (h0, None)), [None] * x.size(0)
     for s in range(x.size(0) - 1, -1, -1) if reverse else range(x.size(0)):
         gh = torch.nn.functional.linear(h, w_hh, b_hh)  # (b, H) x (H, G) -> (b, G)
         if mode == "GRU":
             (x_r, x_z, x_n), (h_r, h_z, h_n) = gx[s].chunk(3, 1), gh.chunk(3, 1)
             r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
             h = torch.lerp(torch.tanh(x_n + r * h_n), h, z)  # (1 - z) ⊙ n + z ⊙ h
+        elif mode == "LSTM":
+            i, f, g, o = (gx[s] + gh).chunk(4, 1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
         else:
             h = torch.relu(gx[s] + gh) if mode == "RNN_RELU" else torch.tanh(gx[s] + gh)
         outs[s] = h
-    return torch.stack(outs), h
+    return torch.stack(outs), ((h, c) if mode == "LSTM" else h)

@@ -14,10 +14,10 @@ On top of torch.nn:
   Padded batches are exact without sorting or packing by hand: the numbers equal ``pack_padded_sequence``
   through ``torch.nn``, and each sequence's outputs and final state equal those of the sequence run alone.
 * ``init_state(batch_size, *, device=None, dtype=None)`` and ``step(x_t, state)``: one position at a time.
-* Two paths (``seqlab.layers.fastpath``). The fast path runs GRU and RNN on CPU through seqlab's fused kernel
-  (``seqlab.kernels.recurrent``, compiled on first use; ``why_not_kernel`` says
-  when it is not used) and everything else (the LSTM, CUDA, padded batches, a failed build) through
-  PyTorch's fused recurrent kernels, the ones ``torch.nn`` calls. The reference path (``forward_ref``, or
+* Two paths (``seqlab.layers.fastpath``). The fast path runs RNN, GRU and LSTM on CPU through seqlab's fused
+  kernel (``seqlab.kernels.recurrent``, compiled on first use; ``why_not_kernel`` says when it is not used)
+  and everything else (CUDA, padded batches, a failed build) through PyTorch's fused recurrent kernels, the
+  ones ``torch.nn`` calls (oneDNN's for the LSTM on CPU). The reference path (``forward_ref``, or
   ``fast_path=False``) is the equations below written as a loop over time; ``why_not_fast_path`` says why
   the fast path is not taken.
 

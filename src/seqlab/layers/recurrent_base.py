@@ -3,8 +3,8 @@ r"""The machinery shared by seqlab's RNN, LSTM and GRU (``seqlab.layers.recurren
 Notation: ``b`` batch, ``t`` time, ``H`` hidden size, ``L`` layers, ``D`` directions (1 or 2), ``G`` gates.
 
 Parameters are torch.nn's (``weight_ih_l{k}[_reverse]`` ...), the state is torch.nn's ``(L * D, b, H)``.
-Two paths (``seqlab.layers.fastpath``): ``_forward_fast`` runs seqlab's fused CPU kernel for the GRU and the RNN
-(``seqlab.kernels.recurrent``; ``why_not_kernel`` says when it cannot) and otherwise the fused kernel that
+Two paths (``seqlab.layers.fastpath``): ``_forward_fast`` runs seqlab's fused CPU kernel for the GRU, the RNN and
+the LSTM (``seqlab.kernels.recurrent``; ``why_not_kernel`` says when it cannot) and otherwise the fused kernel that
 torch.nn calls (through ``pack_padded_sequence`` when some sequence is padded); ``_forward_ref`` loops over
 time, holding the state at padded positions.
 """
@@ -244,10 +244,10 @@ class RNNBase(FastPathMixin, nn.Module):
         return self._finish(*self._forward_ref(x, state, lengths), unbatched)
 
     def why_not_kernel(self, x: Tensor, lengths: Tensor | None = None) -> str | None:
-        """Why the fast path would call torch.nn's fused kernel rather than seqlab's (GRU and RNN on CPU), or
-        None when it calls seqlab's."""
+        """Why the fast path would call torch.nn's fused kernel rather than seqlab's (on CPU), or None when it
+        calls seqlab's."""
         if self.mode not in MODES:
-            return "seqlab's recurrent kernel covers GRU and RNN; the LSTM's fast path is torch.nn's (oneDNN)"
+            return f"seqlab's recurrent kernel covers {', '.join(MODES)}, not {self.mode}"
         if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
             return f"seqlab's recurrent kernel takes float32 or float64 on CPU, got {x.dtype} on {x.device}"
         if lengths is not None:
@@ -288,22 +288,25 @@ class RNNBase(FastPathMixin, nn.Module):
         final = tuple(s.index_select(1, packed.unsorted_indices) for s in res[1:])
         return out, (final if self.mode == "LSTM" else final[0])
 
-    def _forward_kernel(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    def _forward_kernel(self, x: Tensor, state: State) -> tuple[Tensor, State]:
         """seqlab's CPU kernel, one layer and one direction at a time; dropout between layers as torch.nn."""
         x = x.transpose(0, 1) if self.batch_first else x  # (t, b, in): the kernel is time-major
+        lstm = self.mode == "LSTM"
         finals = []
         for layer in range(self.num_layers):
             outs = []
             for d in range(self.num_directions):
                 params = self._layer_params(layer, reverse=d == 1)
                 k = layer * self.num_directions + d
-                y, h_n = recurrent_layer(x, state[k], *params, self.mode, reverse=d == 1)  # (t, b, H), (b, H)
+                s0 = (state[0][k], state[1][k]) if lstm else state[k]  # (b, H), or the LSTM's (h, c)
+                y, s_n = recurrent_layer(x, s0, *params, self.mode, reverse=d == 1)  # (t, b, H), like s0
                 outs.append(y)
-                finals.append(h_n)
+                finals.append(s_n if lstm else (s_n,))
             x = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # (t, b, D * H)
             if layer < self.num_layers - 1 and self.dropout > 0:
                 x = F.dropout(x, self.dropout, self.training)
-        return (x.transpose(0, 1) if self.batch_first else x), torch.stack(finals)  # state (L * D, b, H)
+        new = tuple(torch.stack(part) for part in zip(*finals, strict=True))  # each (L * D, b, H)
+        return (x.transpose(0, 1) if self.batch_first else x), (new if lstm else new[0])
 
     def _forward_ref(self, x: Tensor, state: State, lengths: Tensor | None) -> tuple[Tensor, State]:
         x = x.transpose(0, 1) if self.batch_first else x  # (t, b, in): the loop walks the leading dimension
