@@ -1,5 +1,5 @@
 """minGRU and causal linear attention on the CPU: their C++ recurrences against their parallel forms and loops,
-beside the LSTM and GRU.
+beside the LSTM, GRU and Mamba.
 
 Three paths of each mixer, timed alternately in one process:
 
@@ -9,9 +9,9 @@ Three paths of each mixer, timed alternately in one process:
   minGRU's log-space scan through ``torch.logcumsumexp``, linear attention's chunked form, what runs on a GPU;
 * ``loop``: ``forward_ref``, the equations one position at a time;
 
-beside ``create_mixer("lstm")`` (torch's fused oneDNN kernel) and ``create_mixer("gru")`` (seqlab's recurrent
-kernel) of the same width, and in the LM setting beside the Mamba LM (the selective-scan, causal-conv and
-LayerNorm kernels). Two settings: the mixer alone, forward + backward, at ``docs/adding-a-mixer.md``'s
+beside ``create_mixer("lstm")`` and ``create_mixer("gru")`` of the same width (seqlab's recurrent kernel; the
+LSTM also with that kernel switched off, through torch's fused oneDNN kernel), and in the LM setting beside the
+Mamba LM (the selective-scan, causal-conv and LayerNorm kernels). Two settings: the mixer alone, forward + backward, at ``docs/adding-a-mixer.md``'s
 step-cost shape (b 32, t 128, d 72, one thread); and whole training steps (forward, backward, AdamW) of the lab's
 systems-row LMs (``seqlab compare``'s quick suite: batch 8, t 1024, torch's default threads), as the lab times them.
 
@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 from common import alternate, report
-from seqlab.kernels import linear_attention, mingru_scan
+from seqlab.kernels import linear_attention, mingru_scan, recurrent
 from seqlab.lab.budget import build_lab_model
 from seqlab.lab.report import cpu_name
 from seqlab.lab.suite import QUICK
@@ -72,12 +72,14 @@ def mixer_rows(b: int, t: int, d: int, repeats: int) -> list[str]:
             fns[f"{label}, kernel"] = step(m)
             fns[f"{label}, {parallel}"] = kernel_off(kernel, step(m))
             fns[f"{label}, loop"] = step(m.forward_ref)
-        fns["LSTM (oneDNN)"] = step(create_mixer("lstm", d))
+        lstm = create_mixer("lstm", d)
+        fns["LSTM (seqlab's kernel)"] = step(lstm)
+        fns["LSTM (oneDNN)"] = kernel_off("recurrent", step(lstm))
         fns["GRU (seqlab's kernel)"] = step(create_mixer("gru", d))
         times = {n: statistics.median(v) for n, v in alternate(fns, repeats).items()}
     finally:
         torch.set_num_threads(threads)
-    lstm_s = times["LSTM (oneDNN)"]
+    lstm_s = times["LSTM (seqlab's kernel)"]
     return [f"| {n} | {s * 1e3:.1f} | {s / lstm_s:.2f} |" for n, s in times.items()]
 
 
@@ -100,7 +102,8 @@ def lm_rows(t: int, repeats: int) -> list[str]:
     for mixer, (label, kernel, parallel) in KERNELS.items():
         fns[f"{label} LM, kernel"] = step(mixer)
         fns[f"{label} LM, {parallel}"] = kernel_off(kernel, step(mixer))
-    fns["LSTM LM"], fns["GRU LM"], fns["Mamba LM"] = step("lstm"), step("gru"), step("mamba")
+    fns["LSTM LM"], fns["LSTM LM, oneDNN"] = step("lstm"), kernel_off("recurrent", step("lstm"))
+    fns["GRU LM"], fns["Mamba LM"] = step("gru"), step("mamba")
     times = {n: statistics.median(v) for n, v in alternate(fns, repeats).items()}
     lstm_s = times["LSTM LM"]
     return [f"| {n} | {BATCH_SIZE * t / s:,.0f} | {lstm_s / s:.2f} |" for n, s in times.items()]
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     kept = keep_freed_memory()  # as `seqlab compare` and `seqlab train` run
     repeats, t_mixer, t_lm = (3, 32, 128) if args.quick else (args.repeats, 128, 1024)
     builds = []
-    for module in (mingru_scan, linear_attention):
+    for module in (mingru_scan, linear_attention, recurrent):
         module.EXTENSION.load()
         info = module.EXTENSION.build_info() or {}
         how = "loaded from the cache" if info.get("cached") else "built"

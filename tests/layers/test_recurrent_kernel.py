@@ -323,6 +323,27 @@ def test_whole_sequence_products_and_fused_bias_sums_match_torch_nn(kind, thread
     assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-4, rtol=1e-4)
 
 
+@needs_compiler
+@pytest.mark.parametrize("kind", ["gru", "rnn_tanh", "lstm"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_weight_gradients_through_brgemm_at_uneven_sizes(kind, threads, reverse):
+    """Past 2^25 multiply-adds dW_ih and dW_hh are brgemm products of a transposed copy of x (or of the previous
+    states) and the gate gradients: 8 x 8 tiles in registers with edges element by element, the rows in chunks of
+    256. b 7, t 133 is 931 rows (a partial tile of 3, a chunk of 163), 91 inputs and 141, 101 or 403 hidden units
+    leave partial tiles of 3 and 5 columns; the previous states are h0 then out[:-1] forwards, out[1:] then h0
+    backwards. Against torch.nn in float32 (the reverse direction of a bidirectional layer)."""
+    ours_cls, theirs_cls, extra = KINDS[kind]
+    hidden = {"gru": 141, "lstm": 101}.get(kind, 403)  # G 423, 404, 403: 931 x 91 x G past 2^25
+    theirs = theirs_cls(91, hidden, batch_first=True, bidirectional=reverse, **extra)
+    ours = ours_cls(91, hidden, bidirectional=reverse, **extra)
+    ours.load_state_dict(theirs.state_dict())
+    torch.manual_seed(0)
+    x, h0 = torch.randn(7, 133, 91), make_state(kind, 1 + reverse, 7, hidden, dtype=torch.float32)
+    got = kernel_outputs_and_grads(ours, x, h0, threads)
+    assert_same(got, outputs_and_grads(theirs, x, h0), atol=1e-4, rtol=1e-4)
+
+
 LAYOUTS = {  # name -> (the leaf's shape, the (t, b, n) = (131, 8, 96) view of it that the layer takes)
     "batch-first": ((8, 131, 96), lambda leaf: leaf.transpose(0, 1)),
     "every other step": ((8, 262, 96), lambda leaf: leaf[:, ::2].transpose(0, 1)),

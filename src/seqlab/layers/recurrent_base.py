@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from seqlab.kernels.recurrent import MODES, load_recurrent_kernel, recurrent_layer
+from seqlab.kernels.recurrent import EXTENSION, MODES, recurrent_layer
 from seqlab.layers import fastpath
 from seqlab.layers.checks import check_batch_size, check_dtype, check_input, check_state
 from seqlab.layers.cudnn_weights import flatten_cudnn_weights
@@ -252,8 +252,8 @@ class RNNBase(FastPathMixin, nn.Module):
             return f"seqlab's recurrent kernel takes float32 or float64 on CPU, got {x.dtype} on {x.device}"
         if lengths is not None:
             return "padded batches (mask or lengths) take torch.nn's packed-sequence kernel"
-        if load_recurrent_kernel() is None:
-            return "seqlab's recurrent kernel could not be built (see the warning)"
+        if (reason := EXTENSION.unbuilt_reason()) is not None:  # switched off, or a failed build (warned once)
+            return f"seqlab's recurrent kernel: {reason}"
         return None
 
     def _forward_fast(self, x: Tensor, state: State, lengths: Tensor | None) -> tuple[Tensor, State]:
