@@ -252,7 +252,9 @@ class RNNBase(FastPathMixin, nn.Module):
             return f"seqlab's recurrent kernel takes float32 or float64 on CPU, got {x.dtype} on {x.device}"
         if lengths is not None:
             return "padded batches (mask or lengths) take torch.nn's packed-sequence kernel"
-        if (reason := EXTENSION.unbuilt_reason()) is not None:  # switched off, or a failed build (warned once)
+        if (
+            reason := EXTENSION.unbuilt_reason()
+        ) is not None:  # switched off, or a failed build (warned once)
             return f"seqlab's recurrent kernel: {reason}"
         return None
 
