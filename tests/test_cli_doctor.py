@@ -47,7 +47,7 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
     out = capsys.readouterr().out
     labels = [
         "selective scan (Mamba)",
-        "GRU / RNN",
+        "GRU / RNN / LSTM",
         "causal conv (Mamba)",
         "minGRU scan",
         "linear attention",
@@ -74,7 +74,7 @@ def test_kernels_are_reported_without_building_them(capsys, monkeypatch, tmp_pat
 
     monkeypatch.setattr(scan_build, "missing_tool", lambda: "no C++ compiler: 'c++' is not on PATH")
     assert main(["doctor"]) == 0
-    assert "GRU / RNN               cannot build: no C++ compiler" in capsys.readouterr().out
+    assert "GRU / RNN / LSTM        cannot build: no C++ compiler" in capsys.readouterr().out
 
 
 def test_prune_kernels_removes_only_this_environments_superseded_builds(tmp_path, capsys, monkeypatch):

@@ -119,7 +119,7 @@ class CppExtension:
     """The kernel in ``<stem>.cpp`` (plus the headers it includes, listed in ``headers``), built on first use.
 
     ``what`` names it in messages ("fused recurrent kernel"); ``instead`` says what runs without it; ``label``
-    names what it serves in ``seqlab doctor``'s list ("GRU / RNN").
+    names what it serves in ``seqlab doctor``'s list ("GRU / RNN / LSTM").
     """
 
     def __init__(
