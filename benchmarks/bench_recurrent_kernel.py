@@ -62,6 +62,11 @@ NOTES = [
     "where torch.nn calls MKL",
     "- the LSTM's torch.nn contender is not a cell loop but oneDNN's fused LSTM kernel (its whole sequence in one "
     "call, forward and backward), so its target is to beat that kernel at all, not 1.5x",
+    "- the LSTM at t 400 on one thread (AMD EPYC): some calls of the kernel's forward (its step loop, not the "
+    "input projection) take 1.5-2x the usual time, a few in forty when the calls run back to back and up to one "
+    "in two right after a large matrix product; the same page faults and no context switches in slow and fast "
+    "calls, and page-aligned buffers or a huge page for W_hh did not remove it (not understood): the third "
+    "quartile of those rows shows it",
     "- on a shared machine the 2-thread rows suffer most (an OpenMP thread waits at every operation for a "
     "descheduled partner, and torch.nn has more operations per step); the 1-thread rows are the steadier "
     "comparison",
