@@ -544,7 +544,7 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
   // (H, G), made row-major once: MKL's product against a transposed view ran at 0.73x the rate per step
   // (122 against 168 GFLOP/s for (32, 256) x (256, 256) on one thread of an Intel Xeon)
   const at::Tensor w_hh_t = w_hh.t().contiguous();
-  // all steps' input projection at once; the RNN and the LSTM fold b_hh in here, the GRU keeps b_hn inside r ⊙ (...)
+  // all steps' input projection at once; the RNN and the LSTM fold b_hh in here, the GRU keeps b_hn in r ⊙ (...)
   const at::Tensor x2 = x.view({T * B, x.size(2)});
   at::Tensor gx = scratch(kGx, {T * B, G}, x.options());  // (t*b, in) x (in, G) -> (t*b, G)
   const at::Tensor w_ih_t = w_ih.t().contiguous();  // (in, G), row-major for the same reason (126 -> 171 GFLOP/s)
@@ -640,7 +640,7 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, co
     std::vector<scalar_t> part(G);
     for (int64_t k = T - 1; k >= 0; --k) {
       const int64_t s = reverse ? T - 1 - k : k;
-      // out, dgh, dgx, ws contiguous, time-major; the GRU's and the LSTM's go rows may lie apart (recurrent_backward)
+      // out, dgh, dgx, ws contiguous, time-major; the GRU's and the LSTM's go rows may lie apart (see the caller)
       const scalar_t* gos = go.data_ptr<scalar_t>() + s * go.stride(0);
       const int64_t gi = go.stride(1);
       scalar_t *dhs = dh.data_ptr<scalar_t>(), *dghs = dghp + s * B * G;
@@ -691,7 +691,10 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, co
 inline void transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
   __m256 r[8], t[8];
   for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
-  for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
   for (int i = 0; i < 8; i += 4) {
     r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
     r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
@@ -724,8 +727,9 @@ void transpose_into(const float* src, int64_t rows, int64_t cols, float* dst, in
 }
 
 // A weight gradient dW (G, n) = Σ_r dg[r]^T a[r] over dg's rows (t*b, G), a's rows given as contiguous pieces in
-// dg's row order; float32 through brgemm_weight_product, which reads both operands row-major: a^T (n, t*b), the
-// smaller of the two, is made once (about a tenth of the product's time), and the (n, G) result transposed back.
+// dg's row order; float32 through brgemm_weight_product, which reads both operands row-major: a^T (n, t*b) is made
+// once (a is x or the previous states, narrower than dg's G gate columns in the usual layers), and the (n, G)
+// result is transposed back.
 at::Tensor weight_grad(const at::Tensor& dg, std::initializer_list<at::Tensor> pieces) {
   const int64_t rows = dg.size(0), G = dg.size(1), n = pieces.begin()->size(-1);
   at::Tensor aT = scratch(kT, {n, rows}, dg.options());
@@ -757,11 +761,11 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
   seqlab_vec::FlushDenormals flush;  // as in recurrent_forward
   check_backward(grad_out, grad_hn, grad_cn, x, h0, w_ih, w_hh, out, ws, mode, c0);
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
-  // dL/dout: the GRU's and the LSTM's gate loops run row by row and read the rows where they are (a batch-first dL/dout needs
-  // no copy: 1% of its fwd + bwd at b 32, t 100, H 256); the RNN's runs over a step's b*H values as one span, which
-  // a contiguous copy buys (row by row it lost 2% at b 8, H 40)
-  const bool rows_ok =
-      grad_out.has_value() && grad_out->stride(2) == 1 && (mode >= kGru || grad_out->is_contiguous());
+  // dL/dout: the GRU's and the LSTM's gate loops run row by row and read the rows where they are (a batch-first
+  // dL/dout needs no copy: 1% of the GRU's fwd + bwd at b 32, t 100, H 256); the RNN's runs over a step's b*H values
+  // as one span, which a contiguous copy buys (row by row it lost 2% at b 8, H 40)
+  const bool by_rows = mode == kGru || mode == kLstm;
+  const bool rows_ok = grad_out.has_value() && grad_out->stride(2) == 1 && (by_rows || grad_out->is_contiguous());
   const at::Tensor go = !grad_out.has_value() ? at::zeros_like(out)
                         : rows_ok             ? *grad_out
                                               : contiguous_scratch(kGo, *grad_out);
@@ -775,7 +779,8 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
   const bool lstm = mode == kLstm;
   at::Tensor dc = !lstm ? at::Tensor() : grad_cn.has_value() ? grad_cn->contiguous().clone() : at::zeros_like(dh);
   const at::Tensor c0c = lstm ? c0->contiguous() : at::Tensor();
-  const at::Tensor dh0 = backward_loop(go, dh, dc, h0.contiguous(), c0c, w_hh, out, ws, dgx, dgh, mode, reverse, sums);
+  const at::Tensor dh0 =
+      backward_loop(go, dh, dc, h0.contiguous(), c0c, w_hh, out, ws, dgx, dgh, mode, reverse, sums);
   // weight, bias and input gradients: one matmul (or sum) each over all t*b rows
   const at::Tensor dgx2 = dgx.view({T * B, G}), dgh2 = dgh.view({T * B, G});
   const at::Tensor x2 = x.contiguous().view({T * B, x.size(2)});
@@ -808,11 +813,11 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
     else dw_hh = weight_grad(dgh2, {h0c, out.slice(0, 0, T - 1)});
   } else {  // the step that read h0, plus one matmul over all the others
     dw_hh = dgh[first].t().mm(h0c);
-  }
-  if (!brg_hh && T > 1) {
-    const at::Tensor d = reverse ? dgh.slice(0, 0, T - 1) : dgh.slice(0, 1, T);
-    const at::Tensor hp = reverse ? out.slice(0, 1, T) : out.slice(0, 0, T - 1);
-    dw_hh.addmm_(d.reshape({-1, G}).t(), hp.reshape({-1, H}));  // (G, (t-1)*b) x ((t-1)*b, H) -> (G, H)
+    if (T > 1) {
+      const at::Tensor d = reverse ? dgh.slice(0, 0, T - 1) : dgh.slice(0, 1, T);
+      const at::Tensor hp = reverse ? out.slice(0, 1, T) : out.slice(0, 0, T - 1);
+      dw_hh.addmm_(d.reshape({-1, G}).t(), hp.reshape({-1, H}));  // (G, (t-1)*b) x ((t-1)*b, H) -> (G, H)
+    }
   }
   at::Tensor db_ih, db_hh;
   if (has_bias) {
