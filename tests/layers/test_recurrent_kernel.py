@@ -254,6 +254,22 @@ def test_padded_batches_keep_torch_nn_kernels():
         assert "float32 or float64" in layer.why_not_kernel(x.half())
 
 
+@needs_compiler
+def test_the_lstm_under_cpu_autocast_runs_as_torch_nn_does():
+    """torch's CPU autocast runs torch.nn.LSTM in bfloat16 (its GRU and RNN stay float32): seqlab's LSTM then takes
+    torch.nn's kernel too, so its output dtype and values are torch.nn's under autocast."""
+    ours, theirs = (m.float() for m in make_pair("lstm"))
+    x = torch.randn(2, 5, IN)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "autocast" in ours.why_not_kernel(x)
+        got, want = ours(x)[0], theirs(x)[0]
+        gru = make_pair("gru")[0].float()
+        assert gru.why_not_kernel(x) is None and gru(x)[0].dtype == torch.float32
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
+    assert ours.why_not_kernel(x) is None  # outside autocast: seqlab's kernel
+
+
 def test_failed_build_warns_once_and_falls_back_to_torch_nn(monkeypatch, caplog):
     def no_compiler():
         raise RuntimeError("error: c++: command not found")
