@@ -11,9 +11,10 @@ Three paths of each mixer, timed alternately in one process:
 
 beside ``create_mixer("lstm")`` and ``create_mixer("gru")`` of the same width (seqlab's recurrent kernel; the
 LSTM also with that kernel switched off, through torch's fused oneDNN kernel), and in the LM setting beside the
-Mamba LM (the selective-scan, causal-conv and LayerNorm kernels). Two settings: the mixer alone, forward + backward, at ``docs/adding-a-mixer.md``'s
-step-cost shape (b 32, t 128, d 72, one thread); and whole training steps (forward, backward, AdamW) of the lab's
-systems-row LMs (``seqlab compare``'s quick suite: batch 8, t 1024, torch's default threads), as the lab times them.
+Mamba LM (the selective-scan, causal-conv and LayerNorm kernels). Two settings: the mixer alone, forward +
+backward, at ``docs/adding-a-mixer.md``'s step-cost shape (b 32, t 128, d 72, one thread); and whole training
+steps (forward, backward, AdamW) of the lab's systems-row LMs (``seqlab compare``'s quick suite: batch 8, t 1024,
+torch's default threads), as the lab times them.
 
     python benchmarks/bench_mixer_kernels.py          # writes benchmarks/results/mixer-kernels-<cpu>-torch<v>.md
     python benchmarks/bench_mixer_kernels.py --quick  # a smoke run that writes no file

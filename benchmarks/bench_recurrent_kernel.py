@@ -51,7 +51,6 @@ LAYERS: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
     "RNN": (nn.RNN, RNN),
     "LSTM": (nn.LSTM, LSTM),
 }
-GATES = {"GRU": 3, "RNN": 1, "LSTM": 4}
 NAMES = ("torch.nn", "seqlab kernel", "matmuls alone")
 DEFAULT_THREADS = torch.get_num_threads()
 NOTES = [
@@ -113,7 +112,7 @@ def matmul_step(kind: str, t: int, args: argparse.Namespace) -> Callable[[], Non
     and dW_hh as one product each, as both contenders compute them. Each product is one call from Python (a few
     microseconds each, so this floor is if anything a little high)."""
     b, n_in, hidden = args.batch, args.input_size, args.hidden_size
-    g = GATES[kind] * hidden
+    g = LAYERS[kind][1].n_gates * hidden  # G: the gates' rows of W_ih and W_hh
     x2, bias, w_ih, w_ih_t = (
         torch.randn(t * b, n_in),
         torch.randn(g),

@@ -185,6 +185,15 @@ void lstm_backward_row(const T* __restrict__ go, const T* __restrict__ ws, const
   }
 }
 
+// The LSTM's c_{s-1} for the k-th step of the recurrence, whose saved rows start at wss: {first row, row stride},
+// c0's rows (H apart) at the first step, else the saved c of the step before in the recurrence (W = 5H apart)
+template <typename T>
+std::pair<const T*, int64_t> previous_cell(const T* c0, const T* wss, int64_t k, bool reverse, int64_t B, int64_t H) {
+  const int64_t W = saved_width(kLstm) * H;
+  if (k == 0) return {c0, H};
+  return {wss + (reverse ? B : -B) * W + 4 * H, W};
+}
+
 // The forward's arguments, before any buffer is sized from them: every row the loops read must exist (an h0 of
 // another batch, a w_hh of another width or a missing b_hh would otherwise be read out of bounds).
 void check(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
@@ -591,9 +600,7 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
         for (int64_t i = 0; i < B; ++i)
           gru_forward_row(gxp + (s * B + i) * G, ghp + i * G, hps + i * H, hs + i * H, wss + i * W, H);
       } else if (lstm) {
-        // c_{s-1}: c0's rows (H apart) at the first step, else the previous step's saved c (W apart)
-        const scalar_t* cps = k == 0 ? c0p : wss + (reverse ? B : -B) * W + 4 * H;
-        const int64_t ci = k == 0 ? H : W;
+        const auto [cps, ci] = previous_cell<scalar_t>(c0p, wss, k, reverse, B, H);
         for (int64_t i = 0; i < B; ++i)
           lstm_forward_row(gxp + (s * B + i) * G, ghp + i * G, cps + i * ci, hs + i * H, wss + i * W, H);
       } else {
@@ -660,8 +667,7 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, co
         else dh.addmm_(dgh[s], w_hh);
       } else if (lstm) {
         const scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * W;
-        const scalar_t* cps = k == 0 ? c0.data_ptr<scalar_t>() : wss + (reverse ? B : -B) * W + 4 * H;
-        const int64_t ci = k == 0 ? H : W;
+        const auto [cps, ci] = previous_cell<scalar_t>(c0.data_ptr<scalar_t>(), wss, k, reverse, B, H);
         scalar_t* dcs = dc.data_ptr<scalar_t>();
         for (int64_t i = 0; i < B; ++i)
           lstm_backward_row(gos + i * gi, wss + i * W, cps + i * ci, static_cast<const scalar_t*>(dhs + i * H),

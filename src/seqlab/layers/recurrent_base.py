@@ -252,14 +252,12 @@ class RNNBase(FastPathMixin, nn.Module):
             return f"seqlab's recurrent kernel takes float32 or float64 on CPU, got {x.dtype} on {x.device}"
         if lengths is not None:
             return "padded batches (mask or lengths) take torch.nn's packed-sequence kernel"
-        if self.mode == "LSTM" and torch.is_autocast_enabled(
-            "cpu"
-        ):  # autocast lists torch's LSTM, not the GRU
+        # CPU autocast lists torch's LSTM among its lower-precision ops (not its GRU or RNN)
+        if self.mode == "LSTM" and torch.is_autocast_enabled("cpu"):
             dtype = torch.get_autocast_dtype("cpu")
             return f"under CPU autocast the LSTM takes torch.nn's kernel, which autocast runs in {dtype}"
-        if (
-            reason := EXTENSION.unbuilt_reason()
-        ) is not None:  # switched off, or a failed build (warned once)
+        # switched off (SEQLAB_DISABLE_KERNELS), or a failed build (warned once)
+        if (reason := EXTENSION.unbuilt_reason()) is not None:
             return f"seqlab's recurrent kernel: {reason}"
         return None
 
