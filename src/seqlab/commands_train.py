@@ -22,7 +22,7 @@ Train a model on a task. Settings come from an optional YAML run file, then dott
   seqlab train --model.name=lstm-lm-small --task.name=text --task.source=my.txt --out runs/mine
   seqlab train configs/lstm-shakespeare.yaml --out runs/demo --resume     # continue an interrupted run
   seqlab train configs/lstm-shakespeare.yaml --nproc 2                    # 2 processes (DDP, torchrun)
-  torchrun --nproc_per_node 2 -m seqlab train configs/lstm-shakespeare.yaml    # the same, launched by hand
+  torchrun --standalone --nproc_per_node 2 -m seqlab train configs/lstm-shakespeare.yaml   # the same, by hand
 
 Sections: model (name: a preset from `seqlab list`, then config fields), task (name: {tasks}; then its
 arguments), train (steps, lr, warmup_steps, weight_decay, grad_clip, grad_accum, eval_every, save_every,
@@ -147,7 +147,8 @@ def _launch(args: argparse.Namespace, out: Path) -> int:
     if "--nproc" in argv:
         i = argv.index("--nproc")
         del argv[i : i + 2]
-    cmd = ["--nproc_per_node", str(args.nproc), "-m", "seqlab", *argv]
+    # --standalone: a rendezvous on a free local port, so two runs on one machine do not both take 29500
+    cmd = ["--standalone", "--nproc_per_node", str(args.nproc), "-m", "seqlab", *argv]
     stopped: list[int] = []
     proc: subprocess.Popen | None = None
 
@@ -227,6 +228,7 @@ def _check_before_launch(run: dict, args: argparse.Namespace) -> None:
         raise ValueError(
             f"--nproc {n} on CUDA takes one GPU per process: this machine has {torch.cuda.device_count()}"
             + (f", and train.device={config.device} names one for all" if device.index is not None else "")
+            + "; train on the CPU with --device cpu"
         )
 
 

@@ -52,6 +52,7 @@ def _args(text_file, model: str, steps: int, *extra: str) -> list[str]:
         "--train.warmup_steps=2",
         "--train.log_every=1",
         "--train.save_every=3",
+        "--device=cpu",  # gloo on the CPU also where a GPU is (with fewer GPUs than ranks, CUDA is refused)
         *extra,
     ]
 
@@ -80,7 +81,7 @@ def _seqlab_nproc(args: list[str], nproc: int = 2) -> None:
     cmd = [sys.executable, "-m", "seqlab", *args, "--nproc", str(nproc)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith(f"torchrun --nproc_per_node {nproc} -m seqlab train")
+    assert done.stdout.startswith(f"torchrun --standalone --nproc_per_node {nproc} -m seqlab train")
 
 
 def _one_process(args: list[str]) -> None:
@@ -191,7 +192,7 @@ def test_fsdp_shards_and_reshards_on_resume(text_file, tmp_path):
             "batch_size": 4,
             "sampling": "random",
         },
-        "train": {"strategy": "fsdp", "progress": False},
+        "train": {"strategy": "fsdp", "progress": False, "device": "cpu"},
     }
     script = (
         "from seqlab.run import build_run; from seqlab.training import Trainer;"
@@ -260,6 +261,53 @@ def test_fsdp_on_the_cpu_is_refused_where_torch_cannot_run_it(monkeypatch):
     with pytest.raises(ValueError, match=r"train\.strategy='fsdp' on the CPU needs torch 2\.7 or later"):
         TrainConfig(strategy="fsdp", device="cpu")
     assert TrainConfig(strategy="ddp", device="cpu").strategy == "ddp"
+
+
+def _gpus(monkeypatch, count: int) -> None:
+    """This machine as torch would see it with ``count`` GPUs (no GPU is touched by what the tests call)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_each_cuda_rank_joins_the_group_with_its_own_gpu(monkeypatch):
+    """nccl needs the rank's GPU by index (torch: "Please use a device_id with index", seen under torchrun on
+    an H100 machine when the run's device was plain 'cuda'): rank 1 of 2 binds cuda:1."""
+    _gpus(monkeypatch, 2)
+    joined = {}
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kw: joined.update(kw))
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(key, value)
+    world = distributed.setup("ddp", torch.device("cuda"))
+    assert (world.rank, world.size, world.local_rank) == (1, 2, 1)
+    assert joined == {"backend": "nccl", "device_id": torch.device("cuda", 1)}
+    assert distributed.local_device(torch.device("cuda"), world) == torch.device("cuda", 1)
+    assert distributed.local_device(torch.device("cuda", 0), world) == torch.device("cuda", 0)  # as named
+    assert distributed.local_device(torch.device("cpu"), world) == torch.device("cpu")
+    # FSDP in one process on CUDA (a group of one): the current GPU, by index
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    joined.clear()
+    assert distributed.setup("fsdp", torch.device("cuda")).size == 1
+    distributed.teardown()
+    assert joined == {"backend": "nccl", "device_id": torch.device("cuda", 0)}
+
+
+def test_more_cuda_ranks_on_a_machine_than_gpus_are_refused_by_name(monkeypatch, text_file, tmp_path, capsys):
+    _gpus(monkeypatch, 1)
+    with pytest.raises(
+        ValueError, match=r"local rank 1 on this machine and takes GPU 1, but the machine has 1 GPU:"
+    ):
+        distributed.local_device(torch.device("cuda"), distributed.World(3, 4, 1))
+    args = [*_args(text_file, "test-gpt", 2), "--device=cuda", "--out", str(tmp_path / "r"), "--nproc", "2"]
+    assert main(args) == 2  # before torchrun starts
+    err = capsys.readouterr().err
+    assert (
+        "--nproc 2 on CUDA takes one GPU per process: this machine has 1; train on the CPU with --device cpu"
+        in err
+    )
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.gpu
@@ -375,3 +423,37 @@ def test_a_stop_before_the_first_checkpoint_does_not_advise_resume(text_file, tm
         assert "continue with the same command and --resume" in err
     else:
         assert "it saved no checkpoint yet, so there is nothing to resume: run the same command again" in err
+
+
+def test_fsdp_shards_over_the_runs_device_also_where_a_gpu_is(monkeypatch):
+    """torch's default FSDP mesh is the accelerator's, CUDA's wherever a GPU is: a CPU run under torchrun on a
+    one-GPU H100 machine set rank 1 on GPU 1 ("invalid device ordinal"). Here torch reports CUDA as the machine's
+    accelerator (nothing CUDA is touched): the mesh ``wrap`` shards over is the run's, the CPU."""
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    world = distributed.setup("fsdp", torch.device("cpu"))
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ModuleList([torch.nn.Linear(4, 4)]))
+        distributed.wrap(model, world, "fsdp", torch.device("cpu"))
+        meshes = {p.device_mesh.device_type for p in model.parameters()}  # FSDP2's parameters are DTensors
+        assert meshes == {"cpu"}
+        assert model[1][0](torch.ones(1, 4)).shape == (1, 4)  # a sharded block gathers and runs on the CPU
+    finally:
+        distributed.teardown()
+
+
+def test_two_nproc_runs_on_one_machine_do_not_collide_on_a_port(text_file, tmp_path):
+    """`--nproc` starts torchrun --standalone (a rendezvous on a free port): with 29500, torchrun's default,
+    taken (another run, or xdist workers on a GPU machine: EADDRINUSE), the run still trains."""
+    with socket.socket() as taken:
+        try:
+            taken.bind(("127.0.0.1", 29500))
+        except OSError:
+            pytest.skip("port 29500 is in use on this machine already")
+        taken.listen()
+        _seqlab_nproc(
+            [*_args(text_file, "test-gpt", 2, "--task.sampling=random"), "--out", str(tmp_path / "r")]
+        )
+    assert (tmp_path / "r" / "metrics.jsonl").exists()

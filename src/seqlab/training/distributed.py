@@ -1,6 +1,6 @@
 r"""Training beyond one process: torch.distributed, launched by ``torchrun`` (DDP and FSDP2).
 
-    torchrun --nproc_per_node 2 -m seqlab train RUN.yaml            # DDP: gloo on CPU, nccl on CUDA
+    torchrun --standalone --nproc_per_node 2 -m seqlab train RUN.yaml  # DDP: gloo on CPU, nccl on CUDA
     seqlab train RUN.yaml --nproc 2                                 # the same, through torchrun's own launcher
     seqlab train RUN.yaml --nproc 2 --train.strategy=fsdp           # FSDP2: parameters, gradients and
                                                                     # optimizer state sharded over the ranks
@@ -91,6 +91,9 @@ def setup(strategy: str, device: torch.device) -> World:
         _SET_BY_SETUP.update(group)
         os.environ.update(group)
     if (world.size > 1 or strategy == "fsdp") and not dist.is_initialized():
+        device = local_device(device, world)  # nccl binds each rank to its own GPU, named by index
+        if device.type == "cuda" and device.index is None:  # FSDP's group of one: the current GPU
+            device = torch.device("cuda", torch.cuda.current_device())
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
         log.info("rank %d of %d joined the %s process group", world.rank, world.size, backend)
@@ -111,8 +114,16 @@ _SET_BY_SETUP: dict[str, str] = {}
 
 
 def local_device(device: torch.device, world: World) -> torch.device:
-    """CUDA ranks each take the GPU of their local rank; CPU ranks share the CPU."""
+    """CUDA ranks each take the GPU of their local rank; CPU ranks share the CPU. A rank whose GPU this machine
+    does not have is refused by name (torchrun started more processes on it than it has GPUs)."""
     if device.type == "cuda" and world.size > 1 and device.index is None:
+        if world.local_rank >= (count := torch.cuda.device_count()):
+            raise ValueError(
+                f"rank {world.rank} of {world.size} is local rank {world.local_rank} on this machine and takes "
+                f"GPU {world.local_rank}, but the machine has {count} GPU{'s' * (count != 1)}: start at most "
+                f"{count} process{'es' * (count != 1)} per machine (torchrun --nproc_per_node), or train on "
+                "the CPU with --device cpu"
+            )
         return torch.device("cuda", world.local_rank)
     return device
 
@@ -198,13 +209,16 @@ def wrap(model: nn.Module, world: World, strategy: str, device: torch.device) ->
     caption decoder under the action head), and DDP must not wait for their gradients.
     """
     if strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # on the run's device: torch's default mesh is CUDA's wherever a GPU is, also for a run on the CPU
+        mesh = init_device_mesh(device.type, (world.size,))
         for module in model.modules():
             if isinstance(module, nn.ModuleList):
                 for block in module:
-                    fully_shard(block)
-        fully_shard(model)
+                    fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model
     if world.size == 1:
         return model
