@@ -114,9 +114,19 @@ def test_subclass_converts_as_its_base():
     torch.testing.assert_close(ours(x)[0], theirs(x)[0], **TOL)
 
 
-def test_projected_lstm_is_rejected():
-    with pytest.raises(ValueError, match=r"proj_size=2.*only proj_size=0"):
-        from_torch(nn.LSTM(IN, H, proj_size=2))
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_projected_lstm_converts_with_its_projection(bidirectional):
+    """LSTMP (proj_size): the W_hr weights come along, outputs and both states equal torch.nn's."""
+    torch.manual_seed(0)
+    theirs = nn.LSTM(IN, H, num_layers=2, proj_size=2, bidirectional=bidirectional, dtype=F64)
+    ours = from_torch(theirs)
+    assert ours.proj_size == 2 and not ours.batch_first
+    x = torch.randn(T, 4, IN, dtype=F64)
+    (y_theirs, s_theirs), (y_ours, s_ours) = theirs(x), ours(x)
+    assert y_ours.shape == (T, 4, 2 * (1 + bidirectional))
+    torch.testing.assert_close(y_ours, y_theirs, **TOL)
+    for a, b in zip(s_ours, s_theirs, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
 
 
 class _NotRecurrent(nn.Module):

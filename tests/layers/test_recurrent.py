@@ -21,9 +21,11 @@ from seqlab.layers import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 IN, H, T = 3, 5, 6
 F64 = torch.float64
 TOL = {"atol": 1e-10, "rtol": 0.0}
-KINDS = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
-THEIRS = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn_tanh": nn.RNN, "rnn_relu": nn.RNN}
-OURS = {"lstm": LSTM, "gru": GRU, "rnn_tanh": RNN, "rnn_relu": RNN}
+P = 2  # "lstm_proj": the LSTM with proj_size=P (LSTMP), h (and the output) P wide, c H wide
+BASE_KINDS = ["lstm", "gru", "rnn_tanh", "rnn_relu"]  # those with a cell
+KINDS = [*BASE_KINDS, "lstm_proj"]
+THEIRS = {"lstm": nn.LSTM, "lstm_proj": nn.LSTM, "gru": nn.GRU, "rnn_tanh": nn.RNN, "rnn_relu": nn.RNN}
+OURS = {"lstm": LSTM, "lstm_proj": LSTM, "gru": GRU, "rnn_tanh": RNN, "rnn_relu": RNN}
 CELLS = {
     "lstm": (nn.LSTMCell, LSTMCell),
     "gru": (nn.GRUCell, GRUCell),
@@ -34,7 +36,14 @@ PROPERTY = settings(max_examples=15, deadline=None)
 
 
 def extra_kwargs(kind: str) -> dict:
+    if kind == "lstm_proj":
+        return {"proj_size": P}
     return {"nonlinearity": kind.removeprefix("rnn_")} if kind.startswith("rnn") else {}
+
+
+def out_size(kind: str) -> int:
+    """The width of a step's output and of h."""
+    return P if kind == "lstm_proj" else H
 
 
 def make_pair(kind: str, *, fast_path: bool = True, **kw) -> tuple[nn.Module, nn.Module]:
@@ -56,8 +65,8 @@ def parts(state) -> list[Tensor]:
 
 
 def random_state(kind: str, n: int, b: int, gen: torch.Generator):
-    h = torch.randn(n, b, H, generator=gen, dtype=F64)
-    return (h, torch.randn(n, b, H, generator=gen, dtype=F64)) if kind == "lstm" else h
+    h = torch.randn(n, b, out_size(kind), generator=gen, dtype=F64)
+    return (h, torch.randn(n, b, H, generator=gen, dtype=F64)) if kind.startswith("lstm") else h
 
 
 def unsorted_lengths(b: int, t: int, gen: torch.Generator) -> Tensor:
@@ -172,16 +181,15 @@ def test_unbatched_sequence_matches_torch_nn(kind, path):
     theirs, ours = make_pair(kind, num_layers=2)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(T, IN, generator=gen, dtype=F64)
-    h = torch.randn(2, H, generator=gen, dtype=F64)
-    state = (h, torch.randn(2, H, generator=gen, dtype=F64)) if kind == "lstm" else h
+    state = map_state(random_state(kind, 2, 1, gen), lambda s: s[:, 0])  # (L * D, H): no batch dimension
     (y_theirs, s_theirs), (y_ours, s_ours) = theirs(x, state), getattr(ours, path)(x, state)
-    assert y_ours.shape == (T, H)
+    assert y_ours.shape == (T, out_size(kind))
     torch.testing.assert_close(y_ours, y_theirs, **TOL)
     for a, b in zip(parts(s_ours), parts(s_theirs), strict=True):
         torch.testing.assert_close(a, b, **TOL)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", BASE_KINDS)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_cells_match_torch_nn(kind, bias, with_state):
@@ -447,10 +455,12 @@ def test_bad_masks(method):
 def test_init_state_is_zeros_in_torch_layout(kind):
     ours = make_ours(kind, num_layers=2, bidirectional=True)
     state = ours.init_state(3)
-    assert len(parts(state)) == (2 if kind == "lstm" else 1)
-    for s in parts(state):
-        assert s.shape == (4, 3, H) and s.dtype == F64 and not s.any()
-    if kind == "lstm":
+    assert len(parts(state)) == (2 if kind.startswith("lstm") else 1)
+    for s, width in zip(
+        parts(state), (out_size(kind), H)[: len(parts(state))], strict=True
+    ):  # h; an LSTM's c
+        assert s.shape == (4, 3, width) and s.dtype == F64 and not s.any()
+    if kind.startswith("lstm"):
         assert state[0].data_ptr() != state[1].data_ptr()  # h and c are separate tensors
     y_default, _ = ours(torch.ones(3, 2, IN, dtype=F64))
     torch.testing.assert_close(ours(torch.ones(3, 2, IN, dtype=F64), state)[0], y_default, **TOL)
@@ -494,7 +504,7 @@ def test_bad_lengths(method, lengths, message):
         getattr(ours, method)(torch.randn(2, T, IN, dtype=F64), lengths=torch.tensor(lengths))
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", BASE_KINDS)
 def test_wrong_state_shape_names_expected_shape(kind):
     ours = make_ours(kind, num_layers=2)
     x = torch.randn(3, T, IN, dtype=F64)
@@ -521,7 +531,7 @@ def test_step_errors():
         make_ours("gru").step(torch.randn(2, T, IN, dtype=F64))
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", BASE_KINDS)
 def test_cell_errors_name_expected_shape(kind):
     cell = CELLS[kind][1](IN, H, dtype=F64, **extra_kwargs(kind))
     with pytest.raises(ValueError, match=r"\(b, 3\)"):
@@ -538,3 +548,22 @@ def test_constructor_errors():
         LSTM(IN, H, dropout=1.5)
     with pytest.raises(ValueError, match="positive"):
         GRU(IN, 0)
+
+
+def test_projected_lstm_states_and_arguments_are_checked_by_name():
+    ours = make_ours("lstm_proj", num_layers=2)
+    x = torch.randn(3, T, IN, dtype=F64)
+    h, c = torch.zeros(2, 3, P, dtype=F64), torch.zeros(2, 3, H, dtype=F64)
+    with pytest.raises(ValueError, match=r"state h .*\(2, 3, 2\)"):
+        ours(x, (c, c))  # h as wide as c: the projection makes it P wide
+    with pytest.raises(ValueError, match=r"state c .*\(2, 3, 5\)"):
+        ours(x, (h, h))
+    assert ours(x, (h, c))[0].shape == (3, T, P)
+    for bad in (H, H + 1, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"proj_size must be an integer in \[0, hidden_size=5\)"):
+            LSTM(IN, H, proj_size=bad)
+    for other in (GRU, RNN):
+        with pytest.raises(ValueError, match="proj_size is only supported for LSTM"):
+            other(IN, H, proj_size=2)
+    assert "proj_size=2" in repr(ours) and "weight_hr_l1" in dict(ours.named_parameters())
+    assert "no LSTM projection" in ours.why_not_kernel(x.float())  # torch.nn's kernel, which has one

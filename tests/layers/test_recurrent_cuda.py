@@ -12,6 +12,7 @@ from seqlab.layers import GRU, LSTM, RNN
 
 KINDS = {
     "lstm": (nn.LSTM, LSTM, {}),
+    "lstm_proj": (nn.LSTM, LSTM, {"proj_size": 3}),  # cuDNN's buffer holds W_hr too
     "gru": (nn.GRU, GRU, {}),
     "rnn_relu": (nn.RNN, RNN, {"nonlinearity": "relu"}),
 }

@@ -11,8 +11,7 @@ its device and dtype, its train/eval mode and each parameter's ``requires_grad``
 not shared. Supported now: nn.RNN, nn.LSTM, nn.GRU and nn.RNNCell, nn.LSTMCell, nn.GRUCell;
 nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer (see their converters for
 masks and batch layout: seqlab's attention is always batch-first, and converting a ``batch_first=False`` source
-warns so). An LSTM with
-``proj_size > 0`` (Sak et al. 2014) is rejected: seqlab's LSTM has no projection.
+warns so). An LSTM's ``proj_size`` (Sak et al. 2014) converts with it.
 
 Converters live in ``CONVERTERS``, a dict from torch.nn type to a function ``module -> seqlab module``;
 ``register`` adds one for a new type. A subclass of a registered type converts as its nearest registered
@@ -95,11 +94,6 @@ def _registered_base(module: nn.Module, table: dict[type[nn.Module], type[nn.Mod
 
 @register(*_LAYERS)
 def _recurrent_layer(module: nn.RNNBase) -> nn.Module:
-    if getattr(module, "proj_size", 0):
-        raise ValueError(
-            f"{type(module).__name__} has proj_size={module.proj_size}; seqlab's LSTM has no output projection, "
-            "so only proj_size=0 converts"
-        )
     kw = {
         "num_layers": module.num_layers,
         "bias": module.bias,
@@ -110,6 +104,8 @@ def _recurrent_layer(module: nn.RNNBase) -> nn.Module:
     }
     if isinstance(module, nn.RNN):
         kw["nonlinearity"] = module.nonlinearity
+    if module.proj_size:  # an LSTM's projection (nn.RNN and nn.GRU refuse one)
+        kw["proj_size"] = module.proj_size
     ours = _LAYERS[_registered_base(module, _LAYERS)](module.input_size, module.hidden_size, **kw)
     return _with_weights_of(ours, module)
 

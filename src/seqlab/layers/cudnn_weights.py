@@ -3,8 +3,8 @@
 cuDNN's RNN kernels take every layer's and direction's weights from one contiguous buffer. torch.nn's RNNs keep
 their parameters as views of such a buffer (``flatten_parameters``); a layer whose weights are separate tensors
 has them copied into a fresh buffer at every call, with a UserWarning each time. seqlab's RNN, LSTM and GRU hold
-torch.nn's parameters in torch.nn's order (``weight_ih_l{k}``, ``weight_hh_l{k}``, then the two biases, per layer
-and direction), so torch's own flattening op lays them out the same way.
+torch.nn's parameters in torch.nn's order (``weight_ih_l{k}``, ``weight_hh_l{k}``, then the two biases and an LSTM's
+``weight_hr_l{k}``, per layer and direction), so torch's own flattening op lays them out the same way.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ def flatten_cudnn_weights(rnn) -> None:
         if torch._use_cudnn_rnn_flatten_weight():
             torch._cudnn_rnn_flatten_weight(
                 weights,
-                4 if rnn.bias else 2,
+                (4 if rnn.bias else 2) + (1 if rnn.proj_size else 0),  # weights per layer and direction
                 rnn.input_size,
                 cudnn_rnn.get_cudnn_mode(rnn.mode),
                 rnn.hidden_size,
-                0,  # no projection
+                rnn.proj_size,  # the LSTM's W_hr (0: none)
                 rnn.num_layers,
                 rnn.batch_first,
                 rnn.bidirectional,

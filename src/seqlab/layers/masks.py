@@ -28,10 +28,12 @@ from torch import Tensor
 
 __all__ = [
     "causal_mask",
+    "check_lengths",
     "check_padding_mask",
     "combine_masks",
     "from_torch_mask",
     "key_padding_mask",
+    "mask_lengths",
     "padding_mask",
     "sliding_window_mask",
 ]
@@ -180,3 +182,35 @@ def from_torch_mask(attn_mask: Tensor | None = None, key_padding_mask: Tensor | 
     attn = None if attn_mask is None else allowed(attn_mask)
     keys = None if key_padding_mask is None else allowed(key_padding_mask)[:, None, None, :]  # (b, 1, 1, t_k)
     return combine_masks(attn, keys)
+
+
+def check_lengths(lengths: Tensor | list[int], b: int, t: int) -> Tensor | None:
+    """A recurrent layer's ``lengths`` (b,): integers in [1, t]; None for an empty batch."""
+    lengths = torch.as_tensor(lengths)
+    integral = not (lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool)
+    if lengths.dim() != 1 or lengths.numel() != b or not integral:
+        raise ValueError(
+            f"lengths must be an integer tensor of shape (b,) = ({b},), got "
+            f"{lengths.dtype} of shape {tuple(lengths.shape)}"
+        )
+    if b == 0:
+        return None  # an empty batch has nothing to mask
+    lo, hi = int(lengths.min()), int(lengths.max())
+    if lo < 1:
+        raise ValueError(f"every length must be at least 1, got a length of {lo}")
+    if hi > t:
+        raise ValueError(f"lengths cannot exceed the sequence length t={t}, got a length of {hi}")
+    return lengths
+
+
+def mask_lengths(mask: Tensor, b: int, t: int, unbatched: bool) -> Tensor | None:
+    """A recurrent layer's padding mask (b, t), or (t,) for an unbatched sequence, as lengths (b,); None if
+    nothing is padded."""
+    mask = mask.unsqueeze(0) if unbatched and isinstance(mask, Tensor) and mask.dim() == 1 else mask
+    mask = check_padding_mask(mask, b, t)
+    if mask is None:
+        return None
+    lengths = mask.sum(1)  # (b,): right padding, so the number of real positions is the length
+    if not bool(lengths.all()):
+        raise ValueError("every sequence needs at least one real position, got a mask row of all False")
+    return lengths

@@ -26,7 +26,7 @@ Equations (one layer, one direction; ``σ`` the logistic sigmoid, ``⊙`` elemen
 RNN:   h_t = tanh(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)          (or relu)
 LSTM:  i, f, g, o = σ, σ, tanh, σ (W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)   gates stacked [i, f, g, o]
        c_t = f ⊙ c_{t-1} + i ⊙ g        # the additive path that lets gradients flow far back
-       h_t = o ⊙ tanh(c_t)
+       h_t = o ⊙ tanh(c_t)              # with proj_size: h_t = W_hr (o ⊙ tanh(c_t)) (Sak et al. 2014)
 GRU:   r, z = σ (W_i{r,z} x_t + b_i{r,z} + W_h{r,z} h_{t-1} + b_h{r,z})          gates stacked [r, z, n]
        n   = tanh(W_in x_t + b_in + r ⊙ (W_hn h_{t-1} + b_hn))
        h_t = (1 - z) ⊙ n + z ⊙ h_{t-1}
@@ -118,7 +118,10 @@ class LSTM(RNNBase):
 
     Shapes: x (b, t, input_size) -> output (b, t, D * H), (h_n, c_n) each (L * D, b, H).
     Same arguments, parameter names, gate order [i, f, g, o] and layout as torch.nn.LSTM, except
-    ``batch_first=True`` by default. ``proj_size`` is not supported.
+    ``batch_first=True`` by default. ``proj_size=P`` (LSTMP, Sak et al. 2014) projects each step's output,
+    h_t = W_hr (o ⊙ tanh(c_t)) with ``weight_hr_l{k}`` (P, H): the output is (b, t, D * P), h_n (L * D, b, P),
+    c_n stays (L * D, b, H), and the next layer reads D * P inputs (torch.nn's layout). It runs on torch.nn's
+    kernel (seqlab's has no projection) and in the reference loop.
 
     Examples::
 

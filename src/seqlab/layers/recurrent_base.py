@@ -24,7 +24,7 @@ from seqlab.layers import fastpath
 from seqlab.layers.checks import check_batch_size, check_dtype, check_input, check_state
 from seqlab.layers.cudnn_weights import flatten_cudnn_weights
 from seqlab.layers.fastpath import FastPathMixin
-from seqlab.layers.masks import check_padding_mask
+from seqlab.layers.masks import check_lengths, mask_lengths
 from seqlab.validation import check_positive_ints
 
 State = Tensor | tuple[Tensor, Tensor]
@@ -51,6 +51,7 @@ class RNNBase(FastPathMixin, nn.Module):
         batch_first: bool = True,
         dropout: float = 0.0,
         bidirectional: bool = False,
+        proj_size: int = 0,
         *,
         fast_path: bool = True,
         device=None,
@@ -60,6 +61,8 @@ class RNNBase(FastPathMixin, nn.Module):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         name = type(self).__name__
         check_positive_ints(self, ("input_size", "hidden_size", "num_layers"), prefix=f"{name}: ")
+        self.proj_size = _check_proj_size(name, self.mode, proj_size, hidden_size)
+        h_out = proj_size or hidden_size  # what a step outputs and carries as h
         if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout <= 1.0:
             raise ValueError(f"{name}: dropout must be a probability in [0, 1], got {dropout!r}")
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
@@ -70,15 +73,18 @@ class RNNBase(FastPathMixin, nn.Module):
         g = self.n_gates * hidden_size
         self._flat_names: list[str] = []
         for layer in range(num_layers):
-            layer_in = input_size if layer == 0 else hidden_size * self.num_directions
+            layer_in = input_size if layer == 0 else h_out * self.num_directions
             for suffix in ("", "_reverse")[: self.num_directions]:
                 names = [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
                 setattr(self, names[0], nn.Parameter(torch.empty(g, layer_in, **kw)))
-                setattr(self, names[1], nn.Parameter(torch.empty(g, hidden_size, **kw)))
+                setattr(self, names[1], nn.Parameter(torch.empty(g, h_out, **kw)))
                 if bias:
                     names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
                     setattr(self, names[2], nn.Parameter(torch.empty(g, **kw)))
                     setattr(self, names[3], nn.Parameter(torch.empty(g, **kw)))
+                if proj_size:  # torch.nn's order: the projection after the biases
+                    names.append(f"weight_hr_l{layer}{suffix}")
+                    setattr(self, names[-1], nn.Parameter(torch.empty(proj_size, hidden_size, **kw)))
                 self._flat_names += names
         self.reset_parameters()
 
@@ -113,56 +119,32 @@ class RNNBase(FastPathMixin, nn.Module):
             )
         return getattr(self, f"weight_ih_{s}"), getattr(self, f"weight_hh_{s}"), None, None
 
+    def _projection(self, layer: int, reverse: bool) -> Tensor | None:
+        """The LSTM's W_hr of this layer and direction (proj_size, H), or None without a projection."""
+        return getattr(self, f"weight_hr_l{layer}{'_reverse' if reverse else ''}") if self.proj_size else None
+
     # ---- state -------------------------------------------------------------------------------------------
 
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> State:
-        """Zeros in torch.nn's layout: ``h`` (or ``(h, c)`` for LSTM) of shape (L * D, b, H).
-
-        ``device`` and ``dtype`` default to the parameters'.
-        """
+        """Zeros in torch.nn's layout: ``h`` (or ``(h, c)`` for LSTM) of shape (L * D, b, H); with an LSTM's
+        ``proj_size`` P, h is (L * D, b, P). ``device`` and ``dtype`` default to the parameters'."""
         check_batch_size(type(self).__name__, batch_size)
         p = self.weight_ih_l0
         shape = (self.num_layers * self.num_directions, batch_size, self.hidden_size)
-        h = torch.zeros(shape, device=device or p.device, dtype=dtype or p.dtype)
-        return (h, h.clone()) if self.mode == "LSTM" else h
+        c = torch.zeros(shape, device=device or p.device, dtype=dtype or p.dtype)
+        h = c.new_zeros(*shape[:2], self.proj_size) if self.proj_size else c.clone()
+        return (h, c) if self.mode == "LSTM" else h
 
     def _check_state(self, state: State, x: Tensor, b: int, unbatched: bool) -> None:
         """torch.nn's layout (num_layers * num_directions, b, hidden_size); unbatched without the b."""
-        shape = (self.num_layers * self.num_directions, b, self.hidden_size)
-        shape = (shape[0], shape[2]) if unbatched else shape
-        parts = {"h": shape, "c": shape} if self.mode == "LSTM" else {"h": shape}
+        lead = (self.num_layers * self.num_directions,) + (() if unbatched else (b,))
+        parts = {"h": (*lead, self.proj_size or self.hidden_size), "c": (*lead, self.hidden_size)}
+        parts = parts if self.mode == "LSTM" else {"h": parts["h"]}
         layout = "num_layers * num_directions, " + ("" if unbatched else "b, ") + "hidden_size"
+        layout += " (h: proj_size)" if self.proj_size else ""
         check_state(type(self).__name__, state, parts, x, x.dtype, layout=f"({layout})")
 
     # ---- input checks ------------------------------------------------------------------------------------
-
-    def _check_lengths(self, lengths: Tensor | list[int], b: int, t: int) -> Tensor | None:
-        lengths = torch.as_tensor(lengths)
-        integral = not (lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool)
-        if lengths.dim() != 1 or lengths.numel() != b or not integral:
-            raise ValueError(
-                f"lengths must be an integer tensor of shape (b,) = ({b},), got "
-                f"{lengths.dtype} of shape {tuple(lengths.shape)}"
-            )
-        if b == 0:
-            return None  # an empty batch has nothing to mask
-        lo, hi = int(lengths.min()), int(lengths.max())
-        if lo < 1:
-            raise ValueError(f"every length must be at least 1, got a length of {lo}")
-        if hi > t:
-            raise ValueError(f"lengths cannot exceed the sequence length t={t}, got a length of {hi}")
-        return lengths
-
-    def _mask_lengths(self, mask: Tensor, b: int, t: int, unbatched: bool) -> Tensor | None:
-        """A padding mask (b, t), or (t,) for an unbatched sequence, as lengths (b,); None if nothing is padded."""
-        mask = mask.unsqueeze(0) if unbatched and isinstance(mask, Tensor) and mask.dim() == 1 else mask
-        mask = check_padding_mask(mask, b, t)
-        if mask is None:
-            return None
-        lengths = mask.sum(1)  # (b,): right padding, so the number of real positions is the length
-        if not bool(lengths.all()):
-            raise ValueError("every sequence needs at least one real position, got a mask row of all False")
-        return lengths
 
     def _prepare(
         self, x: Tensor, state: State | None, mask: Tensor | None, lengths: Tensor | None
@@ -186,9 +168,9 @@ class RNNBase(FastPathMixin, nn.Module):
         if mask is not None and lengths is not None:
             raise ValueError("give the padding as mask or as lengths, not both")
         if mask is not None:
-            lengths = self._mask_lengths(mask, b, t, unbatched)
+            lengths = mask_lengths(mask, b, t, unbatched)
         elif lengths is not None:
-            lengths = self._check_lengths(lengths, b, t)
+            lengths = check_lengths(lengths, b, t)
         if state is None:
             return x, self.init_state(b, device=x.device, dtype=x.dtype), lengths, unbatched
         self._check_state(state, x, b, unbatched)
@@ -252,6 +234,8 @@ class RNNBase(FastPathMixin, nn.Module):
             return f"seqlab's recurrent kernel takes float32 or float64 on CPU, got {x.dtype} on {x.device}"
         if lengths is not None:
             return "padded batches (mask or lengths) take torch.nn's packed-sequence kernel"
+        if self.proj_size:
+            return "seqlab's recurrent kernel has no LSTM projection (proj_size): torch.nn's kernel has one"
         # CPU autocast lists torch's LSTM among its lower-precision ops (not its GRU or RNN)
         if self.mode == "LSTM" and torch.is_autocast_enabled("cpu"):
             dtype = torch.get_autocast_dtype("cpu")
@@ -344,8 +328,9 @@ class RNNBase(FastPathMixin, nn.Module):
     def _direction_ref(
         self, x: Tensor, state: tuple[Tensor, ...], layer: int, reverse: bool, keep: Tensor | None
     ) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """One layer, one direction. x (t, b, in) -> y (t, b, H) and the final state."""
+        """One layer, one direction. x (t, b, in) -> y (t, b, H, or proj_size) and the final state."""
         w_ih, w_hh, b_ih, b_hh = self._layer_params(layer, reverse)
+        w_hr = self._projection(layer, reverse)
         fold = self.mode != "GRU" and self.bias  # RNN/LSTM: fold b_hh into the input projection
         gx = F.linear(x, w_ih, b_ih + b_hh if fold else b_ih)  # (t, b, in) x (in, G*H) -> (t, b, G*H)
         # unbind, not gx[i]: one autograd node for all t slices. Indexing per step would make the backward
@@ -357,6 +342,8 @@ class RNNBase(FastPathMixin, nn.Module):
         ys: list[Tensor] = [None] * x.size(0)  # type: ignore[list-item]
         for i in range(x.size(0) - 1, -1, -1) if reverse else range(x.size(0)):
             new = self._update(gx_steps[i], state, w_hh_t, b_rec)
+            if w_hr is not None:  # the LSTM's projection: h = W_hr (o ⊙ tanh(c)) (Sak et al. 2014)
+                new = (torch.mm(new[0], w_hr.t()), new[1])
             if keep_steps is not None:  # padding: hold the state
                 new = tuple(torch.where(keep_steps[i], n, s) for n, s in zip(new, state, strict=True))
             ys[i] = new[0]
@@ -392,6 +379,19 @@ class RNNBase(FastPathMixin, nn.Module):
             s += f", dropout={self.dropout}"
         if self.bidirectional:
             s += ", bidirectional=True"
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
         if not self.fast_path:
             s += ", fast_path=False"
         return s
+
+
+def _check_proj_size(name: str, mode: str, proj_size, hidden_size: int) -> int:
+    """torch.nn's rules: an integer, 0 (none) or in [1, hidden_size), and only for the LSTM."""
+    if isinstance(proj_size, bool) or not isinstance(proj_size, int) or not 0 <= proj_size < hidden_size:
+        raise ValueError(
+            f"{name}: proj_size must be an integer in [0, hidden_size={hidden_size}), got {proj_size!r}"
+        )
+    if proj_size and mode != "LSTM":
+        raise ValueError(f"{name}: proj_size is only supported for LSTM, got proj_size={proj_size}")
+    return proj_size
