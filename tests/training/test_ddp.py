@@ -273,7 +273,8 @@ def test_each_cuda_rank_joins_the_group_with_its_own_gpu(monkeypatch):
     """nccl needs the rank's GPU by index (torch: "Please use a device_id with index", seen under torchrun on
     an H100 machine when the run's device was plain 'cuda'): rank 1 of 2 binds cuda:1."""
     _gpus(monkeypatch, 2)
-    joined = {}
+    joined, current = {}, []
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kw: joined.update(kw))
     for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
@@ -281,6 +282,7 @@ def test_each_cuda_rank_joins_the_group_with_its_own_gpu(monkeypatch):
     world = distributed.setup("ddp", torch.device("cuda"))
     assert (world.rank, world.size, world.local_rank) == (1, 2, 1)
     assert joined == {"backend": "nccl", "device_id": torch.device("cuda", 1)}
+    assert current == [torch.device("cuda", 1)]  # the rank's default GPU before the group forms (not GPU 0)
     assert distributed.local_device(torch.device("cuda"), world) == torch.device("cuda", 1)
     assert distributed.local_device(torch.device("cuda", 0), world) == torch.device("cuda", 0)  # as named
     assert distributed.local_device(torch.device("cpu"), world) == torch.device("cpu")

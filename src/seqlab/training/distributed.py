@@ -94,6 +94,9 @@ def setup(strategy: str, device: torch.device) -> World:
         device = local_device(device, world)  # nccl binds each rank to its own GPU, named by index
         if device.type == "cuda" and device.index is None:  # FSDP's group of one: the current GPU
             device = torch.device("cuda", torch.cuda.current_device())
+        # the rank's GPU is its default too, so that nothing lands on GPU 0 by accident
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
         log.info("rank %d of %d joined the %s process group", world.rank, world.size, backend)
