@@ -162,16 +162,12 @@ def _load_renamed(
 
 @register(nn.MultiheadAttention)
 def _multihead_attention(module: nn.MultiheadAttention) -> nn.Module:
-    """nn.MultiheadAttention -> seqlab MultiheadAttention; the packed in_proj and out_proj keep their names.
+    """nn.MultiheadAttention -> seqlab MultiheadAttention; the packed in_proj (or, with kdim/vdim, the q, k, v
+    projection weights) and out_proj keep their names.
 
     Call it as ``ours(q, k, v, mask=from_torch_mask(attn_mask, key_padding_mask))``; ours returns per-head
     weights on request, torch's default is their mean over heads.
     """
-    if not module._qkv_same_embed_dim:
-        raise ValueError(
-            f"kdim={module.kdim}, vdim={module.vdim} differ from embed_dim={module.embed_dim}; seqlab's "
-            "MultiheadAttention projects keys and values from d_model, so only kdim = vdim = embed_dim converts"
-        )
     if module.bias_k is not None or module.add_zero_attn:
         raise ValueError("add_bias_kv and add_zero_attn have no seqlab equivalent; only the defaults convert")
     _say_batch_first(module, module)
@@ -180,6 +176,8 @@ def _multihead_attention(module: nn.MultiheadAttention) -> nn.Module:
         module.num_heads,
         bias=module.in_proj_bias is not None,
         dropout=module.dropout,
+        kdim=module.kdim,
+        vdim=module.vdim,
         **_factory(module),
     )
     return _with_weights_of(ours, module)

@@ -29,20 +29,21 @@ from torch import Tensor, nn
 
 from seqlab.kernels import attention as attention_kernel
 from seqlab.kernels.extension import matmul_dtype
-from seqlab.layers.checks import check_attention_call, check_batch_size, check_causal_step, check_input
+from seqlab.layers.checks import (
+    check_attention_call,
+    check_batch_size,
+    check_causal_step,
+    check_input,
+    check_user_mask,
+)
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.kv_cache import KVBuffer, KVCache, append_kv
 from seqlab.layers.linear import Linear, linear
 from seqlab.layers.masks import causal_mask, check_padding_mask, combine_masks, sliding_window_mask
-from seqlab.layers.packed_proj import packed_in_proj, reset_packed_in_proj
+from seqlab.layers.packed_proj import packed_in_proj, reset_packed_in_proj, separate_in_proj
 from seqlab.layers.positional import RotaryEmbedding
 from seqlab.layers.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_ref
-from seqlab.validation import (
-    check_divisible,
-    check_dropout,
-    check_positive_floats,
-    check_positive_ints,
-)
+from seqlab.validation import check_divisible, check_dropout, check_positive_floats, check_positive_ints
 
 __all__ = [
     "KVBuffer",
@@ -54,21 +55,6 @@ __all__ = [
 ]
 
 
-def _check_user_mask(mask: Tensor | None, shape: tuple[int, int, int, int], cached: int) -> None:
-    """The caller's boolean mask broadcasts to shape = (b, h, t_q, t_k), checked before the causal structure is
-    combined with it (where a mismatch would surface as torch's broadcast error); with a KV cache, t_k counts
-    the ``cached`` keys before this call's."""
-    if mask is None or not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        return  # no mask, or one that combine_masks refuses with its own message
-    try:
-        torch.broadcast_shapes(mask.shape, shape)
-    except RuntimeError:
-        hint = f"; t_k counts the {cached} cached keys before this call's {shape[2]}" if cached else ""
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, t_q, t_k) = {shape}{hint}"
-        ) from None
-
-
 class MultiheadAttention(FastPathMixin, nn.Module):
     r"""Multi-head attention with grouped-query heads, a KV cache, causal and sliding-window masks and RoPE.
 
@@ -78,6 +64,8 @@ class MultiheadAttention(FastPathMixin, nn.Module):
 
     Args:
         d_model: width ``d`` of queries, keys and values (inputs and output).
+        kdim, vdim: cross-attention's key and value widths when not ``d`` (torch.nn's): then ``q_proj_weight``
+            (h·k, d), ``k_proj_weight`` (g·k, kdim), ``v_proj_weight`` (g·k, vdim), and no self-attention.
         n_heads: query heads ``h``. n_kv_heads: key/value heads ``g`` (None: h; 1: multi-query attention).
         head_dim: ``k``; None means d_model // n_heads.
         bias: biases on the input and output projections.
@@ -129,12 +117,17 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         device=None,
         dtype=None,
         *,
+        kdim: int | None = None,
+        vdim: int | None = None,
         fast_path: bool = True,
     ):
         super().__init__()
         self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
-        self.dropout, self.window, self.scale = dropout, window, scale
+        self.dropout, self.window, self.scale, self.kdim, self.vdim = dropout, window, scale, kdim, vdim
         check_positive_ints(self, ("d_model", "n_heads"), prefix="MultiheadAttention: ")
+        check_positive_ints(self, ("kdim", "vdim"), "MultiheadAttention: ", allow_none=True)
+        self.kdim, self.vdim = kdim or d_model, vdim or d_model
+        self._qkv_same_embed_dim = self.kdim == d_model and self.vdim == d_model  # torch.nn's attribute
         check_positive_ints(
             self, ("n_kv_heads", "head_dim", "window"), "MultiheadAttention: ", allow_none=True
         )
@@ -152,13 +145,26 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
         self.dropout, self.causal, self.window, self.scale = dropout, causal, window, scale
         self.rope, self.fast_path = rope, fast_path
-        rows = (n_heads + 2 * n_kv_heads) * head_dim
-        self.in_proj_weight, self.in_proj_bias = packed_in_proj(rows, d_model, bias, **kw)
+        weight, in_bias = packed_in_proj((n_heads + 2 * n_kv_heads) * head_dim, d_model, bias, **kw)
+        if not self._qkv_same_embed_dim:  # torch.nn's layout for other widths: three weights, one packed bias
+            weights = separate_in_proj(self._split_sizes(), (d_model, self.kdim, self.vdim), **kw)
+            self.q_proj_weight, self.k_proj_weight, self.v_proj_weight = weights
+        self.register_parameter("in_proj_weight", weight if self._qkv_same_embed_dim else None)  # as torch's
+        self.in_proj_bias = in_bias  # torch.nn's order: the weights, in_proj_bias, out_proj
         self.out_proj = Linear(n_heads * head_dim, d_model, bias=bias, **kw)
         self.reset_parameters()
 
+    def projection_weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        """W_q, W_k, W_v as ``F.linear`` weights: views of the packed ``in_proj_weight``, or the three own."""
+        if self.in_proj_weight is not None:
+            return self.in_proj_weight.split(self._split_sizes())
+        return self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+
     def reset_parameters(self) -> None:
-        reset_packed_in_proj(self.in_proj_weight, self.in_proj_bias)
+        """torch's initialization: Xavier-uniform over the packed weight (or each of the three), zero biases."""
+        weights = self.projection_weights() if self.in_proj_weight is None else (self.in_proj_weight,)
+        for w in weights:
+            reset_packed_in_proj(w, self.in_proj_bias)
         self.out_proj.reset_parameters()
         if self.out_proj.bias is not None:
             nn.init.zeros_(self.out_proj.bias)
@@ -173,13 +179,13 @@ class MultiheadAttention(FastPathMixin, nn.Module):
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> KVCache:
         """An empty KV cache: k, v (b, g, 0, k), pos 0; ``device`` and ``dtype`` default to the parameters'."""
         check_batch_size(type(self).__name__, batch_size)
-        w = self.in_proj_weight
+        w = self.out_proj.weight
         device, dtype = device or w.device, dtype or w.dtype
         empty = torch.zeros(batch_size, self.n_kv_heads, 0, self.head_dim, device=device, dtype=dtype)
         return KVCache(empty, empty.clone(), torch.zeros((), dtype=torch.long, device=device))
 
     def _project_kv(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        _, w_k, w_v = self.in_proj_weight.split(self._split_sizes())
+        _, w_k, w_v = self.projection_weights()
         b_k = b_v = None
         if self.in_proj_bias is not None:
             _, b_k, b_v = self.in_proj_bias.split(self._split_sizes())
@@ -225,7 +231,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         else:
             q, k, v, new_state = self._cross_qkv(query, key, value, state)
             structure, is_causal = None, False
-        _check_user_mask(mask, (b, self.n_heads, t_q, k.size(2)), k.size(2) - t_q if key is None else 0)
+        check_user_mask(mask, (b, self.n_heads, t_q, k.size(2)), k.size(2) - t_q if key is None else 0)
         m = combine_masks(mask, structure)
         drop = self.dropout if self.training else 0.0
         sdpa = scaled_dot_product_attention if fast else scaled_dot_product_attention_ref
@@ -285,7 +291,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         """q (b, h, t_q, k) from x; k, v (b, g, t_k, k) from the memory, or from its cache when given."""
         b, t_q, _ = x.shape
         h, kd = self.n_heads, self.head_dim
-        w_q, *_ = self.in_proj_weight.split(self._split_sizes())
+        w_q, *_ = self.projection_weights()
         b_q = None if self.in_proj_bias is None else self.in_proj_bias[: h * kd]
         q = linear(x, w_q, b_q).view(b, t_q, h, kd).transpose(1, 2)  # (b, t_q, d) -> (b, h, t_q, k)
         if state is None:
@@ -308,7 +314,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         """One position of self-attention: x_t (b, d) -> y_t (b, d), with the cache grown by one."""
         check_causal_step(self)
         check_input(
-            f"{type(self).__name__}.step", x_t, self.d_model, self.in_proj_weight, step=True, what="x_t"
+            f"{type(self).__name__}.step", x_t, self.d_model, self.out_proj.weight, step=True, what="x_t"
         )
         state = self.init_state(x_t.size(0)) if state is None else state
         y, state = self.forward(x_t.unsqueeze(1), state=state)  # (b, 1, d)
@@ -318,6 +324,7 @@ class MultiheadAttention(FastPathMixin, nn.Module):
         s = f"{self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}"
         s += f", bias={self.in_proj_bias is not None}, dropout={self.dropout}, causal={self.causal}"
         s += f", window={self.window}" if self.window is not None else ""
+        s += "" if self._qkv_same_embed_dim else f", kdim={self.kdim}, vdim={self.vdim}"
         return s + (", fast_path=False" if not self.fast_path else "")
 
 
@@ -373,7 +380,7 @@ class SelfAttention(MultiheadAttention):
         position was padding."""
         if mask is None:
             return x, attn_mask, False
-        check_input(type(self).__name__, x, self.d_model, self.in_proj_weight)
+        check_input(type(self).__name__, x, self.d_model, self.out_proj.weight)
         b, t, _ = x.shape
         mask = check_padding_mask(mask, b, t, x.device)
         if mask is None:

@@ -132,11 +132,20 @@ def check_state(
 def check_attention_call(layer, query, key, value, mask, state) -> None:
     """A MultiheadAttention call's arguments: shapes, dtypes and devices, a mask of at most 4 dims, and a
     KV cache as ``layer.init_state`` makes it (attributes only: no value is read)."""
-    name = type(layer).__name__
-    check_input(name, query, layer.d_model, layer.in_proj_weight, what="query")
-    for what, m in (("key", key), ("value", value)):
+    name, weight = type(layer).__name__, layer.out_proj.weight
+    check_input(name, query, layer.d_model, weight, what="query")
+    if key is None and not layer._qkv_same_embed_dim:
+        raise ValueError(
+            f"{name} has kdim={layer.kdim}, vdim={layer.vdim} (d_model={layer.d_model}): it attends to a memory of "
+            "those widths, so it needs key and value (cross-attention), not self-attention"
+        )
+    if key is not None and value is None and layer.vdim != layer.kdim:
+        raise ValueError(
+            f"{name}: value defaults to key, but vdim={layer.vdim} differs from kdim={layer.kdim}"
+        )
+    for what, m, width in (("key", key, layer.kdim), ("value", value, layer.vdim)):
         if m is not None:
-            check_input(name, m, layer.d_model, layer.in_proj_weight, what=what)
+            check_input(name, m, width, weight, what=what)
             if m.size(0) != query.size(0):
                 raise ValueError(f"{name}: {what} has batch {m.size(0)} but query has {query.size(0)}")
     if key is not None and value is not None and key.size(1) != value.size(1):
@@ -169,3 +178,18 @@ def check_causal_step(layer) -> None:
             f"{type(layer).__name__}.step decodes one position at a time, which only a causal layer can do; this "
             "one has causal=False (each output reads every position): run forward over the whole sequence"
         )
+
+
+def check_user_mask(mask: Tensor | None, shape: tuple[int, int, int, int], cached: int) -> None:
+    """The caller's boolean mask broadcasts to shape = (b, h, t_q, t_k), checked before the causal structure is
+    combined with it (where a mismatch would surface as torch's broadcast error); with a KV cache, t_k counts
+    the ``cached`` keys before this call's."""
+    if mask is None or not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        return  # no mask, or one that combine_masks refuses with its own message
+    try:
+        torch.broadcast_shapes(mask.shape, shape)
+    except RuntimeError:
+        hint = f"; t_k counts the {cached} cached keys before this call's {shape[2]}" if cached else ""
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, t_q, t_k) = {shape}{hint}"
+        ) from None

@@ -114,7 +114,7 @@ def matmul_params(model: nn.Module) -> int:
         elif isinstance(m, RNNBase):  # W_ih x_t and W_hh h_{t-1}: every weight once per token
             n += sum(p.numel() for name, p in m.named_parameters() if name.startswith("weight"))
         elif isinstance(m, MultiheadAttention):
-            n += m.in_proj_weight.numel()
+            n += sum(w.numel() for w in m.projection_weights())
     return n
 
 

@@ -25,7 +25,8 @@ def normal_init_(module: nn.Module, std: float = 0.02, skip: Iterable[nn.Module]
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, MultiheadAttention):
-            nn.init.normal_(m.in_proj_weight, std=std)
+            for w in m.projection_weights():  # views of the packed weight, or the three of kdim/vdim
+                nn.init.normal_(w, std=std)
             if m.in_proj_bias is not None:
                 nn.init.zeros_(m.in_proj_bias)
         elif isinstance(m, LearnedPositionalEmbedding):
