@@ -71,6 +71,32 @@ def _check_against_f_linear(x, w, b, wants, path):
         assert x1.grad.shape == x1.shape
 
 
+def test_onednn_multiplies_dense_weights_only(onednn, monkeypatch):
+    """A weight's column slice (rows a stride apart) reaches oneDNN as a contiguous copy, forward and backward:
+    as given, oneDNN took a generic path about 1,000x slower (7.7 s against 7 ms on an AMD EPYC)."""
+    seen = []
+    real = gemm._onednn
+
+    def recording(x, weight, bias):
+        seen.append(weight.is_contiguous() or weight.t().is_contiguous())
+        return real(x, weight, bias)
+
+    monkeypatch.setattr(gemm, "_onednn", recording)
+    full = torch.randn(
+        1024, 384, requires_grad=True
+    )  # the slice is taken in the graph, as a decoder takes it
+    x, b = torch.randn(2048, 256, requires_grad=True), torch.randn(1024, requires_grad=True)
+    y = gemm.linear(x, full[:, :256], b)
+    assert type(y.grad_fn).__name__ == "_LinearBackward"
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, full, b), g)
+    ref = F.linear(x, full[:, :256], b)
+    _close(y, ref)
+    for got, want in zip(grads, torch.autograd.grad(ref, (x, full, b), g), strict=True):
+        _close(got, want)
+    assert seen == [True, True]  # the product and the input gradient
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("wants", ["all", "weights only"])
 def test_values_and_gradients_match_f_linear(onednn, case, wants):

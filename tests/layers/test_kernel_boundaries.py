@@ -77,6 +77,13 @@ def _gru_args(**change):
             r"recurrent_layer: mode must be one of 'RNN_TANH', 'RNN_RELU', 'GRU', 'LSTM', got 'GRU2'",
         ),
         ({"mode": "LSTM"}, r"recurrent_layer: the LSTM's state must be a pair \(h0, c0\), got \(4, 5\)"),
+        ({"lengths": torch.tensor([3.0, 1, 2, 3])}, r"lengths must be integers of shape \(b,\) = \(4,\)"),
+        ({"lengths": torch.tensor([3, 1])}, r"lengths must be integers of shape \(b,\) = \(4,\), got \(2,\)"),
+        (
+            {"lengths": torch.tensor([3, 1, 0, 3])},
+            r"every length must lie in \[1, t = 3\], got \[3, 1, 0, 3\]",
+        ),
+        ({"lengths": torch.tensor([True] * 4)}, r"lengths must be integers"),
         (
             {"mode": "LSTM", "h0": (torch.zeros(B, H), torch.zeros(B, H + 1))},
             r"recurrent_layer: c0 must be h0's shape \(4, 5\), got \(4, 6\)",
@@ -114,7 +121,7 @@ def _kernel_forward(args: dict):
         pytest.skip("seqlab's recurrent kernel could not be built")
     mode = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2, "LSTM": 3}.get(args["mode"], args["mode"])
     keys = ("x", "h0", "w_ih", "w_hh", "b_ih", "b_hh")
-    return kernel.forward(*(args[k] for k in keys), mode, False, args.get("c0"))
+    return kernel.forward(*(args[k] for k in keys), mode, False, args.get("c0"), args.get("lengths"))
 
 
 @needs_compiler
@@ -148,6 +155,14 @@ def _kernel_forward(args: dict):
             },
             r"c0 must be h0's shape \[4, 5\], got \[4, 1\]",
         ),
+        (
+            {"lengths": torch.tensor([3, 1, 2, 3], dtype=torch.int32)},
+            r"lengths must be a contiguous int64 CPU",
+        ),
+        ({"lengths": torch.tensor([3, 1, 2])}, r"lengths must be .* \(b,\) = \(4,\), got Long \[3\]"),
+        ({"lengths": torch.tensor([3, 0, 2, 3])}, r"every length must lie in \[1, t = 3\], got 0"),
+        ({"lengths": torch.tensor([3, 4, 2, 3])}, r"every length must lie in \[1, t = 3\], got 4"),
+        ({"lengths": torch.tensor([3, 1, 2, 2])}, r"lengths must be sorted longest first"),
     ],
 )
 def test_the_cpp_entry_checks_its_arguments_on_its_own(change, message):
@@ -165,7 +180,7 @@ def test_the_cpp_entry_refuses_one_bias_without_crashing():
         "x, h0, w_ih, w_hh, b = torch.randn(3, 4, 2), torch.randn(4, 5), torch.randn(15, 2), torch.randn(15, 5), "
         "torch.randn(15)\n"
         "try:\n"
-        "    k.forward(x, h0, w_ih, w_hh, b, None, 2, False, None)\n"
+        "    k.forward(x, h0, w_ih, w_hh, b, None, 2, False, None, None)\n"
         "except RuntimeError as e:\n"
         "    print('refused:', str(e).splitlines()[0])\n"
     )

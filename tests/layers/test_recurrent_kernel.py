@@ -14,10 +14,12 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqlab.kernels import recurrent as kernel_module
 from seqlab.kernels.recurrent import GATES, load_recurrent_kernel, recurrent_layer, recurrent_layer_ref
 from seqlab.layers import GRU, LSTM, RNN, recurrent_base
+from seqlab.layers.recurrent_base import RNNBase
 
 IN, H = 3, 4
 KINDS = {  # name -> (seqlab class, torch.nn class, extra constructor arguments)
@@ -50,9 +52,11 @@ def make_state(
     return torch.randn(*shape, dtype=dtype)
 
 
-def outputs_and_grads(layer: nn.Module, x: torch.Tensor, h0) -> dict[str, torch.Tensor]:
+def outputs_and_grads(layer, x: torch.Tensor, h0, params: nn.Module | None = None) -> dict[str, torch.Tensor]:
     """Output, final state (h_n, and the LSTM's c_n), and the gradients of a random projection of them w.r.t.
-    everything. ``h0``: None, a tensor, or the LSTM's pair (h0, c0)."""
+    everything. ``h0``: None, a tensor, or the LSTM's pair (h0, c0). ``layer`` may be a function of (x, state)
+    over the parameters of ``params``."""
+    params = layer if params is None else params
     x = x.detach().requires_grad_()
     names = ("h", "c") if isinstance(h0, tuple) else ("h",)
     state = (
@@ -67,7 +71,7 @@ def outputs_and_grads(layer: nn.Module, x: torch.Tensor, h0) -> dict[str, torch.
     inputs = {
         "x": x,
         **{f"{n}0": s for n, s in zip(names, state, strict=False)},
-        **dict(layer.named_parameters()),
+        **dict(params.named_parameters()),
     }
     grads = torch.autograd.grad(loss, list(inputs.values()))
     finals = {f"{n}_n": f for n, f in zip(("h", "c"), finals, strict=False)}
@@ -141,14 +145,14 @@ def test_kernel_matches_torch_nn_in_float32_time_major(kind, hidden_size, count_
     assert count_kernel_calls
 
 
-def flat_layer(mode: str, reverse: bool = False):
+def flat_layer(mode: str, reverse: bool = False, lengths: torch.Tensor | None = None):
     """recurrent_layer over flat tensor arguments and outputs, as gradcheck takes them: the LSTM's state is two
     arguments (h0, c0) and two outputs (h_n, c_n)."""
 
     def run(x, *rest):
         if mode != "LSTM":
-            return recurrent_layer(x, *rest, mode, reverse)
-        out, (h_n, c_n) = recurrent_layer(x, rest[:2], *rest[2:], mode, reverse)
+            return recurrent_layer(x, *rest, mode, reverse, lengths)
+        out, (h_n, c_n) = recurrent_layer(x, rest[:2], *rest[2:], mode, reverse, lengths)
         return out, h_n, c_n
 
     return run
@@ -162,14 +166,16 @@ def arg(*shape):
 @pytest.mark.parametrize("mode", ["GRU", "RNN_TANH", "RNN_RELU", "LSTM"])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("bias", [True, False])
-def test_gradcheck(mode, reverse, bias):
+@pytest.mark.parametrize("lengths", [None, [3, 1]])
+def test_gradcheck(mode, reverse, bias, lengths):
     assert load_recurrent_kernel() is not None
     g = GATES[mode]
     t, b = 3, 2
     biases = (arg(g * H), arg(g * H)) if bias else (None, None)
     states = (arg(b, H), arg(b, H)) if mode == "LSTM" else (arg(b, H),)
     args = (arg(t, b, IN), *states, arg(g * H, IN), arg(g * H, H), *biases)
-    assert torch.autograd.gradcheck(flat_layer(mode, reverse), args)
+    lengths = None if lengths is None else torch.tensor(lengths)
+    assert torch.autograd.gradcheck(flat_layer(mode, reverse, lengths), args)
 
 
 DOUBLE = {"GRU": (GRU, nn.GRU), "RNN_TANH": (RNN, nn.RNN), "LSTM": (LSTM, nn.LSTM)}
@@ -184,6 +190,9 @@ def test_double_backward_is_exact(mode):
     states = (arg(2, H), arg(2, H)) if mode == "LSTM" else (arg(2, H),)
     args = (arg(3, 2, IN), *states, arg(g * H, IN), arg(g * H, H), arg(g * H), arg(g * H))
     assert torch.autograd.gradgradcheck(flat_layer(mode), args)
+    assert torch.autograd.gradgradcheck(
+        flat_layer(mode, True, torch.tensor([2, 3])), args
+    )  # padded, reversed
     ours = DOUBLE[mode][0](IN, H, num_layers=2, batch_first=True).double()
     theirs = DOUBLE[mode][1](IN, H, num_layers=2, batch_first=True).double()
     theirs.load_state_dict(ours.state_dict())
@@ -213,10 +222,15 @@ def test_kernel_matches_its_ref(mode, dtype, hidden_size, tol):
     x, *rest = args
     if mode == "LSTM":
         rest = [tuple(rest[:2]), *rest[2:]]
-    for reverse in (False, True):
+    for reverse, lengths in (
+        (False, None),
+        (True, None),
+        (False, torch.tensor([6, 2, 4])),
+        (True, torch.tensor([1, 6, 3])),
+    ):
         got, want = (
-            flat(recurrent_layer(x, *rest, mode, reverse)),
-            flat(recurrent_layer_ref(x, *rest, mode, reverse)),
+            flat(recurrent_layer(x, *rest, mode, reverse, lengths)),
+            flat(recurrent_layer_ref(x, *rest, mode, reverse, lengths)),
         )
         grads = [
             torch.autograd.grad(out[0].sum() + sum(s.square().sum() for s in out[1:]), args)
@@ -246,12 +260,85 @@ def flat(result) -> tuple[torch.Tensor, ...]:
     return (out, *state) if isinstance(state, tuple) else (out, state)
 
 
-def test_padded_batches_keep_torch_nn_kernels():
-    for kind in ("gru", "lstm"):
-        layer, _ = make_pair(kind)
+def padded_outputs_and_grads(layer: nn.Module, x: torch.Tensor, h0, lengths: torch.Tensor) -> dict:
+    """``outputs_and_grads`` of a right-padded batch: torch.nn's layer through pack_padded_sequence (its own
+    packed kernel), seqlab's with ``lengths``."""
+    if isinstance(layer, RNNBase):
+        return outputs_and_grads(lambda x, s: layer(x, s, lengths=lengths), x, h0, params=layer)
+
+    def packed(x, s):
+        seq = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, state = layer(seq, s)
+        return pad_packed_sequence(out, batch_first=True, total_length=x.size(1))[0], state
+
+    return outputs_and_grads(packed, x, h0, params=layer)
+
+
+@needs_compiler
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize(
+    ("num_layers", "bidirectional", "with_state", "lengths"),
+    [
+        (1, False, True, [5, 2, 4]),
+        (2, True, False, [3, 5, 1]),
+        (2, True, True, [1, 1, 5]),
+        (1, True, True, [5, 5, 5]),  # lengths that pad nothing
+    ],
+)
+def test_padded_batches_run_the_kernel_as_torch_nn_packs_them(
+    kind, num_layers, bidirectional, with_state, lengths, count_kernel_calls
+):
+    """Right padding in the kernel: the state held at padded steps (so the reverse direction starts at each row's
+    own end), zero outputs there, the gradient passing held steps; the same numbers as torch.nn on the packed
+    sequence in float64, outputs, final states and every gradient."""
+    ours, theirs = make_pair(kind, num_layers=num_layers, bidirectional=bidirectional)
+    lengths = torch.tensor(lengths)
+    x = torch.randn(3, 5, IN, dtype=torch.float64)
+    h0 = make_state(kind, num_layers * (1 + bidirectional), 3, H) if with_state else None
+    assert ours.why_not_kernel(x, lengths) is None
+    got = padded_outputs_and_grads(ours, x, h0, lengths)
+    assert_same(got, padded_outputs_and_grads(theirs, x, h0, lengths), atol=1e-10, rtol=1e-10)
+    assert len(count_kernel_calls) == num_layers * (1 + bidirectional)
+    pad = torch.arange(5)[None, :] >= lengths[:, None]  # (b, t)
+    assert (got["out"][pad] == 0).all()
+
+
+@needs_compiler
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("hidden_size", [5, 40, 240])
+def test_padded_float32_batches_on_every_step_path(kind, threads, hidden_size):
+    """Padding through each step product (the small ones, brgemm, MKL on two threads), where a padded row's
+    carried dL/dh is kept across a product that overwrites the others: float32 against torch.nn's packed kernel."""
+    ours, theirs = (m.float() for m in make_pair(kind, hidden_size, bidirectional=True))
+    lengths = torch.tensor([12, 3, 7])
+    x, h0 = torch.randn(3, 12, IN), make_state(kind, 2, 3, hidden_size, dtype=torch.float32)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = padded_outputs_and_grads(ours, x, h0, lengths)
+    finally:
+        torch.set_num_threads(before)
+    assert_same(got, padded_outputs_and_grads(theirs, x, h0, lengths), atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+def test_padding_never_reaches_a_number_even_as_nan():
+    for kind in KINDS:
+        ours, _ = make_pair(kind, bidirectional=True)
+        lengths = torch.tensor([4, 2])
         x = torch.randn(2, 4, IN, dtype=torch.float64)
-        assert "padded" in layer.why_not_kernel(x, torch.tensor([4, 2]))
-        assert "float32 or float64" in layer.why_not_kernel(x.half())
+        dirty = x.clone()
+        dirty[1, 2:] = float("nan")
+        clean = padded_outputs_and_grads(ours, x, None, lengths)
+        got = padded_outputs_and_grads(ours, dirty, None, lengths)
+        assert_same(got, clean)  # outputs, states and every gradient, dL/dx zero at the padding
+        assert torch.equal(got["dx"][1, 2:], torch.zeros(2, IN, dtype=torch.float64))
+
+
+def test_what_keeps_torch_nn_kernels():
+    layer, _ = make_pair("gru")
+    assert "float32 or float64" in layer.why_not_kernel(torch.randn(2, 4, IN).half())
 
 
 @needs_compiler

@@ -194,6 +194,38 @@ std::pair<const T*, int64_t> previous_cell(const T* c0, const T* wss, int64_t k,
   return {wss + (reverse ? B : -B) * W + 4 * H, W};
 }
 
+// Padded batches (right padding): lengths (b,) int64, each in [1, t], longest first (as pack_padded_sequence sorts
+// them); position s of row i is padding when s >= its length. So a step's real rows are a prefix, its first
+// active(s) rows, and the step's products and gate loops run on those alone (a packed sequence's work); the rows
+// after it hold their state, h_s = h_{s-1} (and the LSTM's c_s = c_{s-1}), so a reverse recurrence starts at each
+// row's own end, and the gradient passes a held step unchanged with no gate gradient. Null without padding.
+const int64_t* checked_lengths(const std::optional<at::Tensor>& lengths, int64_t T, int64_t B) {
+  if (!lengths.has_value()) return nullptr;
+  const at::Tensor& l = *lengths;
+  TORCH_CHECK(l.dim() == 1 && l.size(0) == B && l.scalar_type() == at::kLong && l.device().is_cpu() &&
+                  l.is_contiguous(),
+              "lengths must be a contiguous int64 CPU tensor (b,) = (", B, ",), got ", l.scalar_type(), " ", l.sizes());
+  const int64_t* p = l.data_ptr<int64_t>();
+  for (int64_t i = 0; i < B; ++i) {
+    TORCH_CHECK(p[i] >= 1 && p[i] <= T, "every length must lie in [1, t = ", T, "], got ", p[i]);
+    TORCH_CHECK(i == 0 || p[i] <= p[i - 1], "lengths must be sorted longest first, got ", l);
+  }
+  return p;
+}
+
+// out's first rows = a's first rows times w, through MKL (the narrowed views made only on this path)
+void mm_rows(const at::Tensor& out, const at::Tensor& a, const at::Tensor& w, int64_t rows) {
+  at::Tensor head = out.narrow(0, 0, rows);
+  at::mm_out(head, a.narrow(0, 0, rows), w);
+}
+
+// The rows of step s that are real: all B without lengths, else those whose length exceeds s (a prefix)
+inline int64_t active(const int64_t* lens, int64_t B, int64_t s) {
+  int64_t n = lens ? 0 : B;
+  while (n < B && lens[n] > s) ++n;
+  return n;
+}
+
 // The forward's arguments, before any buffer is sized from them: every row the loops read must exist (an h0 of
 // another batch, a w_hh of another width or a missing b_hh would otherwise be read out of bounds).
 void check(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
@@ -543,9 +575,11 @@ at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool
 std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor& h0_, const at::Tensor& w_ih,
                                           const at::Tensor& w_hh, const std::optional<at::Tensor>& b_ih,
                                           const std::optional<at::Tensor>& b_hh, int64_t mode, bool reverse,
-                                          const std::optional<at::Tensor>& c0_) {
+                                          const std::optional<at::Tensor>& c0_,
+                                          const std::optional<at::Tensor>& lengths) {
   seqlab_vec::FlushDenormals flush;  // the gate loops run on this thread: subnormals flushed (vec_math.h)
   check(x_, h0_, w_ih, w_hh, b_ih, b_hh, mode, c0_);
+  const int64_t* lens = checked_lengths(lengths, x_.size(0), x_.size(1));
   const at::Tensor x = contiguous_buffer(x_), h0 = h0_.contiguous();
   const at::Tensor c0 = c0_.has_value() ? c0_->contiguous() : at::Tensor();
   const int64_t T = x.size(0), B = x.size(1), H = h0.size(1), G = w_hh.size(0), W = saved_width(mode) * H;
@@ -581,30 +615,35 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
     scalar_t *outp = out.data_ptr<scalar_t>(), *ghp = gh.data_ptr<scalar_t>();
     const auto [small, brg] = step_paths<scalar_t>(B, H, G);
     for (int64_t k = 0; k < T; ++k) {
-      const int64_t s = reverse ? T - 1 - k : k;
+      const int64_t s = reverse ? T - 1 - k : k, A = active(lens, B, s);  // A: the step's real rows, a prefix
       const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
       scalar_t* hs = outp + s * B * H;
-      // W_hh h_{s-1} (+ b_hn): (b, H) x (H, G), into gh for the GRU and the LSTM, straight into out[s] for the RNN
-      if (small) {
-        small_product(hps, whh, bias, gru || lstm ? ghp : hs, B, H, G, false);
+      // W_hh h_{s-1} (+ b_hn): (A, H) x (H, G), into gh for the GRU and the LSTM, straight into out[s] for the RNN
+      if (A == 0) {
+      } else if (small) {
+        small_product(hps, whh, bias, gru || lstm ? ghp : hs, A, H, G, false);
       } else if (brg) {
-        brgemm_product(hps, whh, bias, gru || lstm ? ghp : hs, B, H, G, false);
+        brgemm_product(hps, whh, bias, gru || lstm ? ghp : hs, A, H, G, false);
       } else {
-        const at::Tensor hp = previous(out, h0, s, reverse);
-        at::Tensor dst = gru || lstm ? gh : out[s];
+        const at::Tensor hp = previous(out, h0, s, reverse).narrow(0, 0, A);
+        at::Tensor dst = (gru || lstm ? gh : out[s]).narrow(0, 0, A);
         if (bias) at::addmm_out(dst, *b_hh, hp, w_hh_t);
         else at::mm_out(dst, hp, w_hh_t);
       }
       scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * W;
+      const auto [cps, ci] = lstm ? previous_cell<scalar_t>(c0p, wss, k, reverse, B, H) : std::pair{hps, H};
       if (gru) {
-        for (int64_t i = 0; i < B; ++i)
+        for (int64_t i = 0; i < A; ++i)
           gru_forward_row(gxp + (s * B + i) * G, ghp + i * G, hps + i * H, hs + i * H, wss + i * W, H);
       } else if (lstm) {
-        const auto [cps, ci] = previous_cell<scalar_t>(c0p, wss, k, reverse, B, H);
-        for (int64_t i = 0; i < B; ++i)
+        for (int64_t i = 0; i < A; ++i)
           lstm_forward_row(gxp + (s * B + i) * G, ghp + i * G, cps + i * ci, hs + i * H, wss + i * W, H);
       } else {
-        rnn_forward_row(hs, gxp + s * B * G, B * H, mode == kRelu);
+        rnn_forward_row(hs, gxp + s * B * G, A * H, mode == kRelu);
+      }
+      for (int64_t i = A; i < B; ++i) {  // padding: the state held
+        std::copy(hps + i * H, hps + (i + 1) * H, hs + i * H);
+        if (lstm) std::copy(cps + i * ci, cps + i * ci + H, wss + i * W + 4 * H);
       }
     }
     if (brg) release_brgemm();
@@ -635,7 +674,8 @@ void add_rows(const T* rows, int64_t B, int64_t G, int64_t c0, T* part, double* 
 // of dgx into sums[1] (its r and z columns equal dgh's)
 at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, const at::Tensor& h0,
                          const at::Tensor& c0, const at::Tensor& w_hh, const at::Tensor& out, const at::Tensor& ws,
-                         at::Tensor& dgx, at::Tensor& dgh, int64_t mode, bool reverse, double* sums[2]) {
+                         at::Tensor& dgx, at::Tensor& dgh, int64_t mode, bool reverse, double* sums[2],
+                         const int64_t* lens) {
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0), W = saved_width(mode) * H;
   const bool gru = mode == kGru, lstm = mode == kLstm;
   const at::Tensor w = w_hh.contiguous();
@@ -646,7 +686,9 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, co
     const auto [small, brg] = step_paths<scalar_t>(B, H, G);
     std::vector<scalar_t> part(G);
     for (int64_t k = T - 1; k >= 0; --k) {
-      const int64_t s = reverse ? T - 1 - k : k;
+      // A: the step's real rows, a prefix; the held rows after it get no gate gradient (zeroed for the whole-sequence
+      // products and sums after the loop) and keep their dL/dh, which the products below, of A rows, leave alone
+      const int64_t s = reverse ? T - 1 - k : k, A = active(lens, B, s);
       // out, dgh, dgx, ws contiguous, time-major; the GRU's and the LSTM's go rows may lie apart (see the caller)
       const scalar_t* gos = go.data_ptr<scalar_t>() + s * go.stride(0);
       const int64_t gi = go.stride(1);
@@ -655,35 +697,42 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, co
       if (gru) {
         const scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * W;
         scalar_t* dgxs = dgxp + s * B * G;
-        for (int64_t i = 0; i < B; ++i)
+        for (int64_t i = 0; i < A; ++i)
           gru_backward_row(gos + i * gi, wss + i * W, hps + i * H, dhs + i * H, dgxs + i * G, dghs + i * G, H);
+        std::fill(dgxs + A * G, dgxs + B * G, scalar_t(0));
+        std::fill(dghs + A * G, dghs + B * G, scalar_t(0));
         if (sums[0]) {
           add_rows(static_cast<const scalar_t*>(dghs), B, G, 0, part.data(), sums[0]);
           add_rows(static_cast<const scalar_t*>(dgxs), B, G, 2 * H, part.data(), sums[1]);
         }
-        // dL/dh_{s-1} += dgh[s] W_hh: (b, 3H) x (3H, H) -> (b, H)
-        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, G, H, true);
-        else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, G, H, true);
-        else dh.addmm_(dgh[s], w_hh);
+        // dL/dh_{s-1} += dgh[s] W_hh: (A, 3H) x (3H, H) -> (A, H)
+        if (A == 0) {
+        } else if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, G, H, true);
+        else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, G, H, true);
+        else dh.narrow(0, 0, A).addmm_(dgh[s].narrow(0, 0, A), w_hh);  // MKL
       } else if (lstm) {
         const scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * W;
         const auto [cps, ci] = previous_cell<scalar_t>(c0.data_ptr<scalar_t>(), wss, k, reverse, B, H);
         scalar_t* dcs = dc.data_ptr<scalar_t>();
-        for (int64_t i = 0; i < B; ++i)
+        for (int64_t i = 0; i < A; ++i)
           lstm_backward_row(gos + i * gi, wss + i * W, cps + i * ci, static_cast<const scalar_t*>(dhs + i * H),
                             dcs + i * H, dghs + i * G, H);
+        std::fill(dghs + A * G, dghs + B * G, scalar_t(0));  // the held rows' dc passes unchanged
         if (sums[0]) add_rows(static_cast<const scalar_t*>(dghs), B, G, 0, part.data(), sums[0]);
-        // dL/dh_{s-1} = dgates[s] W_hh: (b, 4H) x (4H, H) -> (b, H)
-        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, G, H, false);
-        else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, G, H, false);
-        else at::mm_out(dh, dgh[s], w_hh);
+        // dL/dh_{s-1} = dgates[s] W_hh: (A, 4H) x (4H, H) -> (A, H)
+        if (A == 0) {
+        } else if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, G, H, false);
+        else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, G, H, false);
+        else mm_rows(dh, dgh[s], w_hh, A);
       } else {
-        rnn_backward_row(gos, outp + s * B * H, dhs, dghs, B * H, mode == kRelu);  // go contiguous: one span
+        rnn_backward_row(gos, outp + s * B * H, dhs, dghs, A * H, mode == kRelu);  // go contiguous: one span
+        std::fill(dghs + A * G, dghs + B * G, scalar_t(0));
         if (sums[0]) add_rows(static_cast<const scalar_t*>(dghs), B, G, 0, part.data(), sums[0]);
-        // dL/dh_{s-1} = dpre[s] W_hh: (b, H) x (H, H) -> (b, H)
-        if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, H, H, false);
-        else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, B, H, H, false);
-        else at::mm_out(dh, dgh[s], w_hh);
+        // dL/dh_{s-1} = dpre[s] W_hh: (A, H) x (H, H) -> (A, H)
+        if (A == 0) {
+        } else if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, H, H, false);
+        else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, H, H, false);
+        else mm_rows(dh, dgh[s], w_hh, A);
       }
     }
     if (brg) release_brgemm();
@@ -763,9 +812,11 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
                                            const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
                                            const at::Tensor& out, const at::Tensor& ws, int64_t mode, bool reverse,
                                            bool has_bias, const std::optional<at::Tensor>& dx_like,
-                                           const std::optional<at::Tensor>& c0) {
+                                           const std::optional<at::Tensor>& c0,
+                                           const std::optional<at::Tensor>& lengths) {
   seqlab_vec::FlushDenormals flush;  // as in recurrent_forward
   check_backward(grad_out, grad_hn, grad_cn, x, h0, w_ih, w_hh, out, ws, mode, c0);
+  const int64_t* lens = checked_lengths(lengths, out.size(0), out.size(1));
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
   // dL/dout: the GRU's and the LSTM's gate loops run row by row and read the rows where they are (a batch-first
   // dL/dout needs no copy: 1% of the GRU's fwd + bwd at b 32, t 100, H 256); the RNN's runs over a step's b*H values
@@ -786,7 +837,7 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
   at::Tensor dc = !lstm ? at::Tensor() : grad_cn.has_value() ? grad_cn->contiguous().clone() : at::zeros_like(dh);
   const at::Tensor c0c = lstm ? c0->contiguous() : at::Tensor();
   const at::Tensor dh0 =
-      backward_loop(go, dh, dc, h0.contiguous(), c0c, w_hh, out, ws, dgx, dgh, mode, reverse, sums);
+      backward_loop(go, dh, dc, h0.contiguous(), c0c, w_hh, out, ws, dgx, dgh, mode, reverse, sums, lens);
   // weight, bias and input gradients: one matmul (or sum) each over all t*b rows
   const at::Tensor dgx2 = dgx.view({T * B, G}), dgh2 = dgh.view({T * B, G});
   const at::Tensor x2 = x.contiguous().view({T * B, x.size(2)});

@@ -70,31 +70,45 @@ class _RecurrentLayer(torch.autograd.Function):
     """One layer, one direction, through the compiled kernel; the backward is the kernel's own."""
 
     @staticmethod
-    def forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode: int, reverse: bool):
-        """-> out (t, b, H), h_n (b, H), and for the LSTM (c0 given) c_n (b, H)."""
+    def forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode: int, reverse: bool, lengths):
+        """-> out (t, b, H), h_n (b, H), and for the LSTM (c0 given) c_n (b, H). With ``lengths`` the kernel's
+        out holds each row's state through its padding (what the steps read); the output is zero there."""
         kernel = load_recurrent_kernel()
         x_in, h0_in = x, h0  # as given: a double backward differentiates the reference through them
         h0 = h0.contiguous()
-        out, ws, x = kernel.forward(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, c0)  # (t, b, H), saved, x
-        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh)
+        out, ws, x = kernel.forward(
+            x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, c0, lengths
+        )  # (t, b, H), ...
+        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh, lengths)
         ctx.mode, ctx.reverse, ctx.has_bias = mode, reverse, b_ih is not None
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: the kernel skips it
-        last = 0 if reverse else -1  # the last step of the recurrence
+        last = (
+            0 if reverse else -1
+        )  # the last step of the recurrence: held through any padding after the last real
         h_n = out[last].clone()  # (b, H)
+        if lengths is not None:
+            out = out.masked_fill(_padding(lengths, out.size(0))[..., None], 0.0)  # (t, b, H), a new tensor
         if c0 is None:
             return out, h_n
         return out, h_n, ws[last, :, 4 * h0.size(1) :].clone()  # c_n: the saved c of the last step
 
     @staticmethod
     def backward(ctx, grad_out, grad_hn, grad_cn=None):
-        x, h0, c0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh = ctx.saved_tensors
+        x, h0, c0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh, lengths = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients that autograd can differentiate again
             inputs = (x_in, h0_in, c0, w_ih, w_hh, b_ih, b_hh)
-            return _backward_through_ref(ctx, inputs, (grad_out, grad_hn, grad_cn))
-        return _backward_kernel(ctx, (grad_out, grad_hn, grad_cn), x, h0, c0, w_ih, w_hh, out, ws, x_in)
+            return _backward_through_ref(ctx, inputs, (grad_out, grad_hn, grad_cn), lengths)
+        return _backward_kernel(
+            ctx, (grad_out, grad_hn, grad_cn), x, h0, c0, w_ih, w_hh, out, ws, x_in, lengths
+        )
 
 
-def _backward_kernel(ctx, grads, x, h0, c0, w_ih, w_hh, out, ws, x_in):
+def _padding(lengths: Tensor, t: int) -> Tensor:
+    """(t, b) boolean, True at the padded positions s >= lengths[j] (time-major, as the kernel's tensors)."""
+    return torch.arange(t, device=lengths.device)[:, None] >= lengths[None, :]
+
+
+def _backward_kernel(ctx, grads, x, h0, c0, w_ih, w_hh, out, ws, x_in, lengths):
     """The kernel's own first-order backward (grad mode is off): the adjoint recurrence, fused. dL/dx comes in
     x_in's layout where the kernel can write it so (no copy when autograd adds it to a batch-first input's)."""
     need_dx = ctx.needs_input_grad[0]
@@ -114,6 +128,7 @@ def _backward_kernel(ctx, grads, x, h0, c0, w_ih, w_hh, out, ws, x_in):
         ctx.has_bias,
         x_in if need_dx else None,
         c0,
+        lengths,  # padded steps pass dL/dh unchanged and ignore dL/dout there (the output is zero)
     )
     biases = (db_ih, db_hh) if ctx.has_bias else (None, None)
     return (
@@ -125,10 +140,11 @@ def _backward_kernel(ctx, grads, x, h0, c0, w_ih, w_hh, out, ws, x_in):
         *biases,
         None,
         None,
+        None,
     )
 
 
-def _backward_through_ref(ctx, inputs, grads):
+def _backward_through_ref(ctx, inputs, grads, lengths):
     """A differentiable backward (double backward, gradient penalties): recompute the layer with
     :func:`recurrent_layer_ref` on the same inputs and let autograd build the gradients' own graph."""
     names = {v: k for k, v in MODES.items()}
@@ -136,7 +152,7 @@ def _backward_through_ref(ctx, inputs, grads):
     wanted = [t for t, need in zip(inputs, ctx.needs_input_grad, strict=False) if need]
     with torch.enable_grad():
         out, state = recurrent_layer_ref(
-            x, h0 if c0 is None else (h0, c0), *params, names[ctx.mode], ctx.reverse
+            x, h0 if c0 is None else (h0, c0), *params, names[ctx.mode], ctx.reverse, lengths
         )
         outputs = (out, *(state if c0 is not None else (state,)))
         pairs = [(o, g) for o, g in zip(outputs, grads, strict=False) if g is not None]
@@ -145,7 +161,7 @@ def _backward_through_ref(ctx, inputs, grads):
                 [o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True, allow_unused=True
             )
         )
-    return (*(next(grads) if need else None for need in ctx.needs_input_grad[:7]), None, None)
+    return (*(next(grads) if need else None for need in ctx.needs_input_grad[:7]), None, None, None)
 
 
 def _shape(v) -> str:
@@ -215,9 +231,15 @@ def recurrent_layer(
     b_hh: Tensor | None,
     mode: str,
     reverse: bool = False,
+    lengths: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
     """x (t, b, in), h0 (b, H) -> out (t, b, H), h_n (b, H), differentiable in every tensor argument; for the
     LSTM the state is a pair, (h0, c0) -> out, (h_n, c_n), as torch.nn's LSTM carries it.
+
+    ``lengths`` (b,) integers in [1, t] make a right-padded batch: at positions s >= lengths[j] row j's state is
+    held and its output is zero, so h_n is the state after its last real position and a ``reverse`` recurrence
+    starts at its own end (``pack_padded_sequence``'s numbers). The padded inputs still go through the gates'
+    arithmetic (its results are dropped): give them finite (the layers zero them).
 
     ``mode`` is the layer's ('RNN_TANH', 'RNN_RELU', 'GRU' or 'LSTM'); the weights are torch.nn's, (G, in) and
     (G, H), the biases (G,) or both None. ``reverse`` runs the recurrence from the last step to the first (the
@@ -226,12 +248,40 @@ def recurrent_layer(
     second derivatives are exact too, at the reference's speed.
     """
     check_layer_args(x, h0, w_ih, w_hh, b_ih, b_hh, mode)
+    lengths = _checked_lengths(lengths, x.size(0), x.size(1))
     if load_recurrent_kernel() is None:
         raise RuntimeError(f"seqlab's recurrent kernel is not available: {build_info()['error']}")
+    if lengths is not None and bool((lengths[1:] > lengths[:-1]).any()):  # the kernel takes the longest first
+        order = torch.argsort(lengths, descending=True, stable=True)
+        back = torch.argsort(order)
+        h0 = tuple(h.index_select(0, order) for h in h0) if mode == "LSTM" else h0.index_select(0, order)
+        out, state = recurrent_layer(
+            x.index_select(1, order), h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, lengths[order]
+        )
+        state = (
+            tuple(h.index_select(0, back) for h in state) if mode == "LSTM" else state.index_select(0, back)
+        )
+        return out.index_select(1, back), state
     if mode != "LSTM":
-        return _RecurrentLayer.apply(x, h0, None, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)
-    out, h_n, c_n = _RecurrentLayer.apply(x, *h0, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse)
+        return _RecurrentLayer.apply(x, h0, None, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse, lengths)
+    out, h_n, c_n = _RecurrentLayer.apply(x, *h0, w_ih, w_hh, b_ih, b_hh, MODES[mode], reverse, lengths)
     return out, (h_n, c_n)
+
+
+def _checked_lengths(lengths, t: int, b: int) -> Tensor | None:
+    """``lengths`` as the kernel reads them, int64 contiguous on the CPU, after a ValueError naming what came
+    unless they are b integers in [1, t]; None stays None."""
+    if lengths is None:
+        return None
+    integral = isinstance(lengths, Tensor) and not (lengths.is_floating_point() or lengths.is_complex())
+    if not integral or lengths.dtype == torch.bool or lengths.shape != (b,):
+        raise ValueError(
+            f"recurrent_layer: lengths must be integers of shape (b,) = ({b},), got {_shape(lengths)}"
+        )
+    lengths = lengths.to("cpu", torch.int64).contiguous()
+    if b and not (int(lengths.min()) >= 1 and int(lengths.max()) <= t):
+        raise ValueError(f"recurrent_layer: every length must lie in [1, t = {t}], got {lengths.tolist()}")
+    return lengths
 
 
 def recurrent_layer_ref(
@@ -243,11 +293,14 @@ def recurrent_layer_ref(
     b_hh: Tensor | None,
     mode: str,
     reverse: bool = False,
+    lengths: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
     """``recurrent_layer`` in plain PyTorch (a loop over time, autograd for the backward), for tests."""
     gx = torch.nn.functional.linear(x, w_ih, b_ih)  # (t, b, in) x (in, G) -> (t, b, G)
     (h, c), outs = (h0 if mode == "LSTM" else (h0, None)), [None] * x.size(0)
+    pad = None if lengths is None else _padding(lengths.to(x.device), x.size(0))[..., None]  # (t, b, 1)
     for s in range(x.size(0) - 1, -1, -1) if reverse else range(x.size(0)):
+        h_prev, c_prev = h, c
         gh = torch.nn.functional.linear(h, w_hh, b_hh)  # (b, H) x (H, G) -> (b, G)
         if mode == "GRU":
             (x_r, x_z, x_n), (h_r, h_z, h_n) = gx[s].chunk(3, 1), gh.chunk(3, 1)
@@ -259,5 +312,8 @@ def recurrent_layer_ref(
             h = torch.sigmoid(o) * torch.tanh(c)
         else:
             h = torch.relu(gx[s] + gh) if mode == "RNN_RELU" else torch.tanh(gx[s] + gh)
-        outs[s] = h
+        if pad is not None:  # padding: the state held, the output zero
+            h = torch.where(pad[s], h_prev, h)
+            c = c if c is None else torch.where(pad[s], c_prev, c)
+        outs[s] = h if pad is None else h.masked_fill(pad[s], 0.0)
     return torch.stack(outs), ((h, c) if mode == "LSTM" else h)

@@ -193,3 +193,15 @@ def check_user_mask(mask: Tensor | None, shape: tuple[int, int, int, int], cache
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to (b, h, t_q, t_k) = {shape}{hint}"
         ) from None
+
+
+def check_proj_size(name: str, mode: str, proj_size, hidden_size: int) -> int:
+    """A recurrent layer's ``proj_size`` by torch.nn's rules: an integer, 0 (none) or in [1, hidden_size), and
+    only for the LSTM."""
+    if isinstance(proj_size, bool) or not isinstance(proj_size, int) or not 0 <= proj_size < hidden_size:
+        raise ValueError(
+            f"{name}: proj_size must be an integer in [0, hidden_size={hidden_size}), got {proj_size!r}"
+        )
+    if proj_size and mode != "LSTM":
+        raise ValueError(f"{name}: proj_size is only supported for LSTM, got proj_size={proj_size}")
+    return proj_size

@@ -15,8 +15,9 @@ On top of torch.nn:
   through ``torch.nn``, and each sequence's outputs and final state equal those of the sequence run alone.
 * ``init_state(batch_size, *, device=None, dtype=None)`` and ``step(x_t, state)``: one position at a time.
 * Two paths (``seqlab.layers.fastpath``). The fast path runs RNN, GRU and LSTM on CPU through seqlab's fused
-  kernel (``seqlab.kernels.recurrent``, compiled on first use; ``why_not_kernel`` says when it is not used)
-  and everything else (CUDA, padded batches, a failed build) through PyTorch's fused recurrent kernels, the
+  kernel (``seqlab.kernels.recurrent``, compiled on first use, padded batches too: it holds a row's state
+  through its padding; ``why_not_kernel`` says when it is not used) and everything else (CUDA, an LSTM's
+  projection, a failed build) through PyTorch's fused recurrent kernels, the
   ones ``torch.nn`` calls (oneDNN's for the LSTM on CPU). The reference path (``forward_ref``, or
   ``fast_path=False``) is the equations below written as a loop over time; ``why_not_fast_path`` says why
   the fast path is not taken.

@@ -4,9 +4,9 @@ Notation: ``b`` batch, ``t`` time, ``H`` hidden size, ``L`` layers, ``D`` direct
 
 Parameters are torch.nn's (``weight_ih_l{k}[_reverse]`` ...), the state is torch.nn's ``(L * D, b, H)``.
 Two paths (``seqlab.layers.fastpath``): ``_forward_fast`` runs seqlab's fused CPU kernel for the GRU, the RNN and
-the LSTM (``seqlab.kernels.recurrent``; ``why_not_kernel`` says when it cannot) and otherwise the fused kernel that
-torch.nn calls (through ``pack_padded_sequence`` when some sequence is padded); ``_forward_ref`` loops over
-time, holding the state at padded positions.
+the LSTM, padded batches included (``seqlab.kernels.recurrent``; ``why_not_kernel`` says when it cannot) and
+otherwise the fused kernel that torch.nn calls (through ``pack_padded_sequence`` when some sequence is padded);
+``_forward_ref`` loops over time, holding the state at padded positions, as the kernel does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from seqlab.kernels.recurrent import EXTENSION, MODES, recurrent_layer
 from seqlab.layers import fastpath
-from seqlab.layers.checks import check_batch_size, check_dtype, check_input, check_state
+from seqlab.layers.checks import check_batch_size, check_dtype, check_input, check_proj_size, check_state
 from seqlab.layers.cudnn_weights import flatten_cudnn_weights
 from seqlab.layers.fastpath import FastPathMixin
 from seqlab.layers.masks import check_lengths, mask_lengths
@@ -61,7 +61,7 @@ class RNNBase(FastPathMixin, nn.Module):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         name = type(self).__name__
         check_positive_ints(self, ("input_size", "hidden_size", "num_layers"), prefix=f"{name}: ")
-        self.proj_size = _check_proj_size(name, self.mode, proj_size, hidden_size)
+        self.proj_size = check_proj_size(name, self.mode, proj_size, hidden_size)
         h_out = proj_size or hidden_size  # what a step outputs and carries as h
         if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout <= 1.0:
             raise ValueError(f"{name}: dropout must be a probability in [0, 1], got {dropout!r}")
@@ -232,8 +232,6 @@ class RNNBase(FastPathMixin, nn.Module):
             return f"seqlab's recurrent kernel covers {', '.join(MODES)}, not {self.mode}"
         if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
             return f"seqlab's recurrent kernel takes float32 or float64 on CPU, got {x.dtype} on {x.device}"
-        if lengths is not None:
-            return "padded batches (mask or lengths) take torch.nn's packed-sequence kernel"
         if self.proj_size:
             return "seqlab's recurrent kernel has no LSTM projection (proj_size): torch.nn's kernel has one"
         # CPU autocast lists torch's LSTM among its lower-precision ops (not its GRU or RNN)
@@ -248,7 +246,7 @@ class RNNBase(FastPathMixin, nn.Module):
     def _forward_fast(self, x: Tensor, state: State, lengths: Tensor | None) -> tuple[Tensor, State]:
         reason = self.why_not_kernel(x, lengths)
         if reason is None:
-            return self._forward_kernel(x, state)
+            return self._forward_kernel(x, state, lengths)
         key = (type(self).__qualname__, reason)
         if self.mode in MODES and key not in fastpath._logged:  # said once, like FastPathMixin's reasons
             fastpath._logged.add(key)
@@ -277,10 +275,19 @@ class RNNBase(FastPathMixin, nn.Module):
         final = tuple(s.index_select(1, packed.unsorted_indices) for s in res[1:])
         return out, (final if self.mode == "LSTM" else final[0])
 
-    def _forward_kernel(self, x: Tensor, state: State) -> tuple[Tensor, State]:
-        """seqlab's CPU kernel, one layer and one direction at a time; dropout between layers as torch.nn."""
+    def _forward_kernel(self, x: Tensor, state: State, lengths: Tensor | None) -> tuple[Tensor, State]:
+        """seqlab's CPU kernel, one layer and one direction at a time; dropout between layers as torch.nn. With
+        ``lengths`` the kernel holds each row's state through its padding and zeroes the output there."""
         x = x.transpose(0, 1) if self.batch_first else x  # (t, b, in): the kernel is time-major
         lstm = self.mode == "LSTM"
+        order = None
+        if lengths is not None:  # padded inputs never enter the arithmetic (NaN there would reach dW_ih)
+            lengths = lengths.to("cpu", torch.int64)
+            x = x.masked_fill(torch.arange(x.size(0))[:, None, None] >= lengths[None, :, None], 0.0)
+            # the kernel takes the longest first: sorted once here, for every layer and direction
+            order = torch.argsort(lengths, descending=True, stable=True)
+            x, lengths = x.index_select(1, order), lengths[order]
+            state = tuple(s.index_select(1, order) for s in state) if lstm else state.index_select(1, order)
         finals = []
         for layer in range(self.num_layers):
             outs = []
@@ -288,13 +295,16 @@ class RNNBase(FastPathMixin, nn.Module):
                 params = self._layer_params(layer, reverse=d == 1)
                 k = layer * self.num_directions + d
                 s0 = (state[0][k], state[1][k]) if lstm else state[k]  # (b, H), or the LSTM's (h, c)
-                y, s_n = recurrent_layer(x, s0, *params, self.mode, reverse=d == 1)  # (t, b, H), like s0
+                y, s_n = recurrent_layer(x, s0, *params, self.mode, d == 1, lengths)  # (t, b, H), like s0
                 outs.append(y)
                 finals.append(s_n if lstm else (s_n,))
             x = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # (t, b, D * H)
             if layer < self.num_layers - 1 and self.dropout > 0:
                 x = F.dropout(x, self.dropout, self.training)
         new = tuple(torch.stack(part) for part in zip(*finals, strict=True))  # each (L * D, b, H)
+        if order is not None:  # back to the caller's row order
+            back = torch.argsort(order)
+            x, new = x.index_select(1, back), tuple(s.index_select(1, back) for s in new)
         return (x.transpose(0, 1) if self.batch_first else x), (new if lstm else new[0])
 
     def _forward_ref(self, x: Tensor, state: State, lengths: Tensor | None) -> tuple[Tensor, State]:
@@ -384,14 +394,3 @@ class RNNBase(FastPathMixin, nn.Module):
         if not self.fast_path:
             s += ", fast_path=False"
         return s
-
-
-def _check_proj_size(name: str, mode: str, proj_size, hidden_size: int) -> int:
-    """torch.nn's rules: an integer, 0 (none) or in [1, hidden_size), and only for the LSTM."""
-    if isinstance(proj_size, bool) or not isinstance(proj_size, int) or not 0 <= proj_size < hidden_size:
-        raise ValueError(
-            f"{name}: proj_size must be an integer in [0, hidden_size={hidden_size}), got {proj_size!r}"
-        )
-    if proj_size and mode != "LSTM":
-        raise ValueError(f"{name}: proj_size is only supported for LSTM, got proj_size={proj_size}")
-    return proj_size
