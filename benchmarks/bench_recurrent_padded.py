@@ -6,9 +6,10 @@ Two contenders per row, holding the same weights, input and lengths:
 * ``torch.nn packed``: ``pack_padded_sequence`` -> ``nn.GRU`` / ``nn.LSTM`` / ``nn.RNN`` -> ``pad_packed_sequence``,
   what the torch.nn documentation prescribes (on CPU torch runs a packed sequence through its per-step cell
   loop; oneDNN's fused LSTM takes no packed input);
-* ``seqlab kernel``: seqlab's layer called with ``lengths=``, which runs ``seqlab.kernels.recurrent``: every
-  row through every step, the state held at a row's padded steps (so the reverse direction starts at each row's
-  own end) and the output zero there; the padded steps' arithmetic is done and dropped.
+* ``seqlab kernel``: seqlab's layer called with ``lengths=``, which runs ``seqlab.kernels.recurrent``: the rows
+  sorted longest first, each step's products and gate loops on its real rows only (a packed sequence's work),
+  the state held at a row's padded steps (so the reverse direction starts at each row's own end) and the output
+  zero there; only the whole-sequence products (the input projection, dx, dW_ih) cover the padded positions.
 
 Both give the same numbers (tests/layers/test_recurrent_kernel.py holds them to 1e-10 in float64). Within each
 repeat the contenders run back to back, the one going first alternating; medians and interquartile ranges over
@@ -115,8 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         "the contenders alternating; median [first quartile, third quartile] in ms.",
         "",
         f"- hardware: {cpu_name()}, {os.cpu_count()} cores",
-        "- lengths drawn in [0.6 t, t] (one row of t): the real positions column; the kernel computes the "
-        "padded steps too and drops them, torch.nn's packed sequence skips them",
+        "- lengths drawn in [0.6 t, t] (one row of t): the real positions column; both skip the padded steps' "
+        "recurrence (the kernel's whole-sequence products, the input projection and the input and weight "
+        "gradients, still cover them)",
         "",
     ]
     text = "\n".join(head + lines) + "\n"
