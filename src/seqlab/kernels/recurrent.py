@@ -76,15 +76,13 @@ class _RecurrentLayer(torch.autograd.Function):
         kernel = load_recurrent_kernel()
         x_in, h0_in = x, h0  # as given: a double backward differentiates the reference through them
         h0 = h0.contiguous()
-        out, ws, x = kernel.forward(
-            x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, c0, lengths
-        )  # (t, b, H), ...
+        # (t, b, H), the saved gates, x as the kernel read it
+        out, ws, x = kernel.forward(x, h0, w_ih, w_hh, b_ih, b_hh, mode, reverse, c0, lengths)
         ctx.save_for_backward(x, h0, c0, w_ih, w_hh, out, ws, x_in, h0_in, b_ih, b_hh, lengths)
         ctx.mode, ctx.reverse, ctx.has_bias = mode, reverse, b_ih is not None
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: the kernel skips it
-        last = (
-            0 if reverse else -1
-        )  # the last step of the recurrence: held through any padding after the last real
+        # the last step of the recurrence (a row's state is held through any padding after its last real one)
+        last = 0 if reverse else -1
         h_n = out[last].clone()  # (b, H)
         if lengths is not None:
             out = out.masked_fill(_padding(lengths, out.size(0))[..., None], 0.0)  # (t, b, H), a new tensor
@@ -238,8 +236,9 @@ def recurrent_layer(
 
     ``lengths`` (b,) integers in [1, t] make a right-padded batch: at positions s >= lengths[j] row j's state is
     held and its output is zero, so h_n is the state after its last real position and a ``reverse`` recurrence
-    starts at its own end (``pack_padded_sequence``'s numbers). The padded inputs still go through the gates'
-    arithmetic (its results are dropped): give them finite (the layers zero them).
+    starts at its own end (``pack_padded_sequence``'s numbers); each step computes its real rows only. The padded
+    inputs still enter the whole-sequence products (the input projection, dW_ih): give them finite values (the
+    layers zero them).
 
     ``mode`` is the layer's ('RNN_TANH', 'RNN_RELU', 'GRU' or 'LSTM'); the weights are torch.nn's, (G, in) and
     (G, H), the biases (G,) or both None. ``reverse`` runs the recurrence from the last step to the first (the
