@@ -13,8 +13,8 @@ import warnings
 
 import pytest
 import torch
+from test_recurrent import torch_forward  # the same folder (pytest puts it on sys.path)
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqlab.kernels import recurrent as kernel_module
 from seqlab.kernels.recurrent import GATES, load_recurrent_kernel, recurrent_layer, recurrent_layer_ref
@@ -265,13 +265,7 @@ def padded_outputs_and_grads(layer: nn.Module, x: torch.Tensor, h0, lengths: tor
     packed kernel), seqlab's with ``lengths``."""
     if isinstance(layer, RNNBase):
         return outputs_and_grads(lambda x, s: layer(x, s, lengths=lengths), x, h0, params=layer)
-
-    def packed(x, s):
-        seq = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        out, state = layer(seq, s)
-        return pad_packed_sequence(out, batch_first=True, total_length=x.size(1))[0], state
-
-    return outputs_and_grads(packed, x, h0, params=layer)
+    return outputs_and_grads(lambda x, s: torch_forward(layer, x, s, lengths), x, h0, params=layer)
 
 
 @needs_compiler

@@ -24,7 +24,7 @@ from seqlab.layers import fastpath
 from seqlab.layers.checks import check_batch_size, check_dtype, check_input, check_proj_size, check_state
 from seqlab.layers.cudnn_weights import flatten_cudnn_weights
 from seqlab.layers.fastpath import FastPathMixin
-from seqlab.layers.masks import check_lengths, mask_lengths
+from seqlab.layers.masks import check_lengths, mask_lengths, padding_mask
 from seqlab.validation import check_positive_ints
 
 State = Tensor | tuple[Tensor, Tensor]
@@ -283,7 +283,8 @@ class RNNBase(FastPathMixin, nn.Module):
         order = None
         if lengths is not None:  # padded inputs never enter the arithmetic (NaN there would reach dW_ih)
             lengths = lengths.to("cpu", torch.int64)
-            x = x.masked_fill(torch.arange(x.size(0))[:, None, None] >= lengths[None, :, None], 0.0)
+            real = padding_mask(lengths, x.size(0)).t()[..., None]  # (t, b, 1), False at padding
+            x = x.masked_fill(~real, 0.0)
             # the kernel takes the longest first: sorted once here, for every layer and direction
             order = torch.argsort(lengths, descending=True, stable=True)
             x, lengths = x.index_select(1, order), lengths[order]
