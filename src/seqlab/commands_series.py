@@ -53,6 +53,7 @@ def _task(saved: dict, args: argparse.Namespace):
     """The forecasting task of the checkpoint's settings on the series the command names."""
     from seqlab.tasks import create_task
     from seqlab.tasks.series_data import SeriesTooShort, feature_names
+    from seqlab.tasks.source_settings import rebuilding_saved
     from seqlab.tasks.timeseries import ForecastTask
 
     if args.csv is not None and args.dataset is not None:
@@ -69,14 +70,16 @@ def _task(saved: dict, args: argparse.Namespace):
         settings.update(source=source, column=args.column, season=None)
     if args.interpolate:
         settings["gaps"] = "interpolate"
-    inputs = feature_names(saved.get("features"))
+    with rebuilding_saved():  # the checkpoint's settings: what they trained with is rebuilt as it trained
+        inputs = feature_names(saved.get("features"))
     if args.column is not None and args.column in inputs:
         raise ValueError(
             f"--column {args.column}: this checkpoint reads that column as an input beside its target "
             f"(its features: {','.join(inputs)}); --column names the column to forecast, its first input"
         )
     try:
-        return create_task("forecast", **settings)
+        with rebuilding_saved():
+            return create_task("forecast", **settings)
     except SeriesTooShort as e:
         raise ValueError(_too_short(settings, e.n_points)) from e
     except ValueError as e:

@@ -41,6 +41,7 @@ import numpy as np
 from seqlab.tasks.base import SPLITS, MissingDependencyError, check_fraction
 from seqlab.tasks.series_baselines import LinearAR, naive_forecast, seasonal_naive_forecast
 from seqlab.tasks.series_labels import label_not_an_input, macro_f1, majority_class, read_labels
+from seqlab.tasks.source_settings import refuse
 
 log = logging.getLogger("seqlab.tasks")
 
@@ -223,9 +224,10 @@ def feature_names(text: str | None) -> list[str]:
     names = [x.strip() for x in (text or "").split(",") if x.strip()]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ValueError(
+        refuse(
             f"task.features ({','.join(names)}) names {', '.join(map(repr, twice))} more than once: "
-            "give each column once"
+            "give each column once",
+            saved="each kept as often as named: the run was trained with them so",
         )
     return names
 
@@ -250,11 +252,12 @@ def load_series(
         )
     if column in (features := features or []):
         whose = "" if given else f", {source}'s default"
-        raise ValueError(
+        refuse(
             f"task.features ({','.join(features)}) names the target column {column!r} (task.column{whose}), "
-            "which is already the model's first input: leave it out of task.features, the extra inputs"
+            "which is already the model's first input: leave it out of task.features, the extra inputs",
+            saved="left out of the extra inputs, as in training",
         )
-    columns = [column, *features]
+    columns = [column, *[f for f in features if f != column]]
     values = np.stack([_numeric(frame, c, source) for c in columns], axis=1)  # (T, F)
     values, kept = fill_gaps(values, columns, source, builtin or gaps == "interpolate")
     labels = classes = None

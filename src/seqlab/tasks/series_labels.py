@@ -12,6 +12,9 @@ each. Such a column is refused, by rules stated in the refusal:
 
 A label is never an input: a column named by ``task.label`` and in ``task.features`` is refused; one of a
 built-in series' default features (``task.features`` not given) is left out of them, with a warning.
+
+A run trained before these refusals is rebuilt as it was trained (``seqlab eval``, ``--resume``), with a
+warning in place of each refusal (``seqlab.tasks.source_settings.refuse``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import math
 import numpy as np
 
 from seqlab.tasks.base import first_named
+from seqlab.tasks.source_settings import refuse
 
 log = logging.getLogger("seqlab.tasks")
 
@@ -30,6 +34,9 @@ __all__ = ["MAX_CLASSES", "label_not_an_input", "macro_f1", "majority_class", "r
 
 MAX_CLASSES = 1000
 """The most classes a label column may make (and at most one per two rows)."""
+
+AS_TRAINED = "one class per distinct value, as in training"
+"""What a saved run's refused label column becomes when the run is rebuilt (``source_settings.refuse``)."""
 
 
 def read_labels(frame, label: str, source: str) -> tuple[np.ndarray, list[str]]:
@@ -62,19 +69,21 @@ def check_classes(classes: list[str], n_rows: int, label: str, source: str) -> N
     fractional = [c for c, v in zip(classes, numbers, strict=True) if v is not None and not v.is_integer()]
     setting = f"task.label={label!r}"
     if fractional and None not in numbers:
-        raise ValueError(
+        refuse(
             f"{source}: {setting} looks continuous: its {len(classes):,} distinct values are numbers, not "
             f"all whole (e.g. {first_named([repr(c) for c in fractional[:3]])}), and series_classification "
             "makes one class per distinct value; give a column of class names or whole-number class codes "
-            f"(to predict the number itself: --task.name=forecast --task.column={label})"
+            f"(to predict the number itself: --task.name=forecast --task.column={label})",
+            saved=AS_TRAINED,
         )
     most = min(MAX_CLASSES, n_rows // 2)
     if len(classes) > most:
-        raise ValueError(
+        refuse(
             f"{source}: {setting} holds {len(classes):,} distinct values in {n_rows:,} rows "
             f"({first_named([repr(c) for c in classes])}); series_classification makes one class per "
             f"distinct value and takes at most {MAX_CLASSES:,} classes and at most one per two rows "
-            f"({most:,} here): is it a measurement or an identifier? Give a column of class names or codes"
+            f"({most:,} here): is it a measurement or an identifier? Give a column of class names or codes",
+            saved=AS_TRAINED,
         )
 
 
@@ -84,10 +93,12 @@ def label_not_an_input(label: str, names: list[str], source: str, defaults: bool
     if label not in names:
         return names
     if not defaults:
-        raise ValueError(
+        refuse(
             f"task.label={label!r} is also in task.features ({','.join(names)}): a label must never be an "
-            "input (the model would read the answer); leave it out of task.features"
+            "input (the model would read the answer); leave it out of task.features",
+            saved="kept as an input, as in training: the run's scores come from reading its label",
         )
+        return names
     kept = [n for n in names if n != label]
     log.warning(
         "%s: task.label=%r is one of the default features; left out of the inputs, which are %s",

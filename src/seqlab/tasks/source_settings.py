@@ -7,9 +7,11 @@ and what the chosen source reads instead. The default itself passes: a run's sav
 (``Task.describe``) hold every setting, the other source's at their defaults, and rebuild the same task.
 
 A run saved before such a setting was refused may hold one at another value. Its settings are rebuilt
-inside :func:`rebuilding_saved` (``seqlab eval``, ``--resume``, the ``viz`` of a checkpoint): there the refusal is
-a warning and the setting stays as saved, changing nothing now as it changed nothing then, so the run and its
-description load as they were trained.
+inside :func:`rebuilding_saved` (``seqlab eval``, ``--resume``, the ``viz`` of a checkpoint, ``seqlab
+forecast``): there the refusal is a warning and the setting stays as saved, changing nothing now as it changed
+nothing then, so the run and its description load as they were trained. Other refusals of settings that once
+trained (a series' feature named twice, say) take the same way with :func:`refuse`, each saying what the
+rebuilt task does, as training did.
 """
 
 from __future__ import annotations
@@ -38,14 +40,13 @@ def rebuilding_saved(saved: bool = True) -> Iterator[None]:
         _SAVED.reset(token)
 
 
-def refuse(message: str) -> None:
-    """A ValueError saying ``message`` (a setting that does not apply to its source), or, while
-    :func:`rebuilding_saved` a run trained with it, a warning: it was ignored then too."""
+def refuse(message: str, saved: str = "kept as saved: they changed nothing in training either") -> None:
+    """A ValueError saying ``message`` (a setting refused now), or, while :func:`rebuilding_saved` a run trained
+    with it, a warning followed by ``saved``: what the rebuilt task does with it, as training did (by default:
+    a setting of another source, ignored then too)."""
     if not _SAVED.get():
         raise ValueError(message)
-    log.warning(
-        "the run's saved settings: %s (kept as saved: they changed nothing in training either)", message
-    )
+    log.warning("the run's saved settings: %s (%s)", message, saved)
 
 
 def is_given(value: Any, default: Any) -> bool:
