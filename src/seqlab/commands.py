@@ -180,7 +180,7 @@ def _cmd_viz_alignment(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from seqlab.run import build_task
     from seqlab.tasks.translation import TranslationTask
-    from seqlab.training.checkpoint import load_model, resolve_checkpoint
+    from seqlab.training.checkpoint import load_config, load_model, resolve_checkpoint
     from seqlab.training.manifest import finite_or_none
     from seqlab.training.run_dir import check_same_data, saved_run
 
@@ -190,7 +190,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     _check_eval_options(args, run["task"].get("name"), where)
     model = load_model(where).eval()
     announce(where)
-    task = build_task(run, saved=True)
+    task = build_task(run, saved=True, described=load_config(where).get("task"))
     check_same_data(task, where)
     if args.hypotheses is not None and not isinstance(task, TranslationTask):
         raise ValueError(

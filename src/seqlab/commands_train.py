@@ -255,7 +255,7 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     from seqlab.models import count_parameters
     from seqlab.run import build_run
     from seqlab.training import Trainer
-    from seqlab.training.checkpoint import resumable_checkpoint
+    from seqlab.training.checkpoint import load_config, resumable_checkpoint
     from seqlab.training.run_dir import check_same_data
 
     if not (args.run_file or args.overrides or args.defaults or args.resume):
@@ -278,9 +278,10 @@ def _train(args: argparse.Namespace, main: bool) -> int:
     where = resumable_checkpoint(out) if args.resume else None  # the newest complete, verified one
     if where is not None:  # the run's own settings win, so that the continuation is exact; steps may grow
         run = _resumed_run(run, where, out)
-    model, task, train = build_run(
-        run, saved=where is not None
-    )  # built once: a task's data may take minutes to prepare
+    described = None if where is None else load_config(where).get("task")
+    model, task, train = build_run(  # built once: a task's data may take minutes to prepare
+        run, saved=where is not None, described=described
+    )
     if where is not None:
         check_same_data(task, where)
     trainer = Trainer(model, task, train, out, run)

@@ -105,9 +105,9 @@ def coerce_fields(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
     return {k: _coerce(v, hints.get(k)) for k, v in fields.items()}
 
 
-def build_task(run: dict[str, Any], saved: bool = False):
+def build_task(run: dict[str, Any], saved: bool = False, described: dict[str, Any] | None = None):
     """The task of a run dict, its fields coerced to its arguments' types (``saved``: a checkpoint's settings,
-    ``source_settings.rebuilding_saved``)."""
+    with ``described`` its saved task description where the caller has it: ``source_settings.rebuilding_saved``)."""
     from seqlab.tasks import create_task, task_signature
     from seqlab.tasks.source_settings import rebuilding_saved
 
@@ -115,7 +115,7 @@ def build_task(run: dict[str, Any], saved: bool = False):
     task_fields = {k: v for k, v in (run.get("task") or {}).items() if k != "name"}
     params = task_signature(task_name).parameters
     task_fields = {k: _coerce(v, params[k].annotation) if k in params else v for k, v in task_fields.items()}
-    with said_if_slow(f"preparing the data of task {task_name!r}"), rebuilding_saved(saved):
+    with said_if_slow(f"preparing the data of task {task_name!r}"), rebuilding_saved(saved, described):
         return create_task(task_name, **task_fields)
 
 
@@ -170,8 +170,9 @@ def _preset_config(name: str):
     return make_config(*PRESETS[name])
 
 
-def build_run(run: dict[str, Any], saved: bool = False):
-    """(model, task, train_config) of a run dict (``saved``: as for :func:`build_task`); the task is built first."""
+def build_run(run: dict[str, Any], saved: bool = False, described: dict[str, Any] | None = None):
+    """(model, task, train_config) of a run dict (``saved``, ``described``: as for :func:`build_task`); the task
+    is built first."""
     import torch
 
     from seqlab.models import PRESETS, create
@@ -193,7 +194,7 @@ def build_run(run: dict[str, Any], saved: bool = False):
     from seqlab.commands_doctor import require, task_needs
 
     require(task_needs(task_name, run.get("task") or {}), f"the task {task_name!r}")  # before building data
-    task = build_task(run, saved)
+    task = build_task(run, saved, described)
     fixed, mine = task.model_overrides(), coerce_fields(config_cls, model_fields)
     clash = {k: (v, fixed[k]) for k, v in mine.items() if k in fixed and v != fixed[k]}
     if clash:

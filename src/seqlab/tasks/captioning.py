@@ -55,6 +55,7 @@ from seqlab.tasks.base import (
     model_device,
 )
 from seqlab.tasks.caption_sources import check_for_source, file_pairs
+from seqlab.tasks.source_settings import saved_description
 from seqlab.tasks.vision import MAX_PATCHES, check_patches
 
 __all__ = [
@@ -211,8 +212,14 @@ class CaptioningTask(Task):
         from seqlab.tasks.image_files import load_images, split_captioned
 
         kept = {"train": ("n_train", self.n_train, N_TRAIN)}
+        trained = (saved_description() or {}).get("n_images") or {}  # a saved run's: the images it read
         for split, rows in split_captioned(pairs).items():
             name, cap, default = kept.get(split, ("n_eval", self.n_eval, N_EVAL))
+            if cap < len(rows) and trained.get(split) == len(rows):
+                log.warning("the run's saved settings: task.%s=%d, but the run read all %d %s images of "
+                            "source=%r (seqlab then read every image of captioned files): all are read again, "
+                            "as in training", name, cap, len(rows), split, self.source)  # fmt: skip
+                cap = len(rows)
             if cap > len(rows) and cap != default:
                 log.warning("task.%s=%d is more than the %d %s images of source=%r: all are used",
                             name, cap, len(rows), split, self.source)  # fmt: skip

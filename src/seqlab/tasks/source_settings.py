@@ -25,19 +25,31 @@ from typing import Any
 
 log = logging.getLogger("seqlab.tasks")
 
-__all__ = ["is_given", "rebuilding_saved", "refuse", "refuse_unused"]
+__all__ = ["is_given", "rebuilding_saved", "refuse", "refuse_unused", "saved_description"]
 
 _SAVED = contextvars.ContextVar("seqlab_rebuilding_saved", default=False)
+_DESCRIBED: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "seqlab_saved_description", default=None
+)
 
 
 @contextlib.contextmanager
-def rebuilding_saved(saved: bool = True) -> Iterator[None]:
-    """Within it (``saved``), a task is rebuilt from a run's saved settings: :func:`refuse` warns instead."""
-    token = _SAVED.set(saved)
+def rebuilding_saved(saved: bool = True, described: dict[str, Any] | None = None) -> Iterator[None]:
+    """Within it (``saved``), a task is rebuilt from a run's saved settings: :func:`refuse` warns instead, and
+    ``described``, the run's saved task description (``Task.describe``, where the caller has it), tells the
+    task what training read (:func:`saved_description`)."""
+    tokens = _SAVED.set(saved), _DESCRIBED.set(described if saved else None)
     try:
         yield
     finally:
-        _SAVED.reset(token)
+        _SAVED.reset(tokens[0])
+        _DESCRIBED.reset(tokens[1])
+
+
+def saved_description() -> dict[str, Any] | None:
+    """The saved task description of the run being rebuilt (:func:`rebuilding_saved`), or None: a task whose
+    settings came to mean more since (captioned files' ``n_train``) reads from it what the run trained on."""
+    return _DESCRIBED.get()
 
 
 def refuse(message: str, saved: str = "kept as saved: they changed nothing in training either") -> None:
