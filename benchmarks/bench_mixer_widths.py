@@ -55,7 +55,9 @@ def budget_rows(budget: int, length: int, cap_s: float) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a smoke run that writes no file")
-    p.add_argument("--length", type=int, default=1024, help="tokens per sequence (the lab's systems row: 1024)")
+    p.add_argument(
+        "--length", type=int, default=1024, help="tokens per sequence (the lab's systems row: 1024)"
+    )
     p.add_argument("--cap", type=float, default=60.0, help="seconds of round-robin timing per budget at most")
     args = p.parse_args()
     keep = keep_freed_memory()  # as seqlab compare runs
