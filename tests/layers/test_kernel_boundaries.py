@@ -86,7 +86,7 @@ def _gru_args(**change):
         ({"lengths": torch.tensor([True] * 4)}, r"lengths must be integers"),
         (
             {"mode": "LSTM", "h0": (torch.zeros(B, H), torch.zeros(B, H + 1))},
-            r"recurrent_layer: c0 must be h0's shape \(4, 5\), got \(4, 6\)",
+            r"recurrent_layer: c0 must be \(b, H\) = \(4, 5\), got \(4, 6\)",
         ),
         (
             {"mode": "LSTM", "h0": (torch.zeros(B, H), torch.zeros(B, H))},
@@ -121,7 +121,8 @@ def _kernel_forward(args: dict):
         pytest.skip("seqlab's recurrent kernel could not be built")
     mode = {"RNN_TANH": 0, "RNN_RELU": 1, "GRU": 2, "LSTM": 3}.get(args["mode"], args["mode"])
     keys = ("x", "h0", "w_ih", "w_hh", "b_ih", "b_hh")
-    return kernel.forward(*(args[k] for k in keys), mode, False, args.get("c0"), args.get("lengths"))
+    w_hr = {"w_hr": args["w_hr"]} if "w_hr" in args else {}
+    return kernel.forward(*(args[k] for k in keys), mode, False, args.get("c0"), args.get("lengths"), **w_hr)
 
 
 @needs_compiler
@@ -153,7 +154,7 @@ def _kernel_forward(args: dict):
                 "w_hh": torch.zeros(4 * H, H),
                 "c0": torch.zeros(B, 1),
             },
-            r"c0 must be h0's shape \[4, 5\], got \[4, 1\]",
+            r"c0 must be \(b, H\) = \(4, 5\), got \[4, 1\]",
         ),
         (
             {"lengths": torch.tensor([3, 1, 2, 3], dtype=torch.int32)},
@@ -163,6 +164,32 @@ def _kernel_forward(args: dict):
         ({"lengths": torch.tensor([3, 0, 2, 3])}, r"every length must lie in \[1, t = 3\], got 0"),
         ({"lengths": torch.tensor([3, 4, 2, 3])}, r"every length must lie in \[1, t = 3\], got 4"),
         ({"lengths": torch.tensor([3, 1, 2, 2])}, r"lengths must be sorted longest first"),
+        ({"w_hr": torch.zeros(2, H)}, r"only the LSTM takes a projection w_hr"),
+        (
+            {
+                "mode": 3,
+                "w_ih": torch.zeros(4 * H, IN),
+                "w_hh": torch.zeros(4 * H, H),
+                "c0": torch.zeros(B, H),
+                "b_ih": None,
+                "b_hh": None,
+                "w_hr": torch.zeros(3, H),
+            },
+            r"w_hr must be \(P, H\) with P = h0's width 5, got \[3, 5\]",
+        ),
+        (
+            {
+                "mode": 3,
+                "h0": torch.zeros(B, 2),
+                "w_ih": torch.zeros(4 * H, IN),
+                "w_hh": torch.zeros(4 * H, H),
+                "c0": torch.zeros(B, H),
+                "b_ih": None,
+                "b_hh": None,
+                "w_hr": torch.zeros(2, H),
+            },
+            r"w_hh must be \(G, P\) = \(20, 2\), got \[20, 5\]",
+        ),
     ],
 )
 def test_the_cpp_entry_checks_its_arguments_on_its_own(change, message):

@@ -27,6 +27,7 @@ KINDS = {  # name -> (seqlab class, torch.nn class, extra constructor arguments)
     "rnn_tanh": (RNN, nn.RNN, {"nonlinearity": "tanh"}),
     "rnn_relu": (RNN, nn.RNN, {"nonlinearity": "relu"}),
     "lstm": (LSTM, nn.LSTM, {}),
+    "lstm_proj": (LSTM, nn.LSTM, {}),  # with proj_size = hidden_size // 2 (extra_args)
 }
 _CXX = os.environ.get("CXX", "c++")
 needs_compiler = pytest.mark.skipif(
@@ -35,8 +36,14 @@ needs_compiler = pytest.mark.skipif(
 )
 
 
+def extra_args(kind: str, hidden_size: int) -> dict:
+    """KINDS' constructor arguments for ``kind``, the projected LSTM's proj_size half its hidden size."""
+    return {**KINDS[kind][2], **({"proj_size": hidden_size // 2} if kind == "lstm_proj" else {})}
+
+
 def make_pair(kind: str, hidden_size: int = H, **kw) -> tuple[nn.Module, nn.Module]:
-    ours_cls, theirs_cls, extra = KINDS[kind]
+    ours_cls, theirs_cls, _ = KINDS[kind]
+    extra = extra_args(kind, hidden_size)
     theirs = theirs_cls(IN, hidden_size, batch_first=True, dtype=torch.float64, **extra, **kw)
     ours = ours_cls(IN, hidden_size, dtype=torch.float64, **extra, **kw)
     ours.load_state_dict(theirs.state_dict())
@@ -46,7 +53,9 @@ def make_pair(kind: str, hidden_size: int = H, **kw) -> tuple[nn.Module, nn.Modu
 def make_state(
     kind: str, *shape: int, dtype=torch.float64
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """A random initial state of ``shape``: h, or the LSTM's (h, c)."""
+    """A random initial state of ``shape`` (..., H): h, or the LSTM's (h, c) (the projected LSTM's h H // 2 wide)."""
+    if kind == "lstm_proj":
+        return torch.randn(*shape[:-1], shape[-1] // 2, dtype=dtype), torch.randn(*shape, dtype=dtype)
     if kind == "lstm":
         return torch.randn(*shape, dtype=dtype), torch.randn(*shape, dtype=dtype)
     return torch.randn(*shape, dtype=dtype)
@@ -176,6 +185,48 @@ def test_gradcheck(mode, reverse, bias, lengths):
     args = (arg(t, b, IN), *states, arg(g * H, IN), arg(g * H, H), *biases)
     lengths = None if lengths is None else torch.tensor(lengths)
     assert torch.autograd.gradcheck(flat_layer(mode, reverse, lengths), args)
+
+
+@needs_compiler
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("lengths", [None, [3, 1]])
+def test_projected_lstm_gradcheck_and_double_backward(reverse, lengths):
+    """The LSTM with a projection w_hr (P, H): h0 and out P wide, c0 H wide, w_hh (4H, P); every gradient, w_hr's
+    included, by finite differences, and the second derivatives through the reference."""
+    P, t, b = 3, 3, 2
+    lengths = None if lengths is None else torch.tensor(lengths)
+
+    def run(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+        out, (h_n, c_n) = recurrent_layer(x, (h0, c0), w_ih, w_hh, b_ih, b_hh, "LSTM", reverse, lengths, w_hr)
+        return out, h_n, c_n
+
+    args = (
+        arg(t, b, IN),
+        arg(b, P),
+        arg(b, H),
+        arg(4 * H, IN),
+        arg(4 * H, P),
+        arg(4 * H),
+        arg(4 * H),
+        arg(P, H),
+    )
+    assert torch.autograd.gradcheck(run, args)
+    assert torch.autograd.gradgradcheck(run, args)
+
+
+def test_projection_arguments_are_checked_by_name():
+    x, h, c = torch.randn(3, 2, IN), torch.randn(2, 2), torch.randn(2, H)
+    w_ih, w_hh, w_hr = torch.randn(4 * H, IN), torch.randn(4 * H, 2), torch.randn(2, H)
+    with pytest.raises(ValueError, match=r"only the LSTM takes a projection w_hr, got one for GRU"):
+        recurrent_layer(x, h, torch.randn(3 * H, IN), torch.randn(3 * H, 2), None, None, "GRU", w_hr=w_hr)
+    with pytest.raises(ValueError, match=r"w_hr must be \(P, H\) with P = h0's width 2, got \(3, 4\)"):
+        recurrent_layer(x, (h, c), w_ih, w_hh, None, None, "LSTM", w_hr=torch.randn(3, H))
+    with pytest.raises(ValueError, match=r"c0 must be \(b, H\) = \(2, 4\), got \(2, 2\)"):
+        recurrent_layer(x, (h, h), w_ih, w_hh, None, None, "LSTM", w_hr=w_hr)
+    with pytest.raises(ValueError, match=r"w_hh must be \(G, P\) = \(16, 2\) for LSTM with H = 4, P = 2"):
+        recurrent_layer(x, (h, c), w_ih, torch.randn(4 * H, H), None, None, "LSTM", w_hr=w_hr)
+    with pytest.raises(ValueError, match=r"w_hr must have x's dtype"):
+        recurrent_layer(x, (h, c), w_ih, w_hh, None, None, "LSTM", w_hr=w_hr.double())
 
 
 DOUBLE = {"GRU": (GRU, nn.GRU), "RNN_TANH": (RNN, nn.RNN), "LSTM": (LSTM, nn.LSTM)}
@@ -409,8 +460,9 @@ def test_whole_sequence_products_and_fused_bias_sums_match_torch_nn(kind, thread
     summed step by step in the backward loop (the GRU's r and z columns shared by both biases). Both directions:
     the backward direction walks the steps the other way. Against torch.nn in float32; it fails with a block's bias
     or rows dropped or a bias sum taken from the wrong columns."""
-    ours_cls, theirs_cls, extra = KINDS[kind]
-    hidden = {"gru": 128, "lstm": 96}.get(kind, 384)  # 384 gate columns
+    ours_cls, theirs_cls, _ = KINDS[kind]
+    hidden = {"gru": 128, "lstm": 96, "lstm_proj": 96}.get(kind, 384)  # 384 gate columns
+    extra = extra_args(kind, hidden)
     theirs = theirs_cls(96, hidden, batch_first=True, bidirectional=True, **extra)
     ours = ours_cls(96, hidden, bidirectional=True, **extra)
     ours.load_state_dict(theirs.state_dict())

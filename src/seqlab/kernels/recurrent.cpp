@@ -15,6 +15,12 @@
 //
 // Saved for the backward: out (the h_s), for the GRU its gates r, z, n and W_hn h + b_hn, for the LSTM its gates
 // i, f, g, o and its cell state c_s: O(t*b*H).
+//
+// The LSTM with a projection (LSTMP, Sak et al. 2014; torch.nn's proj_size P): m_s = o ⊙ tanh(c_s) is H wide and
+// the state it carries and outputs is h_s = W_hr m_s, P wide, so that out is (t, b, P), W_hh (4H, P) and a step
+// has a second product, (b, H) x (H, P). The m_s are saved too (t, b, H); the backward's dL/dm_s = dL/dh_s W_hr
+// feeds the gate loop, and dW_hr = Σ_s dL/dh_sᵀ m_s is one product after the loop. Below, R is the width of the
+// state carried from step to step (P, else H).
 // Narrow includes rather than <torch/extension.h>: they halve the first build's time.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -23,6 +29,7 @@
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
@@ -230,20 +237,23 @@ inline int64_t active(const int64_t* lens, int64_t B, int64_t s) {
 // another batch, a w_hh of another width or a missing b_hh would otherwise be read out of bounds).
 void check(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
            const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh, int64_t mode,
-           const std::optional<at::Tensor>& c0) {
+           const std::optional<at::Tensor>& c0, const std::optional<at::Tensor>& w_hr) {
   TORCH_CHECK(mode == kTanh || mode == kRelu || mode == kGru || mode == kLstm,
               "mode must be 0 (tanh), 1 (relu), 2 (GRU) or 3 (LSTM), got ", mode);
   TORCH_CHECK(x.dim() == 3 && h0.dim() == 2, "expected x (t, b, in) and h0 (b, H), got x ", x.sizes(), " and h0 ",
               h0.sizes());
   TORCH_CHECK(h0.size(0) == x.size(1), "h0 must be (b, H) with x's batch b = ", x.size(1), ", got ", h0.sizes());
-  const int64_t H = h0.size(1), G = n_gates(mode) * H;
+  TORCH_CHECK(!w_hr.has_value() || mode == kLstm, "only the LSTM takes a projection w_hr");
+  TORCH_CHECK(!w_hr.has_value() || (w_hr->dim() == 2 && w_hr->size(0) == h0.size(1)),
+              "w_hr must be (P, H) with P = h0's width ", h0.size(1), ", got ", w_hr.has_value() ? w_hr->sizes() : h0.sizes());
+  const int64_t R = h0.size(1), H = w_hr.has_value() ? w_hr->size(1) : R, G = n_gates(mode) * H;
   TORCH_CHECK(c0.has_value() == (mode == kLstm), "the LSTM takes a cell state c0 and the other modes none");
-  TORCH_CHECK(!c0.has_value() || c0->sizes() == h0.sizes(), "c0 must be h0's shape ", h0.sizes(), ", got ",
-              c0.has_value() ? c0->sizes() : h0.sizes());
+  TORCH_CHECK(!c0.has_value() || c0->sizes() == at::IntArrayRef({h0.size(0), H}), "c0 must be (b, H) = (", h0.size(0),
+              ", ", H, "), got ", c0.has_value() ? c0->sizes() : h0.sizes());
   TORCH_CHECK(w_ih.dim() == 2 && w_ih.size(0) == G && w_ih.size(1) == x.size(2), "w_ih must be (G, in) = (", G,
               ", ", x.size(2), "), got ", w_ih.sizes());
-  TORCH_CHECK(w_hh.dim() == 2 && w_hh.size(0) == G && w_hh.size(1) == H, "w_hh must be (G, H) = (", G, ", ", H,
-              "), got ", w_hh.sizes());
+  TORCH_CHECK(w_hh.dim() == 2 && w_hh.size(0) == G && w_hh.size(1) == R, "w_hh must be (G, ",
+              w_hr.has_value() ? "P" : "H", ") = (", G, ", ", R, "), got ", w_hh.sizes());
   TORCH_CHECK(b_ih.has_value() == b_hh.has_value(), "give both biases b_ih and b_hh or neither");
   for (const auto* b : {&b_ih, &b_hh})
     if (b->has_value())
@@ -254,6 +264,7 @@ void check(const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, co
   std::vector<const at::Tensor*> all = {&x, &h0, &w_ih, &w_hh};
   if (b_ih.has_value()) all.insert(all.end(), {&*b_ih, &*b_hh});
   if (c0.has_value()) all.push_back(&*c0);
+  if (w_hr.has_value()) all.push_back(&*w_hr);
   for (const auto* t : all) {
     TORCH_CHECK(t->device().is_cpu(), "seqlab's recurrent kernel runs on CPU tensors only, got ", t->device());
     TORCH_CHECK(t->scalar_type() == x.scalar_type(), "x, h0, the weights and the biases must share one dtype, got ",
@@ -266,12 +277,18 @@ void check_backward(const std::optional<at::Tensor>& grad_out, const std::option
                     const std::optional<at::Tensor>& grad_cn,
                     const at::Tensor& x, const at::Tensor& h0, const at::Tensor& w_ih, const at::Tensor& w_hh,
                     const at::Tensor& out, const at::Tensor& ws, int64_t mode,
-                    const std::optional<at::Tensor>& c0) {
-  check(x, h0, w_ih, w_hh, std::nullopt, std::nullopt, mode, c0);
-  const int64_t T = x.size(0), B = x.size(1), H = h0.size(1);
-  TORCH_CHECK(out.sizes() == at::IntArrayRef({T, B, H}) && out.is_contiguous() &&
+                    const std::optional<at::Tensor>& c0, const std::optional<at::Tensor>& w_hr,
+                    const std::optional<at::Tensor>& ms) {
+  check(x, h0, w_ih, w_hh, std::nullopt, std::nullopt, mode, c0, w_hr);
+  const int64_t T = x.size(0), B = x.size(1), R = h0.size(1), H = w_hh.size(0) / n_gates(mode);
+  TORCH_CHECK(out.sizes() == at::IntArrayRef({T, B, R}) && out.is_contiguous() &&
                   out.scalar_type() == x.scalar_type(),
-              "out must be the forward's contiguous (t, b, H) = (", T, ", ", B, ", ", H, "), got ", out.sizes());
+              "out must be the forward's contiguous (t, b, R) = (", T, ", ", B, ", ", R, "), got ", out.sizes());
+  TORCH_CHECK(ms.has_value() == w_hr.has_value() &&
+                  (!ms.has_value() || (ms->sizes() == at::IntArrayRef({T, B, H}) && ms->is_contiguous() &&
+                                       ms->scalar_type() == x.scalar_type())),
+              "with a projection w_hr, ms must be the forward's contiguous (t, b, H) = (", T, ", ", B, ", ", H,
+              "), and without one absent");
   const int64_t saved = saved_width(mode) > 0 ? T : 0, width = std::max<int64_t>(saved_width(mode), 4) * H;
   TORCH_CHECK(ws.sizes() == at::IntArrayRef({saved, B, width}) && ws.is_contiguous() &&
                   ws.scalar_type() == x.scalar_type(),
@@ -282,9 +299,9 @@ void check_backward(const std::optional<at::Tensor>& grad_out, const std::option
   TORCH_CHECK(!grad_hn.has_value() ||
                   (grad_hn->sizes() == h0.sizes() && grad_hn->scalar_type() == x.scalar_type()),
               "grad_hn must have h0's shape ", h0.sizes(), " and dtype");
-  TORCH_CHECK(!grad_cn.has_value() || (mode == kLstm && grad_cn->sizes() == h0.sizes() &&
+  TORCH_CHECK(!grad_cn.has_value() || (mode == kLstm && grad_cn->sizes() == c0->sizes() &&
                                        grad_cn->scalar_type() == x.scalar_type()),
-              "grad_cn must be the LSTM's, of h0's shape ", h0.sizes(), " and dtype");
+              "grad_cn must be the LSTM's, of c0's shape and dtype");
 }
 
 // A fresh buffer for O(t*b*H) data. Above a few MB the allocator hands out newly mapped memory, and on Linux
@@ -567,23 +584,44 @@ at::Tensor previous(const at::Tensor& out, const at::Tensor& h0, int64_t s, bool
   return s == first ? h0 : out[reverse ? s + 1 : s - 1];
 }
 
+// out (rows, cols) = a (rows, inner) w (inner, cols), all contiguous, by the way `paths` says ({small loops,
+// brgemm}, neither: MKL): the projection's step products, h_s = m_s W_hrᵀ and dL/dm_s = dL/dh_s W_hr
+template <typename T>
+void step_product(const T* a, const T* w, T* out, int64_t rows, int64_t inner, int64_t cols, std::pair<bool, bool> paths,
+                  const at::TensorOptions& options) {
+  const T* none = nullptr;
+  if (rows == 0) {
+  } else if (paths.first) {
+    small_product(a, w, none, out, rows, inner, cols, false);
+  } else if (paths.second) {
+    brgemm_product(a, w, none, out, rows, inner, cols, false);
+  } else {
+    at::Tensor o = at::from_blob(out, {rows, cols}, options);
+    at::mm_out(o, at::from_blob(const_cast<T*>(a), {rows, inner}, options),
+               at::from_blob(const_cast<T*>(w), {inner, cols}, options));
+  }
+}
+
 }  // namespace
 
-// x (t, b, in), h0 (b, H), the LSTM's c0 (b, H) -> {out (t, b, H), ws, x}: ws is the GRU's saved gates (t, b, 4H)
-// or the LSTM's gates and cell states (t, b, 5H; c_n is its last step's [4H, 5H) columns), empty for the RNN; x is
-// the contiguous input that the backward needs (the argument itself when it already was).
+// x (t, b, in), h0 (b, R), the LSTM's c0 (b, H) -> {out (t, b, R), ws, x, ms}: ws is the GRU's saved gates
+// (t, b, 4H) or the LSTM's gates and cell states (t, b, 5H; c_n is its last step's [4H, 5H) columns), empty for the
+// RNN; x is the contiguous input that the backward needs (the argument itself when it already was); ms the
+// projected LSTM's m_s (t, b, H), undefined without w_hr (P, H).
 std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor& h0_, const at::Tensor& w_ih,
                                           const at::Tensor& w_hh, const std::optional<at::Tensor>& b_ih,
                                           const std::optional<at::Tensor>& b_hh, int64_t mode, bool reverse,
                                           const std::optional<at::Tensor>& c0_,
-                                          const std::optional<at::Tensor>& lengths) {
+                                          const std::optional<at::Tensor>& lengths,
+                                          const std::optional<at::Tensor>& w_hr) {
   seqlab_vec::FlushDenormals flush;  // the gate loops run on this thread: subnormals flushed (vec_math.h)
-  check(x_, h0_, w_ih, w_hh, b_ih, b_hh, mode, c0_);
+  check(x_, h0_, w_ih, w_hh, b_ih, b_hh, mode, c0_, w_hr);
   const int64_t* lens = checked_lengths(lengths, x_.size(0), x_.size(1));
   const at::Tensor x = contiguous_buffer(x_), h0 = h0_.contiguous();
   const at::Tensor c0 = c0_.has_value() ? c0_->contiguous() : at::Tensor();
-  const int64_t T = x.size(0), B = x.size(1), H = h0.size(1), G = w_hh.size(0), W = saved_width(mode) * H;
-  const bool gru = mode == kGru, lstm = mode == kLstm, has_bias = b_ih.has_value();
+  const int64_t T = x.size(0), B = x.size(1), R = h0.size(1), G = w_hh.size(0), H = G / n_gates(mode);
+  const int64_t W = saved_width(mode) * H;
+  const bool gru = mode == kGru, lstm = mode == kLstm, has_bias = b_ih.has_value(), proj = w_hr.has_value();
   // (H, G), made row-major once: MKL's product against a transposed view ran at 0.73x the rate per step
   // (122 against 168 GFLOP/s for (32, 256) x (256, 256) on one thread of an Intel Xeon)
   const at::Tensor w_hh_t = w_hh.t().contiguous();
@@ -602,8 +640,10 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
     at::mm_out(gx, x2, w_ih_t);
   }
   gx = gx.view({T, B, G});
-  at::Tensor out = buffer({T, B, H}, x.options());
+  at::Tensor out = buffer({T, B, R}, x.options());
   at::Tensor ws = buffer({W > 0 ? T : 0, B, std::max<int64_t>(W, 4 * H)}, x.options());
+  at::Tensor ms = proj ? buffer({T, B, H}, x.options()) : at::Tensor();  // m_s, what the projection multiplies
+  const at::Tensor w_hr_t = proj ? w_hr->t().contiguous() : at::Tensor();  // (H, P)
   at::Tensor gh = at::empty({B, G}, x.options());
   const at::Tensor b_step = gru && has_bias ? b_hh->contiguous() : at::Tensor();  // kept alive for its pointer
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "seqlab_recurrent_forward", [&] {
@@ -613,17 +653,21 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
     const scalar_t* whh = w_hh_t.data_ptr<scalar_t>();
     const scalar_t* bias = b_step.defined() ? b_step.data_ptr<scalar_t>() : nullptr;
     scalar_t *outp = out.data_ptr<scalar_t>(), *ghp = gh.data_ptr<scalar_t>();
-    const auto [small, brg] = step_paths<scalar_t>(B, H, G);
+    scalar_t* msp = proj ? ms.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* whr = proj ? w_hr_t.data_ptr<scalar_t>() : nullptr;
+    const auto [small, brg] = step_paths<scalar_t>(B, R, G);
+    const auto proj_paths = step_paths<scalar_t>(B, H, R);
     for (int64_t k = 0; k < T; ++k) {
       const int64_t s = reverse ? T - 1 - k : k, A = active(lens, B, s);  // A: the step's real rows, a prefix
-      const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
-      scalar_t* hs = outp + s * B * H;
-      // W_hh h_{s-1} (+ b_hn): (A, H) x (H, G), into gh for the GRU and the LSTM, straight into out[s] for the RNN
+      const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * R;
+      scalar_t* hs = outp + s * B * R;
+      scalar_t* mss = proj ? msp + s * B * H : hs;  // where the gate loop writes o ⊙ tanh(c)
+      // W_hh h_{s-1} (+ b_hn): (A, R) x (R, G), into gh for the GRU and the LSTM, straight into out[s] for the RNN
       if (A == 0) {
       } else if (small) {
-        small_product(hps, whh, bias, gru || lstm ? ghp : hs, A, H, G, false);
+        small_product(hps, whh, bias, gru || lstm ? ghp : hs, A, R, G, false);
       } else if (brg) {
-        brgemm_product(hps, whh, bias, gru || lstm ? ghp : hs, A, H, G, false);
+        brgemm_product(hps, whh, bias, gru || lstm ? ghp : hs, A, R, G, false);
       } else {
         const at::Tensor hp = previous(out, h0, s, reverse).narrow(0, 0, A);
         at::Tensor dst = (gru || lstm ? gh : out[s]).narrow(0, 0, A);
@@ -637,18 +681,20 @@ std::vector<at::Tensor> recurrent_forward(const at::Tensor& x_, const at::Tensor
           gru_forward_row(gxp + (s * B + i) * G, ghp + i * G, hps + i * H, hs + i * H, wss + i * W, H);
       } else if (lstm) {
         for (int64_t i = 0; i < A; ++i)
-          lstm_forward_row(gxp + (s * B + i) * G, ghp + i * G, cps + i * ci, hs + i * H, wss + i * W, H);
+          lstm_forward_row(gxp + (s * B + i) * G, ghp + i * G, cps + i * ci, mss + i * H, wss + i * W, H);
+        if (proj) step_product(static_cast<const scalar_t*>(mss), whr, hs, A, H, R, proj_paths, x.options());
       } else {
         rnn_forward_row(hs, gxp + s * B * G, A * H, mode == kRelu);
       }
       for (int64_t i = A; i < B; ++i) {  // padding: the state held
-        std::copy(hps + i * H, hps + (i + 1) * H, hs + i * H);
+        std::copy(hps + i * R, hps + (i + 1) * R, hs + i * R);
         if (lstm) std::copy(cps + i * ci, cps + i * ci + H, wss + i * W + 4 * H);
+        if (proj) std::fill(mss + i * H, mss + (i + 1) * H, scalar_t(0));  // no dW_hr term from a held step
       }
     }
-    if (brg) release_brgemm();
+    if (brg || proj_paths.second) release_brgemm();
   });
-  return {out, ws, x};
+  return {out, ws, x, ms};
 }
 
 namespace {
@@ -671,20 +717,26 @@ void add_rows(const T* rows, int64_t B, int64_t G, int64_t c0, T* part, double* 
 
 // The reverse loop: fills dgx, dgh (t, b, G) and returns dL/dh0 (the LSTM's dc, dL/dc_n on entry, becomes
 // dL/dc0); with sums (G,) float64 each, adds dgh's column sums into sums[0] and, for the GRU, the n gate's columns
-// of dgx into sums[1] (its r and z columns equal dgh's)
+// of dgx into sums[1] (its r and z columns equal dgh's). With a projection w_hr (P, H) it also fills dhs (t, b, P)
+// with each step's dL/dh_s (zero at held steps), what dW_hr needs.
 at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, const at::Tensor& h0,
                          const at::Tensor& c0, const at::Tensor& w_hh, const at::Tensor& out, const at::Tensor& ws,
                          at::Tensor& dgx, at::Tensor& dgh, int64_t mode, bool reverse, double* sums[2],
-                         const int64_t* lens) {
-  const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0), W = saved_width(mode) * H;
-  const bool gru = mode == kGru, lstm = mode == kLstm;
-  const at::Tensor w = w_hh.contiguous();
+                         const int64_t* lens, const at::Tensor& w_hr, at::Tensor& dhs_all) {
+  const int64_t T = out.size(0), B = out.size(1), R = out.size(2), G = w_hh.size(0), H = G / n_gates(mode);
+  const int64_t W = saved_width(mode) * H;
+  const bool gru = mode == kGru, lstm = mode == kLstm, proj = w_hr.defined();
+  const at::Tensor w = w_hh.contiguous(), whr = proj ? w_hr.contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "seqlab_recurrent_backward", [&] {
     const scalar_t *outp = out.data_ptr<scalar_t>(), *h0p = h0.data_ptr<scalar_t>(), *wp = w.data_ptr<scalar_t>();
     scalar_t *dghp = dgh.data_ptr<scalar_t>(), *dgxp = dgx.data_ptr<scalar_t>();
     const scalar_t* none = nullptr;  // no bias in these products
-    const auto [small, brg] = step_paths<scalar_t>(B, H, G);
+    const auto [small, brg] = step_paths<scalar_t>(B, R, G);
+    const auto proj_paths = step_paths<scalar_t>(B, H, R);
     std::vector<scalar_t> part(G);
+    // the projection's dL/dm_s (b, H), and zeros: the gate loop's dL/dh from later steps, all in dL/dm_s already
+    std::vector<scalar_t> dm(proj ? B * H : 0), zero(proj ? H : 0, scalar_t(0));
+    const scalar_t* whrp = proj ? whr.data_ptr<scalar_t>() : nullptr;
     for (int64_t k = T - 1; k >= 0; --k) {
       // A: the step's real rows, a prefix; the held rows after it get no gate gradient (zeroed for the whole-sequence
       // products and sums after the loop) and keep their dL/dh, which the products below, of A rows, leave alone
@@ -693,7 +745,7 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, co
       const scalar_t* gos = go.data_ptr<scalar_t>() + s * go.stride(0);
       const int64_t gi = go.stride(1);
       scalar_t *dhs = dh.data_ptr<scalar_t>(), *dghs = dghp + s * B * G;
-      const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * H;
+      const scalar_t* hps = k == 0 ? h0p : outp + (reverse ? s + 1 : s - 1) * B * R;
       if (gru) {
         const scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * W;
         scalar_t* dgxs = dgxp + s * B * G;
@@ -714,15 +766,26 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, co
         const scalar_t* wss = ws.data_ptr<scalar_t>() + s * B * W;
         const auto [cps, ci] = previous_cell<scalar_t>(c0.data_ptr<scalar_t>(), wss, k, reverse, B, H);
         scalar_t* dcs = dc.data_ptr<scalar_t>();
-        for (int64_t i = 0; i < A; ++i)
-          lstm_backward_row(gos + i * gi, wss + i * W, cps + i * ci, static_cast<const scalar_t*>(dhs + i * H),
-                            dcs + i * H, dghs + i * G, H);
+        if (proj) {  // dL/dh_s = dL/dout_s + dh (kept for dW_hr), then dL/dm_s = dL/dh_s W_hr: (A, P) x (P, H)
+          scalar_t* drs = dhs_all.data_ptr<scalar_t>() + s * B * R;
+          for (int64_t i = 0; i < A; ++i)
+            for (int64_t j = 0; j < R; ++j) drs[i * R + j] = gos[i * gi + j] + dhs[i * R + j];
+          std::fill(drs + A * R, drs + B * R, scalar_t(0));
+          step_product(static_cast<const scalar_t*>(drs), whrp, dm.data(), A, R, H, proj_paths, out.options());
+          for (int64_t i = 0; i < A; ++i)
+            lstm_backward_row(static_cast<const scalar_t*>(dm.data() + i * H), wss + i * W, cps + i * ci,
+                              zero.data(), dcs + i * H, dghs + i * G, H);
+        } else {
+          for (int64_t i = 0; i < A; ++i)
+            lstm_backward_row(gos + i * gi, wss + i * W, cps + i * ci, static_cast<const scalar_t*>(dhs + i * H),
+                              dcs + i * H, dghs + i * G, H);
+        }
         std::fill(dghs + A * G, dghs + B * G, scalar_t(0));  // the held rows' dc passes unchanged
         if (sums[0]) add_rows(static_cast<const scalar_t*>(dghs), B, G, 0, part.data(), sums[0]);
-        // dL/dh_{s-1} = dgates[s] W_hh: (A, 4H) x (4H, H) -> (A, H)
+        // dL/dh_{s-1} = dgates[s] W_hh: (A, 4H) x (4H, R) -> (A, R)
         if (A == 0) {
-        } else if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, G, H, false);
-        else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, G, H, false);
+        } else if (small) small_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, G, R, false);
+        else if (brg) brgemm_product(static_cast<const scalar_t*>(dghs), wp, none, dhs, A, G, R, false);
         else mm_rows(dh, dgh[s], w_hh, A);
       } else {
         rnn_backward_row(gos, outp + s * B * H, dhs, dghs, A * H, mode == kRelu);  // go contiguous: one span
@@ -735,7 +798,7 @@ at::Tensor backward_loop(const at::Tensor& go, at::Tensor dh, at::Tensor& dc, co
         else mm_rows(dh, dgh[s], w_hh, A);
       }
     }
-    if (brg) release_brgemm();
+    if (brg || proj_paths.second) release_brgemm();
   });
   return dh;
 }
@@ -803,8 +866,8 @@ at::Tensor weight_grad(const at::Tensor& dg, std::initializer_list<at::Tensor> p
 
 }  // namespace
 
-// -> {dx (t, b, in) or undefined, dh0 (b, H), dW_ih, dW_hh, db_ih, db_hh (undefined without bias), dc0 (the
-// LSTM's; undefined for the others)}. dx_like: the input as the caller holds it (undefined: no dx wanted); through
+// -> {dx (t, b, in) or undefined, dh0 (b, R), dW_ih, dW_hh, db_ih, db_hh (undefined without bias), dc0 (the
+// LSTM's; undefined for the others), dW_hr (the projected LSTM's; undefined without w_hr)}. dx_like: the input as the caller holds it (undefined: no dx wanted); through
 // brgemm, dx takes its strides (a batch-first x's gradient then arrives contiguous), else dx is contiguous.
 std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad_out,
                                            const std::optional<at::Tensor>& grad_hn,
@@ -813,11 +876,14 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
                                            const at::Tensor& out, const at::Tensor& ws, int64_t mode, bool reverse,
                                            bool has_bias, const std::optional<at::Tensor>& dx_like,
                                            const std::optional<at::Tensor>& c0,
-                                           const std::optional<at::Tensor>& lengths) {
+                                           const std::optional<at::Tensor>& lengths,
+                                           const std::optional<at::Tensor>& w_hr,
+                                           const std::optional<at::Tensor>& ms) {
   seqlab_vec::FlushDenormals flush;  // as in recurrent_forward
-  check_backward(grad_out, grad_hn, grad_cn, x, h0, w_ih, w_hh, out, ws, mode, c0);
+  check_backward(grad_out, grad_hn, grad_cn, x, h0, w_ih, w_hh, out, ws, mode, c0, w_hr, ms);
   const int64_t* lens = checked_lengths(lengths, out.size(0), out.size(1));
-  const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0);
+  const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0), Hc = G / n_gates(mode);
+  const bool proj = w_hr.has_value();
   // dL/dout: the GRU's and the LSTM's gate loops run row by row and read the rows where they are (a batch-first
   // dL/dout needs no copy: 1% of the GRU's fwd + bwd at b 32, t 100, H 256); the RNN's runs over a step's b*H values
   // as one span, which a contiguous copy buys (row by row it lost 2% at b 8, H 40)
@@ -834,10 +900,15 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
   double* sums[2] = {nullptr, nullptr};
   if (fused_sums) sums[0] = bias_sums.data_ptr<double>(), sums[1] = sums[0] + G;
   const bool lstm = mode == kLstm;
-  at::Tensor dc = !lstm ? at::Tensor() : grad_cn.has_value() ? grad_cn->contiguous().clone() : at::zeros_like(dh);
+  at::Tensor dc = !lstm                ? at::Tensor()
+                  : grad_cn.has_value() ? grad_cn->contiguous().clone()
+                                        : at::zeros({B, Hc}, out.options());
   const at::Tensor c0c = lstm ? c0->contiguous() : at::Tensor();
-  const at::Tensor dh0 =
-      backward_loop(go, dh, dc, h0.contiguous(), c0c, w_hh, out, ws, dgx, dgh, mode, reverse, sums, lens);
+  at::Tensor dhs_all = proj ? buffer({T, B, H}, out.options()) : at::Tensor();  // each step's dL/dh_s (P wide)
+  const at::Tensor dh0 = backward_loop(go, dh, dc, h0.contiguous(), c0c, w_hh, out, ws, dgx, dgh, mode, reverse,
+                                       sums, lens, proj ? *w_hr : at::Tensor(), dhs_all);
+  // dW_hr = Σ_s dL/dh_sᵀ m_s: (P, t*b) x (t*b, H) -> (P, H)
+  const at::Tensor dw_hr = proj ? dhs_all.view({T * B, H}).t().mm(ms->view({T * B, Hc})) : at::Tensor();
   // weight, bias and input gradients: one matmul (or sum) each over all t*b rows
   const at::Tensor dgx2 = dgx.view({T * B, G}), dgh2 = dgh.view({T * B, G});
   const at::Tensor x2 = x.contiguous().view({T * B, x.size(2)});
@@ -882,11 +953,19 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
     db_hh = fused_sums ? bias_sums[0].to(out.scalar_type()) : dgh2.sum(0);
     db_ih = mode != kGru ? db_hh.clone() : fused_sums ? bias_sums[1].to(out.scalar_type()) : dgx2.sum(0);
   }
-  return {dx, dh0, dw_ih, dw_hh, db_ih, db_hh, dc};
+  return {dx, dh0, dw_ih, dw_hh, db_ih, db_hh, dc, dw_hr};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
   m.def("forward", &recurrent_forward,
-        "one recurrent layer, one direction: x (t, b, in), h0 (b, H) (and the LSTM's c0 (b, H)) -> out, ws, x");
-  m.def("backward", &recurrent_backward, "gradients of forward, given dL/dout, dL/dh_n and the LSTM's dL/dc_n");
+        "one recurrent layer, one direction: x (t, b, in), h0 (b, R) (and the LSTM's c0 (b, H) and projection w_hr "
+        "(P, H)) -> out, ws, x, ms",
+        py::arg("x"), py::arg("h0"), py::arg("w_ih"), py::arg("w_hh"), py::arg("b_ih"), py::arg("b_hh"), py::arg("mode"),
+        py::arg("reverse"), py::arg("c0"), py::arg("lengths"), py::arg("w_hr") = py::none());
+  m.def("backward", &recurrent_backward, "gradients of forward, given dL/dout, dL/dh_n and the LSTM's dL/dc_n",
+        py::arg("grad_out"), py::arg("grad_hn"), py::arg("grad_cn"), py::arg("x"), py::arg("h0"), py::arg("w_ih"),
+        py::arg("w_hh"), py::arg("out"), py::arg("ws"), py::arg("mode"), py::arg("reverse"), py::arg("has_bias"),
+        py::arg("dx_like"), py::arg("c0"), py::arg("lengths"), py::arg("w_hr") = py::none(),
+        py::arg("ms") = py::none());
 }

@@ -16,8 +16,8 @@ On top of torch.nn:
 * ``init_state(batch_size, *, device=None, dtype=None)`` and ``step(x_t, state)``: one position at a time.
 * Two paths (``seqlab.layers.fastpath``). The fast path runs RNN, GRU and LSTM on CPU through seqlab's fused
   kernel (``seqlab.kernels.recurrent``, compiled on first use, padded batches too: it holds a row's state
-  through its padding; ``why_not_kernel`` says when it is not used) and everything else (CUDA, an LSTM's
-  projection, a failed build) through PyTorch's fused recurrent kernels, the
+  through its padding, and an LSTM's projection; ``why_not_kernel`` says when it is not used) and everything
+  else (CUDA, a failed build) through PyTorch's fused recurrent kernels, the
   ones ``torch.nn`` calls (oneDNN's for the LSTM on CPU). The reference path (``forward_ref``, or
   ``fast_path=False``) is the equations below written as a loop over time; ``why_not_fast_path`` says why
   the fast path is not taken.
@@ -121,8 +121,9 @@ class LSTM(RNNBase):
     Same arguments, parameter names, gate order [i, f, g, o] and layout as torch.nn.LSTM, except
     ``batch_first=True`` by default. ``proj_size=P`` (LSTMP, Sak et al. 2014) projects each step's output,
     h_t = W_hr (o ⊙ tanh(c_t)) with ``weight_hr_l{k}`` (P, H): the output is (b, t, D * P), h_n (L * D, b, P),
-    c_n stays (L * D, b, H), and the next layer reads D * P inputs (torch.nn's layout). It runs on torch.nn's
-    kernel (seqlab's has no projection) and in the reference loop.
+    c_n stays (L * D, b, H), and the next layer reads D * P inputs (torch.nn's layout). On the CPU it runs on
+    seqlab's kernel (each step's projection one more product, dW_hr one product after the loop), elsewhere on
+    torch.nn's.
 
     Examples::
 

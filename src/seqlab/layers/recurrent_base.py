@@ -232,8 +232,6 @@ class RNNBase(FastPathMixin, nn.Module):
             return f"seqlab's recurrent kernel covers {', '.join(MODES)}, not {self.mode}"
         if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
             return f"seqlab's recurrent kernel takes float32 or float64 on CPU, got {x.dtype} on {x.device}"
-        if self.proj_size:
-            return "seqlab's recurrent kernel has no LSTM projection (proj_size): torch.nn's kernel has one"
         # CPU autocast lists torch's LSTM among its lower-precision ops (not its GRU or RNN)
         if self.mode == "LSTM" and torch.is_autocast_enabled("cpu"):
             dtype = torch.get_autocast_dtype("cpu")
@@ -296,7 +294,8 @@ class RNNBase(FastPathMixin, nn.Module):
                 params = self._layer_params(layer, reverse=d == 1)
                 k = layer * self.num_directions + d
                 s0 = (state[0][k], state[1][k]) if lstm else state[k]  # (b, H), or the LSTM's (h, c)
-                y, s_n = recurrent_layer(x, s0, *params, self.mode, d == 1, lengths)  # (t, b, H), like s0
+                w_hr = self._projection(layer, reverse=d == 1)  # the LSTM's projection, or None
+                y, s_n = recurrent_layer(x, s0, *params, self.mode, d == 1, lengths, w_hr)  # (t, b, H or P)
                 outs.append(y)
                 finals.append(s_n if lstm else (s_n,))
             x = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # (t, b, D * H)
