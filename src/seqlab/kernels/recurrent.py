@@ -3,7 +3,8 @@ r"""Fused CPU kernels for one layer, one direction of a tanh/ReLU RNN, a GRU or 
 
 Notation: ``t`` time, ``b`` batch, ``H`` hidden size, ``G`` = gates × H (H for the RNN, 3H for the GRU, 4H for
 the LSTM). Everything here is time-major: x (t, b, in), out (t, b, H); the equations, parameter layout and gate
-orders [r, z, n] and [i, f, g, o] are torch.nn's (see ``seqlab.layers.recurrent``). The LSTM carries (h, c).
+orders [r, z, n] and [i, f, g, o] are torch.nn's (see ``seqlab.layers.recurrent``). The LSTM carries (h, c);
+with a projection ``w_hr`` (P, H) (torch.nn's ``proj_size``) its h is W_hr (o ⊙ tanh(c)), P wide.
 
     forward   gx = x W_ih^T + b_ih                          one matmul over all t*b rows
               per step: W_hh h_{s-1} (+ b_hh) as one matmul, then one fused loop over the gates -> h_s
