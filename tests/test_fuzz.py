@@ -50,7 +50,7 @@ FIELDS = {
     "s4d": ["d_state"],
     "mamba": ["d_state", "d_conv", "expand", "dt_rank"],
     "mingru": ["expand"],
-    "lstm": ["forget_bias"],
+    "lstm": ["forget_bias", "cell_size"],
     "rnn": ["nonlinearity"],
     "gru": [],
 }
@@ -90,8 +90,9 @@ def _config_ok(name: str, d: int, f: dict) -> bool:
     if name == "mingru":
         return _pos(g["expand"])
     if name == "lstm":
-        v = g["forget_bias"]
-        return v is None or (not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v))
+        v, cells = g["forget_bias"], g["cell_size"]
+        bias_ok = v is None or (not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v))
+        return bias_ok and (cells is None or (_pos(cells) and cells >= d))  # LSTMP: wider cells, projected
     if name == "rnn":
         return g["nonlinearity"] in ("tanh", "relu")
     return True
@@ -103,7 +104,7 @@ _DEFAULTS = {
     "s4d": {"d_state": 16},
     "mamba": {"d_state": 16, "d_conv": 4, "expand": 2, "dt_rank": None},
     "mingru": {"expand": 2},
-    "lstm": {"forget_bias": 1.0},
+    "lstm": {"forget_bias": 1.0, "cell_size": None},
     "rnn": {"nonlinearity": "tanh"},
     "gru": {},
 }

@@ -35,18 +35,27 @@ from seqlab.layers.mixer import TokenMixer, create_mixer, list_mixers, make_mixe
 F64 = torch.float64
 TOL = {"atol": 1e-9, "rtol": 1e-9}
 LAW = settings(max_examples=10, deadline=None)
-MIXERS = list_mixers()
+VARIANTS = {"lstm[cell_size=20]": ("lstm", {"cell_size": 20})}
+"""Configurations other than a mixer's defaults whose state or layout differs (the LSTMP's cells, wider than the
+h it carries): name -> (mixer, config fields)."""
+MIXERS = [*list_mixers(), *VARIANTS]
+
+
+def _mixer(name: str) -> tuple[str, dict]:
+    return VARIANTS.get(name, (name, {}))
 
 
 def width(name: str) -> int:
     """The smallest d_model >= 8 that the mixer's config accepts."""
-    step = mixer_spec(name).width_multiple(make_mixer_config(name))
+    mixer, fields = _mixer(name)
+    step = mixer_spec(mixer).width_multiple(make_mixer_config(mixer, fields))
     return step * math.ceil(8 / step)
 
 
 def build(name: str, seed: int = 0):
     torch.manual_seed(seed)
-    return create_mixer(name, width(name)).to(F64).eval()
+    mixer, fields = _mixer(name)
+    return create_mixer(mixer, width(name), **fields).to(F64).eval()
 
 
 @functools.cache

@@ -567,3 +567,18 @@ def test_projected_lstm_states_and_arguments_are_checked_by_name():
             other(IN, H, proj_size=2)
     assert "proj_size=2" in repr(ours) and "weight_hr_l1" in dict(ours.named_parameters())
     assert ours.why_not_kernel(x.float()) is None  # seqlab's kernel runs the projection
+
+
+def test_the_lstm_mixer_with_wider_cells_is_an_lstmp():
+    """cell_size > d_model: H cells projected back to d_model (proj_size=d_model), the forget bias on H gates."""
+    from seqlab.layers.mixer import create_mixer
+
+    m = create_mixer("lstm", 8, cell_size=12)
+    assert (m.hidden_size, m.proj_size) == (12, 8)
+    assert torch.all(m.bias_ih_l0[12:24] == 1.0) and torch.all(m.bias_hh_l0[12:24] == 0.0)
+    assert torch.all(m.bias_hh_l0[:12] != 0.0)  # the other gates keep torch.nn's init
+    assert create_mixer("lstm", 8, cell_size=8).proj_size == 0  # as wide as d_model: the plain LSTM
+    with pytest.raises(ValueError, match=r"cell_size=4 must be at least d_model=8"):
+        create_mixer("lstm", 8, cell_size=4)
+    with pytest.raises(ValueError, match=r"cell_size"):
+        create_mixer("lstm", 8, cell_size=0)

@@ -64,7 +64,7 @@ from seqlab.layers.recurrent_cells import (
     _lstm_update,
     _rnn_update,
 )
-from seqlab.validation import check_choices
+from seqlab.validation import check_choices, check_positive_ints
 
 __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNBase", "RNNCell", "State"]
 
@@ -178,11 +178,17 @@ class LSTMMixerConfig:
     """Initial forget-gate bias (Gers et al. 2000; Jozefowicz et al. 2015): torch.nn's init starts with
     f ≈ σ(0) = 1/2, so memory decays as 2^-t until training opens the gate; σ(1) ≈ 0.73 lets long-range
     gradients through from the first step. None keeps torch.nn's init (the layer itself always does)."""
+    cell_size: int | None = None
+    """The cell's width H; None: d_model. Wider than d_model, the block is an LSTMP (Sak et al. 2014, for speech):
+    H cells whose o ⊙ tanh(c) a projection W_hr brings back to d_model, the width the block carries and outputs
+    (``LSTM(d_model, cell_size, proj_size=d_model)``): more memory per step for fewer recurrent weights than an
+    LSTM of width H."""
 
     def __post_init__(self):
         v = self.forget_bias
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)):
             raise ValueError(f"forget_bias must be a finite number or None, got {v!r}")
+        check_positive_ints(self, ("cell_size",), allow_none=True)
 
 
 @dataclass
@@ -195,11 +201,18 @@ def _build_rnn(d_model: int, c: RNNMixerConfig, *, dropout: float, device=None, 
 
 
 def _build_lstm(d_model: int, c: LSTMMixerConfig, *, dropout: float, device=None, dtype=None) -> LSTM:
-    lstm = LSTM(d_model, d_model, device=device, dtype=dtype)
+    cells = d_model if c.cell_size is None else c.cell_size
+    if cells < d_model:
+        raise ValueError(
+            f"cell_size={cells} must be at least d_model={d_model}: wider, the LSTM's projection brings its cells "
+            "back to d_model (LSTMP); narrower has no projection to widen them (leave it unset for d_model)"
+        )
+    proj = d_model if cells > d_model else 0
+    lstm = LSTM(d_model, cells, proj_size=proj, device=device, dtype=dtype)
     if c.forget_bias is not None:
         with torch.no_grad():
-            lstm.bias_ih_l0[d_model : 2 * d_model].fill_(c.forget_bias)  # gates stacked [i, f, g, o]
-            lstm.bias_hh_l0[d_model : 2 * d_model].zero_()
+            lstm.bias_ih_l0[cells : 2 * cells].fill_(c.forget_bias)  # gates stacked [i, f, g, o]
+            lstm.bias_hh_l0[cells : 2 * cells].zero_()
     return lstm
 
 
