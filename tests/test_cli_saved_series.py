@@ -37,7 +37,9 @@ def _train(out, *argv: str, older: bool = False, steps: int = 4) -> int:
     if not older:
         return main(argv)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(source_settings, "rebuilding_saved", lambda saved=True: rebuilding_saved(True))
+        patch.setattr(
+            source_settings, "rebuilding_saved", lambda saved=True, described=None: rebuilding_saved(True)
+        )
         return main(argv)
 
 
