@@ -218,6 +218,7 @@ KERNEL_NAMES = (
     "attention",
     "mingru_scan",
     "linear_attention",
+    "additive_score",
     "gemm",
 )
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from seqlab.kernels import (
     activations,
+    additive_score,
     attention,
     build,
     causal_conv,
@@ -41,6 +42,7 @@ EXTENSIONS = tuple(
         activations,
         layer_norm,
         attention,
+        additive_score,
     )
 )
 

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from seqlab.kernels.additive_score import additive_scores
 from seqlab.layers.checks import check_dtype
 from seqlab.layers.linear import Linear
 from seqlab.validation import check_positive_ints
@@ -94,7 +95,9 @@ class AdditiveAttention(nn.Module):
 
     Shapes: query s (b, d_query) or (b, t, d_query); keys h (b, s, d_key); values (b, s, d_v), default the
     keys; mask (b, s), True at real positions -> context c (b, [t,] d_v), weights α (b, [t,] s). ``project_keys(keys)`` computes W_k h once
-    per source sequence; pass it back as ``keys_proj`` at every decoder step.
+    per source sequence; pass it back as ``keys_proj`` at every decoder step. The score runs as one C++ pass
+    each way on the CPU (``seqlab.kernels.additive_score``: no (b, [t,] s, d_attn) tensor written or kept), as
+    PyTorch ops elsewhere.
     """
 
     def __init__(self, d_query: int, d_key: int, d_attn: int, device=None, dtype=None):
@@ -120,8 +123,8 @@ class AdditiveAttention(nn.Module):
         d = (self.query_proj.in_features, self.key_proj.in_features, self.key_proj.out_features)
         many = _check_inputs("AdditiveAttention", query, keys, values, keys_proj, d, self.v.weight)
         keys_proj = self.project_keys(keys) if keys_proj is None else keys_proj  # (b, s, d_attn)
-        q = self.query_proj(query).unsqueeze(-2)  # (b, 1, d_attn) or (b, t, 1, d_attn)
-        e = self.v(torch.tanh(q + (keys_proj.unsqueeze(1) if many else keys_proj))).squeeze(-1)  # (b, [t,] s)
+        # vᵀ tanh(W_q s + W_k h_j + b): (b, [t,] s), one C++ pass on the CPU (seqlab.kernels.additive_score)
+        e = additive_scores(self.query_proj(query), keys_proj, self.v.weight.view(-1))
         w = _masked_softmax(e, mask)  # (b, [t,] s)
         return _context(w, keys if values is None else values, many), w
 
