@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/csrc/utils/pybind.h>
@@ -65,10 +66,22 @@ T score(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ 
   return acc;
 }
 
-// One (query, key) pair's backward, de its score's gradient: dq, dk and dv accumulate
+// One (query, key) pair's backward, de its score's gradient: dq and dv accumulate; dk is written by the row's
+// first query (first_k: a fresh buffer, no zeroing pass over it) and accumulated by the others
 template <typename T>
 void score_backward(T de, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                    T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv, int64_t D) {
+                    T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv, int64_t D, bool first_k) {
+  if (first_k) {
+#pragma omp simd
+    for (int64_t c = 0; c < D; ++c) {
+      const T th = tanh_v(q[c] + k[c]);
+      const T g = de * v[c] * (T(1) - th * th);
+      dq[c] += g;
+      dk[c] = g;
+      dv[c] += de * th;
+    }
+    return;
+  }
 #pragma omp simd
   for (int64_t c = 0; c < D; ++c) {
     const T th = tanh_v(q[c] + k[c]);
@@ -108,7 +121,8 @@ std::vector<at::Tensor> additive_score_backward(const at::Tensor& de, const at::
   const int64_t B = q.size(0), T = q.size(1), S = k.size(1), D = q.size(2);
   TORCH_CHECK(de.sizes() == at::IntArrayRef({B, T, S}) && de.scalar_type() == q.scalar_type() && de.is_contiguous(),
               "de must be contiguous (b, t, s) = (", B, ", ", T, ", ", S, ") of q's dtype, got ", de.sizes());
-  at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv_rows = at::zeros({B, D}, q.options());
+  // dq is zeroed (a (b, t, d) query tensor: small beside k), dk written by each row's first query
+  at::Tensor dq = at::zeros_like(q), dk = at::empty_like(k), dv_rows = at::zeros({B, D}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "additive_score_backward", [&] {
     const scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *vp = v.data_ptr<scalar_t>();
     const scalar_t* dep = de.data_ptr<scalar_t>();
@@ -121,7 +135,8 @@ std::vector<at::Tensor> additive_score_backward(const at::Tensor& de, const at::
           const scalar_t* qi = qp + (b * T + i) * D;
           scalar_t* dqi = dqp + (b * T + i) * D;
           for (int64_t j = 0; j < S; ++j)
-            score_backward(dep[(b * T + i) * S + j], qi, kp + (b * S + j) * D, vp, dqi, dkp + (b * S + j) * D, dvb, D);
+            score_backward(dep[(b * T + i) * S + j], qi, kp + (b * S + j) * D, vp, dqi, dkp + (b * S + j) * D, dvb, D,
+                           i == 0);
         }
       }
     });
