@@ -175,3 +175,24 @@ def test_too_long_source_for_the_transformer(task):
         ValueError, match=r"the source has .* tokens; this model accepts at most max_seq_len=6"
     ):
         translate(model, task.tokenizer, ["the cat", "the cat sees the big red dog under the tree"])
+
+
+def test_the_loss_is_torchs_smoothed_cross_entropy_from_one_log_softmax():
+    """smoothed_cross_entropy against F.cross_entropy(ignore_index=PAD, label_smoothing=ε): value, gradient and the
+    plain NLL beside it, pads among the targets."""
+    import torch.nn.functional as F
+
+    from seqlab.tasks.translation import PAD, smoothed_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    for eps in (0.0, 0.1, 0.3):
+        x = torch.randn(40, 25, generator=g, dtype=torch.float64, requires_grad=True)
+        t = torch.randint(0, 25, (40,), generator=g)
+        t[::6] = PAD
+        loss, nll = smoothed_cross_entropy(x, t, eps)
+        want = F.cross_entropy(x, t, ignore_index=PAD, label_smoothing=eps)
+        torch.testing.assert_close(loss, want, atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            torch.autograd.grad(loss, x)[0], torch.autograd.grad(want, x)[0], atol=1e-12, rtol=0
+        )
+        assert abs(nll - F.cross_entropy(x, t, ignore_index=PAD).item()) < 1e-12

@@ -207,9 +207,8 @@ class TranslationTask(Task):
                 f"translation expects model(src, tgt_in) of shape (b, t, v) with (b, t)={tuple(y.shape)}, got {got}"
             )
         flat, target = out.reshape(-1, out.size(-1)).float(), y.reshape(-1)
-        loss = F.cross_entropy(flat, target, ignore_index=PAD, label_smoothing=self.label_smoothing)
+        loss, nll = smoothed_cross_entropy(flat, target, self.label_smoothing)
         with torch.no_grad():
-            nll = F.cross_entropy(flat, target, ignore_index=PAD).item()
             real = target != PAD
             acc = (flat.argmax(-1)[real] == target[real]).float().mean().item()
         return loss, {"loss": loss.item(), "nll": nll, "ppl": math.exp(min(nll, 50.0)), "acc": acc}, None
@@ -262,6 +261,21 @@ class TranslationTask(Task):
             "sentences": len(pairs),
             "hypotheses": hyps,
         }
+
+
+def smoothed_cross_entropy(logits: Tensor, target: Tensor, smoothing: float) -> tuple[Tensor, float]:
+    """(``F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=smoothing)``, the plain mean NLL of
+    the same tokens) from one log-softmax: (1 - ε) NLL + ε (the mean of -log p over the vocabulary), averaged
+    over the non-pad targets, as torch defines it (Szegedy et al. 2016). logits (n, v), target (n,)."""
+    logp = F.log_softmax(logits, dim=-1)
+    real = target != PAD
+    count = real.sum().clamp_min(1)
+    nll_i = -logp.gather(1, target.clamp_min(0)[:, None]).squeeze(1)  # (n,)
+    nll = (nll_i * real).sum() / count
+    if smoothing == 0:
+        return nll, nll.item()
+    smooth = (-logp.mean(-1) * real).sum() / count
+    return (1 - smoothing) * nll + smoothing * smooth, nll.item()
 
 
 def translate(
