@@ -19,31 +19,19 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import statistics
 from collections.abc import Callable
 
 import torch
 
-from bench_recurrent_kernel import time_pair  # alternating contenders (same folder)
+from bench_mixer_kernels import kernel_off  # a kernel switched off for one call (same folder)
+from bench_recurrent_kernel import time_pair  # alternating contenders
+from bench_recurrent_padded import cell  # median [quartiles] in ms
 from common import report
 from seqlab.kernels.additive_score import EXTENSION, additive_scores
 from seqlab.lab.report import cpu_name
 from seqlab.lab.systems import load_1min
 from seqlab.run import build_run
-
-OFF = "additive_score"
-
-
-def kernel_off(fn: Callable[[], object]) -> Callable[[], object]:
-    def call() -> object:
-        os.environ["SEQLAB_DISABLE_KERNELS"] = OFF
-        try:
-            return fn()
-        finally:
-            os.environ.pop("SEQLAB_DISABLE_KERNELS", None)
-
-    return call
 
 
 def score_step() -> Callable[[], None]:
@@ -91,11 +79,6 @@ def decode_step(beam: int) -> Callable[[], None]:
     return lambda: task.translate(model, texts, beam_size=beam)
 
 
-def cell(ts: list[float]) -> str:
-    q1, median, q3 = statistics.quantiles(ts, n=4, method="inclusive")
-    return f"{median * 1e3:,.1f} [{q1 * 1e3:,.1f}, {q3 * 1e3:,.1f}]"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -123,7 +106,7 @@ def main() -> None:
         torch.set_num_threads(n)
         for label, make in rows.items():
             fn = make()
-            times = time_pair({"ops": kernel_off(fn), "kernel": fn}, repeats, warmup=1)
+            times = time_pair({"ops": kernel_off("additive_score", fn), "kernel": fn}, repeats, warmup=1)
             ratio = statistics.median(times["ops"]) / statistics.median(times["kernel"])
             lines.append(f"| {label} | {n} | {cell(times['ops'])} | {cell(times['kernel'])} | {ratio:.2f}x |")
             print(lines[-1], flush=True)

@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bench_recurrent_kernel import time_pair  # alternating contenders (same folder)
+from bench_recurrent_padded import cell  # median [quartiles] in ms
 from common import report
 from seqlab.lab.report import cpu_name
 from seqlab.layers import LSTM
@@ -62,11 +63,6 @@ def steps(b: int, t: int, n_in: int, hidden: int, proj: int, bi: bool, padded: b
         ours(x, lengths=lengths)[0].backward(grad)
 
     return {"torch.nn": torch_nn, "seqlab kernel": kernel}
-
-
-def cell(ts: list[float]) -> str:
-    q1, median, q3 = statistics.quantiles(ts, n=4, method="inclusive")
-    return f"{median * 1e3:.1f} [{q1 * 1e3:.1f}, {q3 * 1e3:.1f}]"
 
 
 def main() -> None:
