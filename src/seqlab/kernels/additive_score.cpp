@@ -72,23 +72,12 @@ T score(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ 
 template <typename T>
 void score_backward(T de, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                     T* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv, int64_t D, bool first_k) {
-  if (first_k) {
-#pragma omp simd
-    for (int64_t c = 0; c < D; ++c) {
-      const T th = tanh_v(q[c] + k[c]);
-      const T g = de * v[c] * (T(1) - th * th);
-      dq[c] += g;
-      dk[c] = g;
-      dv[c] += de * th;
-    }
-    return;
-  }
 #pragma omp simd
   for (int64_t c = 0; c < D; ++c) {
     const T th = tanh_v(q[c] + k[c]);
     const T g = de * v[c] * (T(1) - th * th);
     dq[c] += g;
-    dk[c] += g;
+    dk[c] = first_k ? g : dk[c] + g;
     dv[c] += de * th;
   }
 }

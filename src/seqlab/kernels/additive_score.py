@@ -11,7 +11,7 @@ with v and keep the tanh for the backward, where the kernel holds the sum and th
 backward recomputes them. :func:`additive_scores_ref` is the same in PyTorch ops, the path for other devices and
 dtypes (bfloat16 under autocast included), for a kernel that cannot be built, and for a backward with
 ``create_graph=True``, which differentiates it so that second derivatives are exact too. float32 computes tanh
-from the polynomial exp of ``vec_math.h`` (absolute error below 2.5e-7), float64 with the C library's.
+from ``vec_math.h``'s exp (absolute error below 2.5e-7), float64 with the C library's.
 """
 
 from __future__ import annotations
@@ -54,8 +54,7 @@ class _AdditiveScores(torch.autograd.Function):
             with torch.enable_grad():
                 got = iter(torch.autograd.grad(additive_scores_ref(q, k, v), wanted, de, create_graph=True))
             return tuple(next(got) if need else None for need in ctx.needs_input_grad)
-        dq, dk, dv = EXTENSION.load(even_if_disabled=True).backward(de.contiguous(), q, k, v)
-        return dq, dk, dv
+        return tuple(EXTENSION.load(even_if_disabled=True).backward(de.contiguous(), q, k, v))  # dq, dk, dv
 
 
 def why_not_kernel(q: Tensor, k: Tensor, v: Tensor) -> str | None:

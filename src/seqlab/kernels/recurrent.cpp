@@ -882,7 +882,7 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
   seqlab_vec::FlushDenormals flush;  // as in recurrent_forward
   check_backward(grad_out, grad_hn, grad_cn, x, h0, w_ih, w_hh, out, ws, mode, c0, w_hr, ms);
   const int64_t* lens = checked_lengths(lengths, out.size(0), out.size(1));
-  const int64_t T = out.size(0), B = out.size(1), H = out.size(2), G = w_hh.size(0), Hc = G / n_gates(mode);
+  const int64_t T = out.size(0), B = out.size(1), R = out.size(2), G = w_hh.size(0), H = G / n_gates(mode);
   const bool proj = w_hr.has_value();
   // dL/dout: the GRU's and the LSTM's gate loops run row by row and read the rows where they are (a batch-first
   // dL/dout needs no copy: 1% of the GRU's fwd + bwd at b 32, t 100, H 256); the RNN's runs over a step's b*H values
@@ -892,23 +892,23 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
   const at::Tensor go = !grad_out.has_value() ? at::zeros_like(out)
                         : rows_ok             ? *grad_out
                                               : contiguous_scratch(kGo, *grad_out);
-  at::Tensor dh = grad_hn.has_value() ? grad_hn->contiguous().clone() : at::zeros({B, H}, out.options());
+  at::Tensor dh = grad_hn.has_value() ? grad_hn->contiguous().clone() : at::zeros({B, R}, out.options());
   at::Tensor dgh = scratch(kDgh, {T, B, G}, out.options());
   at::Tensor dgx = mode == kGru ? scratch(kDgx, {T, B, G}, out.options()) : dgh;  // the RNN's, the LSTM's: the same
-  const bool fused_sums = has_bias && !small_steps(B, H, G, brgemm_for(out));
+  const bool fused_sums = has_bias && !small_steps(B, R, G, brgemm_for(out));
   at::Tensor bias_sums = at::zeros({fused_sums ? 2 : 0, G}, out.options().dtype(at::kDouble));
   double* sums[2] = {nullptr, nullptr};
   if (fused_sums) sums[0] = bias_sums.data_ptr<double>(), sums[1] = sums[0] + G;
   const bool lstm = mode == kLstm;
   at::Tensor dc = !lstm                ? at::Tensor()
                   : grad_cn.has_value() ? grad_cn->contiguous().clone()
-                                        : at::zeros({B, Hc}, out.options());
+                                        : at::zeros({B, H}, out.options());
   const at::Tensor c0c = lstm ? c0->contiguous() : at::Tensor();
-  at::Tensor dhs_all = proj ? buffer({T, B, H}, out.options()) : at::Tensor();  // each step's dL/dh_s (P wide)
+  at::Tensor dhs_all = proj ? buffer({T, B, R}, out.options()) : at::Tensor();  // each step's dL/dh_s (P wide)
   const at::Tensor dh0 = backward_loop(go, dh, dc, h0.contiguous(), c0c, w_hh, out, ws, dgx, dgh, mode, reverse,
                                        sums, lens, proj ? *w_hr : at::Tensor(), dhs_all);
   // dW_hr = Σ_s dL/dh_sᵀ m_s: (P, t*b) x (t*b, H) -> (P, H)
-  const at::Tensor dw_hr = proj ? dhs_all.view({T * B, H}).t().mm(ms->view({T * B, Hc})) : at::Tensor();
+  const at::Tensor dw_hr = proj ? dhs_all.view({T * B, R}).t().mm(ms->view({T * B, H})) : at::Tensor();
   // weight, bias and input gradients: one matmul (or sum) each over all t*b rows
   const at::Tensor dgx2 = dgx.view({T * B, G}), dgh2 = dgh.view({T * B, G});
   const at::Tensor x2 = x.contiguous().view({T * B, x.size(2)});
@@ -930,7 +930,7 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
     at::mm_out(dx2, dgx2, w_ih);
   }
   // dW_ih = dgx^T x: (G, t*b) x (t*b, in) -> (G, in); dW_hh = sum_s dgh[s]^T h_{s-1}
-  const bool brg_ih = brgemm_rows_for(x, T * B, x.size(2), G), brg_hh = brgemm_rows_for(x, T * B, H, G);
+  const bool brg_ih = brgemm_rows_for(x, T * B, x.size(2), G), brg_hh = brgemm_rows_for(x, T * B, R, G);
   at::Tensor dw_ih = brg_ih ? weight_grad(dgx2, {x2}) : dgx2.t().mm(x2);
   const int64_t first = reverse ? T - 1 : 0;
   const at::Tensor h0c = h0.contiguous();
@@ -944,7 +944,7 @@ std::vector<at::Tensor> recurrent_backward(const std::optional<at::Tensor>& grad
     if (T > 1) {
       const at::Tensor d = reverse ? dgh.slice(0, 0, T - 1) : dgh.slice(0, 1, T);
       const at::Tensor hp = reverse ? out.slice(0, 1, T) : out.slice(0, 0, T - 1);
-      dw_hh.addmm_(d.reshape({-1, G}).t(), hp.reshape({-1, H}));  // (G, (t-1)*b) x ((t-1)*b, H) -> (G, H)
+      dw_hh.addmm_(d.reshape({-1, G}).t(), hp.reshape({-1, R}));  // (G, (t-1)*b) x ((t-1)*b, R) -> (G, R)
     }
   }
   at::Tensor db_ih, db_hh;
