@@ -53,6 +53,7 @@ FIELDS = {
     "lstm": ["forget_bias", "cell_size"],
     "rnn": ["nonlinearity"],
     "gru": [],
+    "mamba2": ["d_state", "d_conv", "expand", "headdim", "n_groups"],
 }
 
 
@@ -89,6 +90,12 @@ def _config_ok(name: str, d: int, f: dict) -> bool:
         return all(_pos(g[k]) for k in ("d_state", "d_conv", "expand")) and _pos(g["dt_rank"], True)
     if name == "mingru":
         return _pos(g["expand"])
+    if name == "mamba2":  # d_inner = expand * d in heads of headdim, the heads in n_groups groups
+        keys = ("d_state", "d_conv", "expand", "headdim", "n_groups")
+        if not all(_pos(g[k]) for k in keys):
+            return False
+        inner = g["expand"] * d
+        return inner % g["headdim"] == 0 and (inner // g["headdim"]) % g["n_groups"] == 0
     if name == "lstm":
         v, cells = g["forget_bias"], g["cell_size"]
         bias_ok = v is None or (not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v))
@@ -107,6 +114,7 @@ _DEFAULTS = {
     "lstm": {"forget_bias": 1.0, "cell_size": None},
     "rnn": {"nonlinearity": "tanh"},
     "gru": {},
+    "mamba2": {"d_state": 64, "d_conv": 4, "expand": 2, "headdim": 16, "n_groups": 1},
 }
 
 

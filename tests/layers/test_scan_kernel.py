@@ -131,6 +131,40 @@ def test_channel_block_groups_match_reference_at_any_thread_count(dtype, b, d):
             assert torch.equal(a, e)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "b", "t", "d", "n", "chunk"),
+    [
+        (F64, 2, 37, 19, 5, 8),
+        (F64, 1, 1, 3, 1, 64),
+        (F64, 3, 40, 8, 64, 16),
+        (torch.float32, 2, 50, 40, 64, 32),  # the AVX-512 forward where the CPU has it; a half-empty block
+        (torch.float32, 2, 21, 19, 17, 8),
+    ],
+)
+def test_one_A_per_channel_equals_reference(dtype, b, t, d, n, chunk):
+    """A (d, 1): one decay for a channel's n states (Mamba-2's SSD). The kernel takes one exp per channel and
+    position and sums ∂L/∂A over the states; the reference broadcasts A. Every gradient, dA (d, 1) included."""
+    x = {k: v.to(dtype) for k, v in _inputs(b, t, d, n, seed=n).items()}
+    x["A"] = x["A"][:, :1].contiguous()
+    tol = 1e-10 if dtype == F64 else 1e-4
+    _compare(x, True, chunk, atol=tol, rtol=tol)
+    y, h = _call(selective_scan, x, chunk_size=chunk, impl="chunked")  # the chunked scan expands A to (d, n)
+    y_ref, h_ref = _call(selective_scan_ref, x)
+    torch.testing.assert_close(y, y_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(h, h_ref, atol=tol, rtol=tol)
+
+
+def test_gradcheck_one_A_per_channel():
+    x = _inputs(2, 5, 3, 4, seed=2)
+    x["A"] = x["A"][:, :1].contiguous()
+    names = list(x)
+
+    def f(*vals):
+        return _call(selective_scan_kernel, dict(zip(names, vals, strict=True)), chunk_size=2)
+
+    assert torch.autograd.gradcheck(f, tuple(v.requires_grad_() for v in x.values()))
+
+
 def test_float32_nan_and_extreme_decays_match_reference():
     """The kernel's own exp: a NaN stays NaN (not 0 or 1), Δ·A far below float's range gives exp = 0."""
     x = {k: v.float() for k, v in _inputs(1, 12, 16, 16, seed=2).items()}

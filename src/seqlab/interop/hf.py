@@ -7,8 +7,8 @@
 
 ``CONVERTERS`` maps a transformers class name to its converter; dispatch is on the name, so transformers is
 never imported here (it is an optional extra: ``pip install seqlab[hf]``), and each converter module imports
-only seqlab. Supported now: MambaForCausalLM, GPT2LMHeadModel, LlamaForCausalLM, BertModel, ViTModel,
-ViTForImageClassification.
+only seqlab. Supported now: MambaForCausalLM, Mamba2ForCausalLM, GPT2LMHeadModel, LlamaForCausalLM,
+BertModel, ViTModel, ViTForImageClassification.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = ["CONVERTERS", "from_hf"]
 
 CONVERTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "MambaForCausalLM": convert_mamba,
+    "Mamba2ForCausalLM": convert_mamba,
     "GPT2LMHeadModel": convert_gpt2,
     "LlamaForCausalLM": convert_llama,
     "BertModel": convert_bert,

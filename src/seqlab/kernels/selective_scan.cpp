@@ -52,6 +52,7 @@ struct Scan {  // raw pointers into the tensors; D, z, bias null when not given
   const T *u, *delta, *A, *B, *C, *D, *z, *bias;
   int64_t b, t, d, n, L, nc;  // L positions per chunk, nc = ⌈t / L⌉ chunks
   bool softplus;
+  int64_t lda;  // A's row length: n, or 1 for one A per channel shared by its n states (Mamba-2's SSD)
   int64_t ldz, ldB, ldC;  // row strides of z, B, C: views of the block's projections need no copy
 };
 
@@ -147,7 +148,7 @@ struct Block {  // batch row bi, channels c0 .. c0 + m - 1 (block j of ⌈d / W�
   Block(const Scan<T>& s, int64_t bi, int64_t j, T* at)
       : bi(bi), j(j), c0(j * W), m(std::min<int64_t>(W, s.d - j * W)), At(at) {
     for (int64_t c = 0; c < m; ++c) {
-      for (int64_t k = 0; k < s.n; ++k) At[k * W + c] = s.A[(c0 + c) * s.n + k];
+      for (int64_t k = 0; k < s.n; ++k) At[k * W + c] = s.A[(c0 + c) * s.lda + (s.lda == 1 ? 0 : k)];
       if (s.D) Dv[c] = s.D[c0 + c];
       if (s.bias) bias[c] = s.bias[c0 + c];
     }
@@ -278,6 +279,15 @@ SEQLAB_VEC_INLINE void forward_position16(const Scan<float>& s, const float* At,
   const __m512 vdt = _mm512_loadu_ps(dt), du = _mm512_mul_ps(vdt, _mm512_loadu_ps(uv));
   __m512 acc = _mm512_setzero_ps();
   int64_t k = 0;
+  if (s.lda == 1) {  // one Ā for every state of a channel: one exp a position, not n
+    const __m512 a = seqlab_vec::exp16(_mm512_mul_ps(vdt, _mm512_loadu_ps(At)));
+    for (; k < s.n; ++k) {
+      const __m512 hv = _mm512_fmadd_ps(a, _mm512_loadu_ps(hprev + k * 16), _mm512_mul_ps(du, _mm512_set1_ps(Bi[k])));
+      _mm512_storeu_ps(h + k * 16, hv);
+      acc = _mm512_fmadd_ps(hv, _mm512_set1_ps(Ci[k]), acc);
+    }
+    if constexpr (Store) _mm512_storeu_ps(abar, a);  // one row: the adjoint reads row 0 only (adjoint_shared)
+  }
   for (; k + 4 <= s.n; k += 4) {
     __m512 a[4];
 #pragma GCC unroll 4
@@ -316,10 +326,25 @@ inline void forward_position(const Scan<T>& s, const T* At, const T* dt, const T
   alignas(64) T du[W], acc[W];  // y is summed in a local: through the pointer, GCC kept it in memory, a load-add-store chain
 #pragma omp simd
   for (int c = 0; c < W; ++c) du[c] = dt[c] * uv[c], acc[c] = 0;
+  alignas(64) T shared[W];  // with one A per channel (lda 1), its Ā for all n states: one exp a position, not n
+  if (s.lda == 1) {
+#pragma omp simd
+    for (int c = 0; c < W; ++c) shared[c] = exp_(dt[c] * At[c]);
+    if constexpr (Store) std::copy(shared, shared + W, abar);  // one row (adjoint_shared)
+  }
   for (int64_t k = 0; k < s.n; ++k) {
     const T bk = Bi[k], ck = Ci[k];
     const T *ak = At + k * W, *hp = hprev + k * W;
     T* hk = h + k * W;
+    if (s.lda == 1) {
+#pragma omp simd
+      for (int c = 0; c < W; ++c) {
+        const T hv = shared[c] * hp[c] + du[c] * bk;
+        hk[c] = hv;
+        acc[c] += hv * ck;
+      }
+      continue;
+    }
 #pragma omp simd
     for (int c = 0; c < W; ++c) {
       const T a = exp_(dt[c] * ak[c]);  // every exponent Δ A ≤ 0 for Δ ≥ 0, A ≤ 0
@@ -542,9 +567,46 @@ SEQLAB_VEC_INLINE void adjoint_position16(const Scan<float>& s, const float* __r
 }
 #endif
 
+// The adjoint with one Ā per channel (lda 1; p.abar holds it in one row): ∂L/∂(Δ A) = Ā ⊙ Σ_k G h_{i-1,k} is one
+// sum over the states, so ∂L/∂Δ and ∂L/∂A take one vector each instead of a row per state (dA's row 0 holds the
+// channel's sum; the rows are added into the (d, 1) gradient)
+template <typename T, int W>
+inline void adjoint_shared(const Scan<T>& s, const T* At, const Position<T>& p, Work<T, W>& w, T* dBrow, T* dCrow,
+                           T* gb, T* ddt) {
+  alignas(64) T du[W], gbv[W], dls[W];
+#pragma omp simd
+  for (int c = 0; c < W; ++c) du[c] = p.dt[c] * p.uv[c], gbv[c] = 0, dls[c] = 0;
+  for (int64_t k = 0; k < s.n; ++k) {
+    const T bk = p.Bi[k], ck = p.Ci[k];
+    const T *hk = p.h + k * W, *hp = p.hprev + k * W;
+    T *gk = w.g + k * W, *pC = w.pC.data() + k * W, *pB = w.pB.data() + k * W;
+#pragma omp simd
+    for (int c = 0; c < W; ++c) {
+      const T G = p.gy[c] * ck + gk[c];
+      pC[c] = p.gy[c] * hk[c];
+      pB[c] = du[c] * G;
+      gbv[c] += G * bk;
+      dls[c] += G * hp[c];
+      gk[c] = p.abar[c] * G;
+    }
+  }
+#pragma omp simd
+  for (int c = 0; c < W; ++c) {
+    const T dl = dls[c] * p.abar[c];
+    gb[c] = gbv[c], ddt[c] = dl * At[c];
+    w.dA[c] += dl * p.dt[c];
+  }
+  add_row_sums<T, W>(w.pC.data(), s.n, dCrow);
+  add_row_sums<T, W>(w.pB.data(), s.n, dBrow);
+}
+
 template <typename T, int W>
 inline void adjoint_position(const Scan<T>& s, const T* At, const Position<T>& p, Work<T, W>& w, T* dBrow,
                              T* dCrow, T* gb, T* ddt) {
+  if (s.lda == 1) {
+    adjoint_shared(s, At, p, w, dBrow, dCrow, gb, ddt);
+    return;
+  }
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float> && W == 16) {
     adjoint_position16(s, At, p, w.g, w.dA, w.pC.data(), w.pB.data(), dBrow, dCrow, gb, ddt);
@@ -673,12 +735,12 @@ void check_rows(const Tensor& x, const Tensor& like, std::vector<int64_t> shape,
 
 void check_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& B, const Tensor& C,
                   const OptTensor& D, const OptTensor& z, const OptTensor& bias, int64_t chunk) {
-  TORCH_CHECK(u.dim() == 3 && A.dim() == 2, "u must be (b, t, d) and A (d, n)");
-  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = A.size(1);
+  TORCH_CHECK(u.dim() == 3 && A.dim() == 2 && B.dim() == 3, "u must be (b, t, d), A (d, n) or (d, 1), B (b, t, n)");
+  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = B.size(2);
   TORCH_CHECK(chunk >= 1, "chunk must be positive, got ", chunk);
   check(u, u, {b, t, d}, "u");
   check(delta, u, {b, t, d}, "delta");
-  check(A, u, {d, n}, "A");
+  check(A, u, {d, A.size(1) == 1 ? 1 : n}, "A");
   check_rows(B, u, {b, t, n}, "B");
   check_rows(C, u, {b, t, n}, "C");
   check_optional(D, u, {d}, "D");
@@ -697,8 +759,8 @@ Scan<T> make_scan(const Tensor& u, const Tensor& delta, const Tensor& A, const T
   const int64_t t = u.size(1);
   return Scan<T>{u.data_ptr<T>(), delta.data_ptr<T>(), A.data_ptr<T>(), B.data_ptr<T>(), C.data_ptr<T>(),
                  ptr<T>(D),       ptr<T>(z),           ptr<T>(bias),    u.size(0),       t,
-                 u.size(2),       A.size(1),           chunk,           (t + chunk - 1) / chunk, softplus,
-                 z && z->defined() ? z->stride(1) : 0, B.stride(1), C.stride(1)};
+                 u.size(2),       B.size(2),           chunk,           (t + chunk - 1) / chunk, softplus,
+                 A.size(1),       z && z->defined() ? z->stride(1) : 0, B.stride(1), C.stride(1)};
 }
 
 
@@ -707,7 +769,7 @@ std::vector<Tensor> scan_fwd(const Tensor& u, const Tensor& delta, const Tensor&
                              const OptTensor& D, const OptTensor& z, const OptTensor& bias, const OptTensor& h0,
                              bool softplus, int64_t chunk) {
   check_inputs(u, delta, A, B, C, D, z, bias, chunk);
-  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = A.size(1);
+  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = B.size(2);
   check_optional(h0, u, {b, d, n}, "h0");
   Tensor y = at::empty({b, t, d}, u.options()), h_last = at::empty({b, d, n}, u.options());
   Tensor bounds = at::empty({b, (t + chunk - 1) / chunk, n, d}, u.options());
@@ -730,7 +792,7 @@ std::vector<Tensor> scan_bwd(const Tensor& u, const Tensor& delta, const Tensor&
                              const OptTensor& D, const OptTensor& z, const OptTensor& bias, const Tensor& bounds,
                              const Tensor& dy, const OptTensor& dh_last, bool softplus, int64_t chunk) {
   check_inputs(u, delta, A, B, C, D, z, bias, chunk);
-  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = A.size(1), threads = at::get_num_threads();
+  const int64_t b = u.size(0), t = u.size(1), d = u.size(2), n = B.size(2), threads = at::get_num_threads();
   check(bounds, u, {b, (t + chunk - 1) / chunk, n, d}, "bounds");
   check(dy, u, {b, t, d}, "dy");
   check_optional(dh_last, u, {b, d, n}, "dh_last");
@@ -754,7 +816,8 @@ std::vector<Tensor> scan_bwd(const Tensor& u, const Tensor& delta, const Tensor&
       for (int64_t task = lo; task < hi; ++task) backward_task<scalar_t, W>(s, plan, g, task, w);
     });
   });
-  return {du, ddelta, dA.sum(0).t().contiguous(), dB.sum(0), dC.sum(0), dD.sum(0), dz, dbias.sum(0), dh0};
+  Tensor dA_dn = A.size(1) == 1 ? dA.sum({0, 1}).unsqueeze(1) : dA.sum(0).t().contiguous();  // (d, 1) or (d, n)
+  return {du, ddelta, dA_dn, dB.sum(0), dC.sum(0), dD.sum(0), dz, dbias.sum(0), dh0};
 }
 
 }  // namespace

@@ -4,7 +4,7 @@ Same contract and numbers as ``seqlab.layers.scan.selective_scan_ref`` (Gu & Dao
 Algorithm 2); ``b`` batch, ``t`` time, ``d`` channels, ``n`` state size:
 
     Δ_t = softplus(delta_t + delta_bias)                 # bias and softplus optional
-    h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t              # (b, d, n)
+    h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_t              # (b, d, n); A (d, n), or (d, 1): one exp a channel
     y_t = (⟨h_t, C_t⟩ + D u_t) ⊙ silu(z_t)                # (b, d); D and the gate optional
 
 One pass over the sequence per (batch row, block of channels) does all of it, softplus and gate included.
@@ -48,8 +48,8 @@ def check_scan_shapes(
     delta_bias: Tensor | None = None,
     owner: str = "selective_scan",
 ) -> None:
-    """A ValueError naming the expected and the given shape unless u, delta (b, t, d), A (d, n), B, C (b, t, n),
-    initial_state (b, d, n) and, where given, D (d,), z (b, t, d) and delta_bias (d,) agree, all floating: the
+    """A ValueError naming the expected and the given shape unless u, delta (b, t, d), A (d, n) or (d, 1) (one
+    value for all n states of a channel, as Mamba-2's SSD has), B, C (b, t, n), initial_state (b, d, n) and, where given, D (d,), z (b, t, d) and delta_bias (d,) agree, all floating: the
     contract of every selective scan (reference, chunked, kernels). D, z and delta_bias may also be any shape
     that broadcasts to (b, t, d) without changing it, as the reference computes them (the fused kernels take
     the exact shapes only: :func:`unsupported_shapes`). ``owner`` starts the message."""
@@ -67,8 +67,8 @@ def check_scan_shapes(
     if delta.shape != u.shape:
         raise ValueError(f"{owner}: delta must have u's shape {tuple(u.shape)}, got {tuple(delta.shape)}")
     if A.dim() != 2 or A.size(0) != d:
-        raise ValueError(f"{owner}: A must be (d, n) = ({d}, n), got {tuple(A.shape)}")
-    n = A.size(1)
+        raise ValueError(f"{owner}: A must be (d, n) = ({d}, n) or (d, 1), got {tuple(A.shape)}")
+    n = B.size(-1) if A.size(1) == 1 and B.dim() == 3 else A.size(1)  # (d, 1): one A for a channel's n states
     for name, m in (("B", B), ("C", C)):
         if tuple(m.shape) != (b, t, n):
             raise ValueError(f"{owner}: {name} must be (b, t, n) = {(b, t, n)}, got {tuple(m.shape)}")

@@ -9,6 +9,7 @@ from seqlab.layers.attention import (
     scaled_dot_product_attention_ref,
 )
 from seqlab.layers.linear_attention import LinearAttention
+from seqlab.layers.mamba2 import Mamba2
 from seqlab.layers.mingru import MinGRU
 from seqlab.layers.mixer import (
     MixerSpec,
@@ -47,6 +48,7 @@ __all__ = [
     "LinearAttention",
     "LuongAttention",
     "Mamba",
+    "Mamba2",
     "MinGRU",
     "MixerSpec",
     "MultiheadAttention",

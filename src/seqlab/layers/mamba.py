@@ -35,7 +35,7 @@ from seqlab.layers.mixer import MixerSpec, register_mixer
 from seqlab.layers.scan import selective_scan, selective_scan_ref
 from seqlab.validation import check_positive_floats, check_positive_ints
 
-__all__ = ["Mamba"]
+__all__ = ["Mamba", "causal_conv", "causal_conv_step"]
 
 
 def _check_args(m: Mamba) -> None:
@@ -45,6 +45,36 @@ def _check_args(m: Mamba) -> None:
     check_positive_floats(m, ("dt_min", "dt_max", "dt_init_floor"), prefix="Mamba: ")
     if m.dt_min > m.dt_max:
         raise ValueError(f"Mamba: dt_min={m.dt_min} must not exceed dt_max={m.dt_max}")
+
+
+def causal_conv(xs: Tensor, conv_state: Tensor, conv1d: nn.Conv1d, mask: Tensor | None, fast: bool):
+    """silu(causal depthwise conv1d) of xs (b, t, c) after the carried conv_state (b, c, d_conv) -> (b, t, c), and the
+    conv state to carry: the last d_conv conv inputs, per row up to its last real one (Mamba's and Mamba-2's
+    convolution; padded inputs are zeros, as after a real end)."""
+    k, c = conv_state.size(-1), xs.size(-1)
+    if mask is not None:
+        xs = xs.masked_fill(~mask[..., None], 0.0)
+    # the previous d_conv - 1 inputs (zeros at the start) prefix the sequence
+    if fast and mask is None and why_not_conv_kernel(xs) is None:  # one C++ pass on the (b, t, c) layout
+        new_state = torch.cat([conv_state, xs[:, -k:].transpose(1, 2)], dim=-1)[..., -k:]
+        w = conv1d.weight.view(c, k).t()  # (d_conv, c)
+        return causal_conv_silu(xs, conv_state[..., 1:].transpose(1, 2), w, conv1d.bias), new_state
+    full = torch.cat([conv_state, xs.transpose(1, 2)], dim=-1)  # (b, c, d_conv + t)
+    ys = F.silu(F.conv1d(full[..., 1:], conv1d.weight, conv1d.bias, groups=c))  # (b, c, t)
+    if mask is None:
+        return ys.transpose(1, 2), full[..., -k:]
+    # row i's last conv inputs end at full[i, :, len_i + d_conv - 1]
+    idx = mask.sum(1, keepdim=True) + torch.arange(k, device=full.device)  # (b, d_conv)
+    return ys.transpose(1, 2), full.gather(2, idx[:, None, :].expand(-1, c, -1))
+
+
+def causal_conv_step(x_t: Tensor, conv_state: Tensor, conv1d: nn.Conv1d) -> tuple[Tensor, Tensor]:
+    """One position of :func:`causal_conv`: x_t (b, c) -> silu(conv output) (b, c), the new conv_state."""
+    conv_state = torch.cat([conv_state[..., 1:], x_t[..., None]], dim=-1)  # (b, c, d_conv)
+    y = torch.einsum("bik,ik->bi", conv_state, conv1d.weight[:, 0])  # depthwise conv, one output
+    if conv1d.bias is not None:
+        y = y + conv1d.bias
+    return F.silu(y), conv_state
 
 
 class Mamba(FastPathMixin, nn.Module):
@@ -190,20 +220,7 @@ class Mamba(FastPathMixin, nn.Module):
     def _mix(self, xs, z, conv_state, ssm_state, mask, fast: bool):
         """The causal conv and the selective scan on in_proj's halves xs, z (b, t, d_inner) -> y (b, t, d_inner),
         (conv_state, ssm_state)."""
-        if mask is not None:
-            xs = xs.masked_fill(~mask[..., None], 0.0)  # padded conv inputs are zeros, as after a real end
-        # causal depthwise conv: the previous d_conv - 1 inputs (zeros at the start) prefix the sequence
-        if fast and mask is None and why_not_conv_kernel(xs) is None:  # one C++ pass on the (b, t, c) layout
-            k = self.d_conv
-            new_conv_state = torch.cat([conv_state, xs[:, -k:].transpose(1, 2)], dim=-1)[..., -k:]
-            w = self.conv1d.weight.view(self.d_inner, k).t()  # (d_conv, d_inner)
-            xs = causal_conv_silu(xs, conv_state[..., 1:].transpose(1, 2), w, self.conv1d.bias)
-        else:
-            full = torch.cat([conv_state, xs.transpose(1, 2)], dim=-1)  # (b, d_inner, d_conv + t)
-            w, bias = self.conv1d.weight, self.conv1d.bias  # (d_inner, 1, d_conv), (d_inner,)
-            xs = F.silu(F.conv1d(full[..., 1:], w, bias, groups=self.d_inner))  # (b, d_inner, t)
-            xs = xs.transpose(1, 2)  # (b, t, d_inner)
-            new_conv_state = self._last_conv_inputs(full, mask)
+        xs, new_conv_state = causal_conv(xs, conv_state, self.conv1d, mask, fast)
         delta, B, C = self._ssm_inputs(xs)
         # Δ = softplus(dt_proj(x)), in float32 at least: (b, t, d_inner); without a mask the fast scan adds the
         # bias and takes the softplus itself (fused into its kernels)
@@ -228,16 +245,6 @@ class Mamba(FastPathMixin, nn.Module):
         )
         return y, (new_conv_state, ssm_state.to(self.D.dtype))
 
-    def _last_conv_inputs(self, full: Tensor, mask: Tensor | None) -> Tensor:
-        """The conv state to carry: the last d_conv of (carried state, inputs), per row up to its last real one.
-
-        full (b, d_inner, d_conv + t) -> (b, d_inner, d_conv); row i ends at full[i, :, len_i + d_conv - 1].
-        """
-        if mask is None:
-            return full[..., -self.d_conv :]
-        idx = mask.sum(1, keepdim=True) + torch.arange(self.d_conv, device=full.device)  # (b, d_conv)
-        return full.gather(2, idx[:, None, :].expand(-1, full.size(1), -1))
-
     def step(
         self, x_t: Tensor, state: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -249,11 +256,7 @@ class Mamba(FastPathMixin, nn.Module):
         self._check_state(state, x_t)
         conv_state, h = state
         xs, z = self.in_proj(x_t).chunk(2, dim=-1)  # 2 x (b, d_inner)
-        conv_state = torch.cat([conv_state[..., 1:], xs[..., None]], dim=-1)  # (b, d_inner, d_conv)
-        xs = torch.einsum("bik,ik->bi", conv_state, self.conv1d.weight[:, 0])  # depthwise conv, one output
-        if self.conv1d.bias is not None:
-            xs = xs + self.conv1d.bias
-        xs = F.silu(xs)
+        xs, conv_state = causal_conv_step(xs, conv_state, self.conv1d)
         delta, B, C = self._ssm_inputs(xs)
         delta = F.softplus(delta + self.dt_proj.bias)  # (b, d_inner)
         A = -torch.exp(_wide(self.A_log))  # the recurrence in float32 at least, as the scan runs it

@@ -79,8 +79,16 @@ def _widened(
         delta = delta + delta_bias  # (b, t, d) + (d,)
     delta = F.softplus(delta) if delta_softplus else delta
     b, _, d = u.shape
-    h0 = u.new_zeros(b, d, A.size(1)) if initial_state is None else initial_state.to(wide)
+    h0 = u.new_zeros(b, d, B.size(-1)) if initial_state is None else initial_state.to(wide)
     return u, delta, A, B, C, h0
+
+
+def _per_state(A: Tensor, B: Tensor) -> Tensor:
+    """A (d, 1), one value for a channel's n states, as (d, n) (autograd sums the copies' gradients); A (d, n) as
+    is. For the scans that take (d, n) only (the chunked and the Triton one; the C++ kernel takes both)."""
+    if A.dim() == 2 and A.size(1) == 1 and B.dim() == 3 and B.size(-1) != 1:
+        return A.expand(A.size(0), B.size(-1)).contiguous()
+    return A
 
 
 def _finish(y: Tensor, u: Tensor, D: Tensor | None, z: Tensor | None) -> Tensor:
@@ -106,7 +114,9 @@ def selective_scan_ref(
 ):
     r"""The selective scan as a plain loop over time (the reference).
 
-    Shapes: u, delta, z (b, t, d); A (d, n); B, C (b, t, n); D, delta_bias (d,); initial_state (b, d, n).
+    Shapes: u, delta, z (b, t, d); A (d, n), or (d, 1) for one A shared by a channel's n states (Mamba-2's SSD,
+    ``seqlab.layers.ssd``: the kernel then takes one exp per channel and position, not n); B, C (b, t, n); D,
+    delta_bias (d,); initial_state (b, d, n).
     Returns y (b, t, d), and the last state (b, d, n) when ``return_last_state``. Computes in float32 for
     half-precision inputs; y has u's dtype.
     """
@@ -255,8 +265,9 @@ def selective_scan(
         check_scan_shapes(u, delta, A, B, C, initial_state, D=D, z=z, delta_bias=delta_bias)
     rest = (delta_softplus, initial_state, return_last_state, chunk_size)
     if impl in ("auto", "triton") and (u.device.type != "cpu" or impl == "triton"):
-        if (reason := why_not_triton(*args, initial_state)) is None:
-            return selective_scan_triton(*args, *rest)
+        full = (u, delta, _per_state(A, B), *args[3:])  # Triton's scan takes A (d, n) only
+        if (reason := why_not_triton(*full, initial_state)) is None:
+            return selective_scan_triton(*full, *rest)
         if impl == "triton":
             raise RuntimeError(f"selective_scan(impl='triton'): {reason}")
     if impl in ("auto", "kernel"):
@@ -268,8 +279,9 @@ def selective_scan(
     u, delta, A, B, C, h0 = _widened(
         u, delta, A, B, C, delta_bias, delta_softplus, initial_state, D=D, z=z, owner="selective_scan"
     )
+    A = _per_state(A, B)
     if chunk_size is None:
-        chunk_size = auto_chunk_size(u.size(0), A.size(1), u.size(2))
+        chunk_size = auto_chunk_size(u.size(0), B.size(-1), u.size(2))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
     b, t, d = u.shape
