@@ -28,6 +28,8 @@ CASES = [
     ("test-gpt-llama", {"bias": True, "tie_weights": True, "mixer_config": _LLAMA_MIXER}, "LlamaForCausalLM"),
     ("test-mamba", {}, "MambaForCausalLM"),
     ("test-mamba", {"tie_weights": False, "norm_eps": 1e-5}, "MambaForCausalLM"),
+    ("test-mamba2", {}, "Mamba2ForCausalLM"),
+    ("test-mamba2", {"tie_weights": False, "n_groups": 2, "d_state": 6}, "Mamba2ForCausalLM"),
     ("test-bert", {}, "BertModel"),
     ("test-bert", {"pooler": False, "activation": "gelu_tanh"}, "BertModel"),
     ("test-vit", {}, "ViTForImageClassification"),
@@ -76,7 +78,7 @@ def test_same_outputs_and_round_trip(name, overrides, hf_class):
         assert torch.equal(back[k], t), k
 
 
-@pytest.mark.parametrize("name", ["test-gpt", "test-gpt-llama", "test-mamba"])
+@pytest.mark.parametrize("name", ["test-gpt", "test-gpt-llama", "test-mamba", "test-mamba2"])
 def test_greedy_generation_matches(name):
     model = _tiny(name).float()
     hf = to_hf(model)
@@ -116,6 +118,7 @@ def test_bert_without_segments_gets_a_zero_token_type_row():
         ("test-gpt", "AutoModelForCausalLM"),
         ("test-gpt-llama", "AutoModelForCausalLM"),
         ("test-mamba", "AutoModelForCausalLM"),
+        ("test-mamba2", "AutoModelForCausalLM"),
         ("test-bert", "AutoModel"),
         ("test-vit", "AutoModelForImageClassification"),
     ],
@@ -197,6 +200,7 @@ def test_tokenizer_that_cannot_be_exported_is_said_and_the_model_written(tmp_pat
         ("test-gpt-llama", {"position": "learned"}, "position='learned'"),
         ("test-lm-attention", {}, "norm='layernorm' (needs 'rmsnorm')|mlp='gelu' (needs 'swiglu')"),
         ("test-mamba", {"d_ff": 16}, "d_ff=16"),
+        ("test-mamba2", {"d_ff": 16, "norm_eps": 1e-6}, "d_ff=16|the gated norm's eps 1e-05"),
         ("test-vit-mean", {}, "pool='mean'|position='sincos'"),
         ("test-vit", {"pooler": True}, "pooler=True with a classification head"),
     ],

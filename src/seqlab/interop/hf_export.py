@@ -11,6 +11,7 @@ The reverse of :func:`seqlab.interop.from_hf`, so ``from_hf(to_hf(m))`` gives ba
     family 'lm', attention mixer, learned positions   -> GPT2LMHeadModel      (seqlab.interop.hf_export_lm)
     family 'lm', attention mixer, RoPE                -> LlamaForCausalLM
     family 'lm', mamba mixer                          -> MambaForCausalLM
+    family 'lm', mamba2 mixer                         -> Mamba2ForCausalLM
     family 'encoder' (BERT-style)                     -> BertModel            (seqlab.interop.hf_export_encoders)
     family 'vit', with a head / without               -> ViTForImageClassification / ViTModel
 
@@ -51,7 +52,7 @@ EXPORTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "encoder": export_bert,
     "vit": export_vit,
 }
-"""seqlab model family -> its exporter (the LM exporter picks GPT-2, Llama or Mamba from the config)."""
+"""seqlab model family -> its exporter (the LM exporter picks GPT-2, Llama, Mamba or Mamba-2 from the config)."""
 
 HF_CONFIGS: dict[str, Callable[[nn.Module], object]] = {
     "lm": lm_hf_config,
@@ -61,14 +62,15 @@ HF_CONFIGS: dict[str, Callable[[nn.Module], object]] = {
 """seqlab model family -> the transformers config its exporter writes, built from the model's config alone."""
 
 EXPORTABLE = (
-    "'lm' with the attention mixer (GPT2LMHeadModel, LlamaForCausalLM) or the mamba mixer (MambaForCausalLM), "
-    "'encoder' (BertModel), 'vit' (ViTModel, ViTForImageClassification)"
+    "'lm' with the attention mixer (GPT2LMHeadModel, LlamaForCausalLM), the mamba mixer (MambaForCausalLM) or "
+    "the mamba2 mixer (Mamba2ForCausalLM), 'encoder' (BertModel), 'vit' (ViTModel, ViTForImageClassification)"
 )
 
 _AUTO_CLASS = {
     "GPT2LMHeadModel": "AutoModelForCausalLM",
     "LlamaForCausalLM": "AutoModelForCausalLM",
     "MambaForCausalLM": "AutoModelForCausalLM",
+    "Mamba2ForCausalLM": "AutoModelForCausalLM",
     "BertModel": "AutoModel",
     "ViTModel": "AutoModel",
     "ViTForImageClassification": "AutoModelForImageClassification",

@@ -9,6 +9,7 @@ is checked against that class:
     Llama (LlamaForCausalLM)    position='none', rope=True, RMSNorm, SwiGLU; GQA, head_dim and both bias
                                 switches (attention_bias, mlp_bias) are free
     Mamba (MambaForCausalLM)    the 'mamba' mixer, no channel MLP, RMSNorm, position='none'
+    Mamba2 (Mamba2ForCausalLM)  the 'mamba2' mixer, likewise
 
 Anything else the target class would compute differently (a sliding window, an untied head with a bias, float
 inputs) is a ValueError naming the field and the value it needs; nothing is exported approximately. Dropout
@@ -35,6 +36,7 @@ __all__ = [
     "export_llama",
     "export_lm",
     "export_mamba",
+    "export_mamba2",
     "lm_hf_config",
     "refuse",
     "transformers_lib",
@@ -322,16 +324,56 @@ def export_mamba(model: LM) -> nn.Module:
     return build_hf("MambaForCausalLM", mamba_hf_config(model), mamba_state(model), model)
 
 
+def mamba2_hf_config(model: LM):
+    """The ``Mamba2Config`` of a seqlab Mamba-2 LM; a ValueError names the fields Mamba2ForCausalLM lacks."""
+    c, mixer = model.config, model.blocks[0].mixer
+    refuse(
+        "Mamba2ForCausalLM",
+        [
+            *_common_lm_checks(model),
+            (c.ff_width == 0, f"d_ff={c.ff_width} (Mamba-2's blocks have no channel MLP; needs d_ff=0)"),
+            (c.norm == "rmsnorm", f"norm={c.norm!r} (needs 'rmsnorm')"),
+            (c.position == "none", f"position={c.position!r} (Mamba-2 has no position table)"),
+            (mixer.norm_eps == model.norm.eps, f"the gated norm's eps {mixer.norm_eps} other than the RMSNorms'"),
+        ],
+    )
+    if c.dropout:
+        log.warning("dropout=%s: Mamba2ForCausalLM has no dropout (the logits are the same)", c.dropout)
+    return transformers_lib().Mamba2Config(
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        state_size=mixer.d_state,
+        num_hidden_layers=c.n_layers,
+        layer_norm_epsilon=model.norm.eps,
+        expand=mixer.expand,
+        conv_kernel=mixer.d_conv,
+        head_dim=mixer.headdim,
+        num_heads=mixer.n_heads,
+        n_groups=mixer.n_groups,
+        use_bias=False,
+        use_conv_bias=True,
+        hidden_act="silu",
+        tie_word_embeddings=c.tied,
+        **_no_token_ids(),
+    )
+
+
+def export_mamba2(model: LM) -> nn.Module:
+    """A ``Mamba2ForCausalLM`` computing the same logits as ``model`` (the same renaming as Mamba's)."""
+    return build_hf("Mamba2ForCausalLM", mamba2_hf_config(model), mamba_state(model), model)
+
+
 def _lm_target(model: LM) -> str:
-    """Which transformers class an LM exports as ('gpt2', 'llama' or 'mamba'); a ValueError when none fits."""
+    """Which transformers class an LM exports as ('gpt2', 'llama', 'mamba' or 'mamba2'); a ValueError when none
+    fits."""
     c = model.config
-    if c.mixer == "mamba":
-        return "mamba"
+    if c.mixer in ("mamba", "mamba2"):
+        return c.mixer
     if c.mixer != "attention":
         raise ValueError(
             f"cannot export an LM with the {c.mixer!r} mixer: transformers has no class for it; exportable LMs "
-            "use the 'attention' mixer (as GPT2LMHeadModel or LlamaForCausalLM) or the 'mamba' mixer "
-            "(as MambaForCausalLM)"
+            "use the 'attention' mixer (as GPT2LMHeadModel or LlamaForCausalLM), the 'mamba' mixer "
+            "(as MambaForCausalLM) or the 'mamba2' mixer (as Mamba2ForCausalLM)"
         )
     if c.mixer_config["rope"]:
         return "llama"
@@ -346,10 +388,11 @@ def _lm_target(model: LM) -> str:
 def lm_hf_config(model: LM):
     """The transformers config ``export_lm`` would write; needs no weights (a model on the meta device will do)."""
     configs = {"gpt2": gpt2_hf_config, "llama": llama_hf_config, "mamba": mamba_hf_config}
+    configs["mamba2"] = mamba2_hf_config
     return configs[_lm_target(model)](model)
 
 
 def export_lm(model: LM) -> nn.Module:
-    """GPT-2, Llama or Mamba, chosen by the mixer and the position scheme (module docstring)."""
-    exporters = {"gpt2": export_gpt2, "llama": export_llama, "mamba": export_mamba}
+    """GPT-2, Llama, Mamba or Mamba-2, chosen by the mixer and the position scheme (module docstring)."""
+    exporters = {"gpt2": export_gpt2, "llama": export_llama, "mamba": export_mamba, "mamba2": export_mamba2}
     return exporters[_lm_target(model)](model)

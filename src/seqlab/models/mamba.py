@@ -29,7 +29,8 @@ _MAMBA = {
     "norm": "rmsnorm",
     "mixer_config": {"d_state": 16, "d_conv": 4, "expand": 2},
 }
-_MAMBA2 = {**_MAMBA, "mixer": "mamba2", "mixer_config": {"d_state": 64, "headdim": 16}}
+# the block norms' eps equal to the gated norm's, as Mamba2ForCausalLM has them (one layer_norm_epsilon)
+_MAMBA2 = {**_MAMBA, "mixer": "mamba2", "norm_eps": 1e-5, "mixer_config": {"d_state": 64, "headdim": 16}}
 _S4D = {"mixer": "s4d", "mlp": "gelu", "norm": "rmsnorm", "mixer_config": {"d_state": 64}}
 
 PRESETS: dict[str, dict[str, Any]] = {
