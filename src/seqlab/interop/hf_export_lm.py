@@ -334,7 +334,10 @@ def mamba2_hf_config(model: LM):
             (c.ff_width == 0, f"d_ff={c.ff_width} (Mamba-2's blocks have no channel MLP; needs d_ff=0)"),
             (c.norm == "rmsnorm", f"norm={c.norm!r} (needs 'rmsnorm')"),
             (c.position == "none", f"position={c.position!r} (Mamba-2 has no position table)"),
-            (mixer.norm_eps == model.norm.eps, f"the gated norm's eps {mixer.norm_eps} other than the RMSNorms'"),
+            (
+                mixer.norm_eps == model.norm.eps,
+                f"the gated norm's eps {mixer.norm_eps} other than the RMSNorms'",
+            ),
         ],
     )
     if c.dropout:

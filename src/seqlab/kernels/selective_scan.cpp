@@ -433,10 +433,10 @@ inline void add_row_sums(const T* x, int64_t rows, T* out) {
 
 #if defined(__AVX512F__)
 // 16 rows of 16 floats -> their 16 sums, row k's in element k
-SEQLAB_VEC_INLINE __m512 sums16(const float* x) {
+SEQLAB_VEC_INLINE __m512 sums16r(const __m512 (&v)[16]) {  // the rows in registers
   __m512 a[8], b[4], c[2];
   for (int i = 0; i < 8; ++i) {  // rows 2i, 2i+1 -> their 128-bit lanes (0 + 2, 1 + 3): [2i: 8 | 2i+1: 8]
-    const __m512 r = _mm512_loadu_ps(x + 32 * i), s = _mm512_loadu_ps(x + 32 * i + 16);
+    const __m512 r = v[2 * i], s = v[2 * i + 1];
     a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r, s, 0x44), _mm512_shuffle_f32x4(r, s, 0xEE));
   }
   for (int i = 0; i < 4; ++i)  // lanes (0 + 1, 2 + 3) of a pair -> [4i: 4 | 4i+1: 4 | 4i+2: 4 | 4i+3: 4]
@@ -448,6 +448,12 @@ SEQLAB_VEC_INLINE __m512 sums16(const float* x) {
   const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, d);
+}
+
+SEQLAB_VEC_INLINE __m512 sums16(const float* x) {
+  __m512 v[16];
+  for (int i = 0; i < 16; ++i) v[i] = _mm512_loadu_ps(x + 16 * i);
+  return sums16r(v);
 }
 
 template <>
@@ -567,12 +573,61 @@ SEQLAB_VEC_INLINE void adjoint_position16(const Scan<float>& s, const float* __r
 }
 #endif
 
+#if defined(__AVX512F__)
+// adjoint_shared for 16 floats: 16 states at a time, their ∂L/∂C and ∂L/∂B terms summed over the channels from
+// registers (sums16r) instead of written to pC and pB and read back; the rest of n through those rows
+SEQLAB_VEC_INLINE void adjoint_shared16(const Scan<float>& s, const float* __restrict__ At, const Position<float>& p,
+                                        float* __restrict__ g, float* __restrict__ dA, float* __restrict__ pC,
+                                        float* __restrict__ pB, float* dBrow, float* dCrow, float* gb, float* ddt) {
+  const __m512 dt = _mm512_loadu_ps(p.dt), gy = _mm512_loadu_ps(p.gy), a = _mm512_loadu_ps(p.abar);
+  const __m512 du = _mm512_mul_ps(dt, _mm512_loadu_ps(p.uv));
+  __m512 gbv = _mm512_setzero_ps(), dls = _mm512_setzero_ps();
+  auto state = [&](int64_t k, __m512& pb) {  // G, g ← Ā G, the sums; pb = Δ u G
+    const int64_t o = k * 16;
+    const __m512 G = _mm512_fmadd_ps(gy, _mm512_set1_ps(p.Ci[k]), _mm512_loadu_ps(g + o));
+    pb = _mm512_mul_ps(du, G);
+    gbv = _mm512_fmadd_ps(G, _mm512_set1_ps(p.Bi[k]), gbv);
+    dls = _mm512_fmadd_ps(G, _mm512_loadu_ps(p.hprev + o), dls);
+    _mm512_storeu_ps(g + o, _mm512_mul_ps(a, G));
+  };
+  int64_t k = 0;
+  for (; k + 16 <= s.n; k += 16) {
+    __m512 v[16];
+    for (int q = 0; q < 16; ++q) v[q] = _mm512_mul_ps(gy, _mm512_loadu_ps(p.h + (k + q) * 16));
+    _mm512_storeu_ps(dCrow + k, _mm512_add_ps(_mm512_loadu_ps(dCrow + k), sums16r(v)));
+    for (int q = 0; q < 16; ++q) state(k + q, v[q]);
+    _mm512_storeu_ps(dBrow + k, _mm512_add_ps(_mm512_loadu_ps(dBrow + k), sums16r(v)));
+  }
+  const int64_t k0 = k;
+  for (; k < s.n; ++k) {
+    __m512 pb;
+    state(k, pb);
+    _mm512_storeu_ps(pB + (k - k0) * 16, pb);
+    _mm512_storeu_ps(pC + (k - k0) * 16, _mm512_mul_ps(gy, _mm512_loadu_ps(p.h + k * 16)));
+  }
+  if (k0 < s.n) {
+    add_row_sums<float, 16>(pC, s.n - k0, dCrow + k0);
+    add_row_sums<float, 16>(pB, s.n - k0, dBrow + k0);
+  }
+  const __m512 dl = _mm512_mul_ps(dls, a);
+  _mm512_storeu_ps(gb, gbv);
+  _mm512_storeu_ps(ddt, _mm512_mul_ps(dl, _mm512_loadu_ps(At)));
+  _mm512_storeu_ps(dA, _mm512_fmadd_ps(dl, dt, _mm512_loadu_ps(dA)));
+}
+#endif
+
 // The adjoint with one Ā per channel (lda 1; p.abar holds it in one row): ∂L/∂(Δ A) = Ā ⊙ Σ_k G h_{i-1,k} is one
 // sum over the states, so ∂L/∂Δ and ∂L/∂A take one vector each instead of a row per state (dA's row 0 holds the
 // channel's sum; the rows are added into the (d, 1) gradient)
 template <typename T, int W>
 inline void adjoint_shared(const Scan<T>& s, const T* At, const Position<T>& p, Work<T, W>& w, T* dBrow, T* dCrow,
                            T* gb, T* ddt) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float> && W == 16) {
+    adjoint_shared16(s, At, p, w.g, w.dA, w.pC.data(), w.pB.data(), dBrow, dCrow, gb, ddt);
+    return;
+  }
+#endif
   alignas(64) T du[W], gbv[W], dls[W];
 #pragma omp simd
   for (int c = 0; c < W; ++c) du[c] = p.dt[c] * p.uv[c], gbv[c] = 0, dls[c] = 0;
