@@ -30,7 +30,7 @@ from seqlab.lab.systems import BATCH_SIZE, VOCAB_SIZE, load_1min, throughput
 from seqlab.training.allocator import keep_freed_memory
 
 BUDGETS = (60_000, 250_000, 1_000_000, 4_000_000)
-MIXERS = ("lstm", "gru", "mamba")
+MIXERS = ("lstm", "gru", "mamba", "mamba2")
 
 
 def budget_rows(budget: int, length: int, cap_s: float) -> list[str]:
@@ -65,7 +65,7 @@ def main() -> None:
     cap = 5.0 if args.quick else args.cap
     before = load_1min()
     lines = [
-        "# The lab's LMs as the budget grows: training tokens/s of the LSTM, GRU and Mamba",
+        "# The lab's LMs as the budget grows: training tokens/s of the LSTM, GRU, Mamba and Mamba-2",
         "",
         f"{cpu_name()}, torch {torch.__version__}, {dt.date.today()}, {torch.get_num_threads()} threads; batch "
         f"{BATCH_SIZE} x {length} tokens, 2 layers, vocabulary {VOCAB_SIZE}; one training step = forward, "
