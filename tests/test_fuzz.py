@@ -114,7 +114,7 @@ _DEFAULTS = {
     "lstm": {"forget_bias": 1.0, "cell_size": None},
     "rnn": {"nonlinearity": "tanh"},
     "gru": {},
-    "mamba2": {"d_state": 64, "d_conv": 4, "expand": 2, "headdim": 16, "n_groups": 1},
+    "mamba2": {"d_state": 64, "d_conv": 4, "expand": 2, "headdim": 8, "n_groups": 1},
 }
 
 

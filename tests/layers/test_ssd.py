@@ -80,6 +80,10 @@ def test_boundary_messages():
     x, dt, A, B, C, D, H0 = inputs(2, 5, 4, 3, 2, 6)
     with pytest.raises(ValueError, match=r"x \(b, t, h, p\)"):
         ssd_ref(x[0], dt, A, B, C)
+    with pytest.raises(
+        ValueError, match=r"B must have shape \(b, t, g, n\) = \(2, 5, g, n\).* got \(2, 5, 6\)"
+    ):
+        ssd_ref(x, dt, A, B[:, :, 0], C)
     with pytest.raises(ValueError, match=r"dt must have shape \(2, 5, 4\)"):
         ssd_scan(x, dt[:, :4], A, B, C)
     with pytest.raises(ValueError, match=r"initial_state must have shape \(2, 4, 3, 6\)"):

@@ -270,23 +270,25 @@ def export_llama(model: LM) -> nn.Module:
 # ---- Mamba ----------------------------------------------------------------------------------------------------
 
 
-def mamba_hf_config(model: LM):
-    """The ``MambaConfig`` of a seqlab Mamba LM; a ValueError names the fields MambaForCausalLM lacks."""
-    c, mixer = model.config, model.blocks[0].mixer
+def _mamba_like(model: LM, hf_class: str, checks: list[tuple[bool, str]]) -> dict:
+    """The config fields Mamba and Mamba-2 share, after refusing what ``hf_class`` lacks (its ``checks`` beside
+    the shared ones)."""
+    c, mixer, name = model.config, model.blocks[0].mixer, hf_class.removesuffix("ForCausalLM")
     refuse(
-        "MambaForCausalLM",
+        hf_class,
         [
             *_common_lm_checks(model),
-            (c.ff_width == 0, f"d_ff={c.ff_width} (Mamba's blocks have no channel MLP; needs d_ff=0)"),
+            (c.ff_width == 0, f"d_ff={c.ff_width} ({name}'s blocks have no channel MLP; needs d_ff=0)"),
             (c.norm == "rmsnorm", f"norm={c.norm!r} (needs 'rmsnorm')"),
-            (c.position == "none", f"position={c.position!r} (Mamba has no position table)"),
-            (mixer.in_proj.bias is None, "a Mamba mixer with in_proj/out_proj biases"),
-            (mixer.conv1d.bias is not None, "a Mamba mixer without a conv bias"),
+            (c.position == "none", f"position={c.position!r} ({name} has no position table)"),
+            (mixer.in_proj.bias is None, f"a {name} mixer with in_proj/out_proj biases"),
+            (mixer.conv1d.bias is not None, f"a {name} mixer without a conv bias"),
+            *checks,
         ],
     )
     if c.dropout:
-        log.warning("dropout=%s: MambaForCausalLM has no dropout (the logits are the same)", c.dropout)
-    return transformers_lib().MambaConfig(
+        log.warning("dropout=%s: %s has no dropout (the logits are the same)", c.dropout, hf_class)
+    return dict(
         vocab_size=c.vocab_size,
         hidden_size=c.d_model,
         state_size=mixer.d_state,
@@ -297,10 +299,15 @@ def mamba_hf_config(model: LM):
         use_bias=False,
         use_conv_bias=True,
         hidden_act="silu",
-        time_step_rank=mixer.dt_rank,
         tie_word_embeddings=c.tied,
         **_no_token_ids(),
     )
+
+
+def mamba_hf_config(model: LM):
+    """The ``MambaConfig`` of a seqlab Mamba LM; a ValueError names the fields MambaForCausalLM lacks."""
+    fields = _mamba_like(model, "MambaForCausalLM", [])
+    return transformers_lib().MambaConfig(**fields, time_step_rank=model.blocks[0].mixer.dt_rank)
 
 
 def mamba_state(model: LM) -> dict[str, Tensor]:
@@ -326,38 +333,14 @@ def export_mamba(model: LM) -> nn.Module:
 
 def mamba2_hf_config(model: LM):
     """The ``Mamba2Config`` of a seqlab Mamba-2 LM; a ValueError names the fields Mamba2ForCausalLM lacks."""
-    c, mixer = model.config, model.blocks[0].mixer
-    refuse(
-        "Mamba2ForCausalLM",
-        [
-            *_common_lm_checks(model),
-            (c.ff_width == 0, f"d_ff={c.ff_width} (Mamba-2's blocks have no channel MLP; needs d_ff=0)"),
-            (c.norm == "rmsnorm", f"norm={c.norm!r} (needs 'rmsnorm')"),
-            (c.position == "none", f"position={c.position!r} (Mamba-2 has no position table)"),
-            (
-                mixer.norm_eps == model.norm.eps,
-                f"the gated norm's eps {mixer.norm_eps} other than the RMSNorms'",
-            ),
-        ],
+    mixer = model.blocks[0].mixer
+    eps = (
+        mixer.norm_eps == model.norm.eps,
+        f"the gated norm's eps {mixer.norm_eps} other than the RMSNorms'",
     )
-    if c.dropout:
-        log.warning("dropout=%s: Mamba2ForCausalLM has no dropout (the logits are the same)", c.dropout)
+    fields = _mamba_like(model, "Mamba2ForCausalLM", [eps])
     return transformers_lib().Mamba2Config(
-        vocab_size=c.vocab_size,
-        hidden_size=c.d_model,
-        state_size=mixer.d_state,
-        num_hidden_layers=c.n_layers,
-        layer_norm_epsilon=model.norm.eps,
-        expand=mixer.expand,
-        conv_kernel=mixer.d_conv,
-        head_dim=mixer.headdim,
-        num_heads=mixer.n_heads,
-        n_groups=mixer.n_groups,
-        use_bias=False,
-        use_conv_bias=True,
-        hidden_act="silu",
-        tie_word_embeddings=c.tied,
-        **_no_token_ids(),
+        **fields, head_dim=mixer.headdim, num_heads=mixer.n_heads, n_groups=mixer.n_groups
     )
 
 
@@ -390,8 +373,12 @@ def _lm_target(model: LM) -> str:
 
 def lm_hf_config(model: LM):
     """The transformers config ``export_lm`` would write; needs no weights (a model on the meta device will do)."""
-    configs = {"gpt2": gpt2_hf_config, "llama": llama_hf_config, "mamba": mamba_hf_config}
-    configs["mamba2"] = mamba2_hf_config
+    configs = {
+        "gpt2": gpt2_hf_config,
+        "llama": llama_hf_config,
+        "mamba": mamba_hf_config,
+        "mamba2": mamba2_hf_config,
+    }
     return configs[_lm_target(model)](model)
 
 

@@ -221,7 +221,8 @@ def selective_scan_kernel(
 ):
     r"""The selective scan through the C++ kernel; the signature of ``seqlab.layers.scan.selective_scan``.
 
-    Shapes: u, delta, z (b, t, d); A (d, n); B, C (b, t, n); D, delta_bias (d,); initial_state (b, d, n).
+    Shapes: u, delta, z (b, t, d); A (d, n) or (d, 1) (one A for a channel's n states); B, C (b, t, n); D,
+    delta_bias (d,); initial_state (b, d, n).
     Returns y (b, t, d), and the last state (b, d, n) when ``return_last_state``. ``chunk_size``: positions
     between the states saved for backward (None: :data:`DEFAULT_CHUNK`). Raises ValueError for inputs it never
     takes (:func:`check_scan_shapes`, then :func:`unsupported_shapes` and CPU tensors only), RuntimeError when

@@ -141,7 +141,7 @@ def _family_table(suite: Suite, mixers: list[str], records: list[Record]) -> lis
 def _intro(suite: Suite, mixers: list[str], jobs: int) -> str:
     own = [m for m in mixers if not mixer_spec(m).channel_mlp]  # blocks that carry their own expansion
     layout = (
-        f"; {', '.join(own)} without the MLP, as in {'its' if len(own) == 1 else 'their'} paper"
+        f"; {', '.join(own)} without the MLP, as in {'its paper' if len(own) == 1 else 'their papers'}"
         if own
         else ""
     )

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from seqlab.lab.budget import width_multiple
 from seqlab.lab.records import write_output
 from seqlab.lab.translation import slug, timed_train, train_all
 
@@ -54,10 +55,10 @@ def _size(contender: str, d_model: int, task: str) -> int:
 
 
 def _match(contender: str, task: str, target: int) -> int:
-    """The d_model (a multiple of 8 for the attention mixers' heads, else of 4, in 16..256) whose model has
-    the parameter count nearest ``target``: a bisection, the count growing with d_model."""
-    step = 8 if contender in ("attention", "linear-attention") else 4
-    widths = list(range(16, 257, step))
+    """The d_model (a multiple of the mixer's registered width step, in 16..256) whose model has the parameter
+    count nearest ``target``: a bisection, the count growing with d_model."""
+    step = width_multiple(contender)
+    widths = list(range(step * -(-16 // step), 257, step))
     lo, hi = 0, len(widths) - 1
     while lo < hi:  # the first width whose count reaches the target
         mid = (lo + hi) // 2

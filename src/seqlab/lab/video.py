@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from seqlab.lab.budget import width_multiple
 from seqlab.lab.records import write_output
 from seqlab.lab.translation import slug, timed_train, train_all
 
@@ -88,8 +89,11 @@ def plan(
     for task in tasks:
         target = _size(*REFERENCE, task)
         for contender in mixers:
-            width = 8 if contender in ("attention", "linear-attention", VIVIT_LABEL) else 4
-            d = min(range(16, 257, width), key=lambda d: abs(_size(contender, d, task) - target))
+            width = 8 if contender == VIVIT_LABEL else width_multiple(contender)  # the registry's step
+            d = min(
+                range(width * -(-16 // width), 257, width),
+                key=lambda d: abs(_size(contender, d, task) - target),
+            )
             runs[f"{task} {contender}"] = {
                 "task": task,
                 "contender": contender,

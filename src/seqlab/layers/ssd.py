@@ -45,33 +45,37 @@ __all__ = ["ssd_chunked", "ssd_ref", "ssd_scan"]
 def _check(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D, initial_state) -> None:
     """Shapes: x (b, t, h, p), dt (b, t, h), A (h,), B and C (b, t, g, n) with g dividing h, D (h,), the state
     (b, h, p, n); one floating dtype and device for all. A clear error before any product."""
+
+    def shape(v) -> object:
+        return tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+
     if not (isinstance(x, Tensor) and x.dim() == 4 and x.is_floating_point()):
-        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"SSD expects x (b, t, h, p) floating, got {got}")
+        raise ValueError(f"SSD expects x (b, t, h, p) floating, got {shape(x)}")
     b, t, h, p = x.shape
-    n = B.size(-1) if isinstance(B, Tensor) and B.dim() == 4 else None
-    g = B.size(2) if n is not None else None
+    if not (isinstance(B, Tensor) and B.dim() == 4 and B.shape[:2] == (b, t)):
+        raise ValueError(
+            f"SSD: B must have shape (b, t, g, n) = ({b}, {t}, g, n) for x {tuple(x.shape)}, got {shape(B)}"
+        )
+    g, n = B.shape[2:]
     shapes = {
         "dt": (b, t, h),
         "A": (h,),
         "B": (b, t, g, n),
         "C": (b, t, g, n),
         "D": (h,),
-        "initial_state": None,
+        "initial_state": (b, h, p, n),
     }
-    if n is not None:
-        shapes["initial_state"] = (b, h, p, n)
     for name, v in (("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("initial_state", initial_state)):
         if v is None and name in ("D", "initial_state"):
             continue
-        want = shapes[name]
-        if not isinstance(v, Tensor) or want is None or tuple(v.shape) != want:
-            got = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
-            want_s = "(b, t, g, n)" if want is None else str(want)
-            raise ValueError(f"SSD: {name} must have shape {want_s} for x {tuple(x.shape)}, got {got}")
+        if not isinstance(v, Tensor) or tuple(v.shape) != shapes[name]:
+            raise ValueError(
+                f"SSD: {name} must have shape {shapes[name]} for x {tuple(x.shape)}, got {shape(v)}"
+            )
         if v.dtype != x.dtype or v.device != x.device:
             raise ValueError(
-                f"SSD: {name} is {v.dtype} on {v.device}, x is {x.dtype} on {x.device}: give one"
+                f"SSD: {name} is {v.dtype} on {v.device} but x is {x.dtype} on {x.device}; give every input "
+                "x's dtype and device"
             )
     if h % g:
         raise ValueError(f"SSD: the {g} groups of B and C must divide the {h} heads")
