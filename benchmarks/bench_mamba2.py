@@ -33,8 +33,8 @@ from seqlab.layers.scan import selective_scan
 from seqlab.layers.ssd import ssd_chunked, ssd_scan
 from seqlab.training.allocator import keep_freed_memory
 
-SSD_SHAPES = [  # b, t, h, p, n: a lab Mamba-2 layer (d_model 48, the defaults), and a wider one
-    (8, 1024, 6, 16, 64),
+SSD_SHAPES = [  # b, t, h, p, n: a lab Mamba-2 layer (d_model 48, the registry's defaults), and a wider one
+    (8, 1024, 12, 8, 64),
     (4, 1024, 8, 64, 64),
 ]
 

@@ -7,7 +7,8 @@ wider d at the same budget) cost more multiply-adds per token than they save. Th
 "train in parallel" is about how the cost grows. This benchmark times the lab's own training step
 (``seqlab.lab.systems.throughput``: forward, backward and AdamW, batch 8, round-robin until the spread is small)
 of the lab's models (``seqlab.lab.budget.build_lab_model``: the shared backbone, 2 layers, d_model matched to
-the budget) at several budgets, every mixer of a budget timed together.
+the budget) at several budgets, every mixer of a budget timed together: the LSTM, the GRU, Mamba and Mamba-2
+(whose state, 64 per channel by default, is four times Mamba's).
 
     python benchmarks/bench_mixer_widths.py            # writes benchmarks/results/mixer-widths-<cpu>-torch<v>.md
     python benchmarks/bench_mixer_widths.py --quick    # a smoke run (two small budgets, short length)
