@@ -4,6 +4,7 @@ runs, and `compare --help` that lists the suites, mixers and tasks from the regi
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +160,23 @@ def test_the_remeasure_hint_repeats_the_mixers_and_tasks_that_ran(tmp_path):
     hint = " ".join(lines[lines.index(next(x for x in lines if x.startswith("* measure"))) + 1 :][:2])
     # without them the suggested command timed every mixer of the suite
     assert "seqlab compare --suite tiny --mixers gru --tasks adding --remeasure systems --out" in hint
+
+
+def test_the_trained_metrics_stay_apart_at_their_widest():
+    """Values of 8 characters (0.000223, 3.56e-05) in the nine columns of the full suite: each keeps a space
+    before it and the row its 100 columns (they once ran together: 0.000223.56e-050.000139)."""
+    from seqlab.lab import summary_lines
+    from seqlab.lab.suite import FULL
+
+    values = [0.000223, 3.56e-05, 0.000139, 1.0, 1.0, 0.073, 1.0, 1.83, 0.922]
+    recs = [
+        records.Record("mamba2", e.task, e.setting, e.metric, v, 10, 1.0)
+        for e, v in zip(FULL.entries, values, strict=True)
+    ]
+    paths = {"table": Path("t.md"), "results": Path("r.json"), "plots": [], "minutes": 1.0}
+    lines = summary_lines(FULL, ["mamba2"], recs, [], paths)
+    row = next(x for x in lines if x.startswith("mamba2"))
+    assert row.split() == [
+        "mamba2", "0.000223", "3.56e-05", "0.000139", "100.0%", "100.0%", "7.3%", "100.0%", "1.83", "92.2%"
+    ]  # fmt: skip
+    assert max(len(x) for x in lines) < 100

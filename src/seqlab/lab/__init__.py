@@ -103,12 +103,12 @@ def summary_lines(
     lines.append("")
     lines += [
         "trained: the headline metric at the end of each run",
-        f"{'mixer':<17}" + "".join(f"{k:>8}" for k in keys),
+        f"{'mixer':<17}" + "".join(f"{k:>9}" for k in keys),
     ]
-    for m in mixers:
+    for m in mixers:  # 9 columns a value: the widest (0.000223, 3.56e-05) has 8 characters, and a space
         values = [first_value(records, None, mixer=m, task=e.task, setting=e.setting) for e in entries]
         lines.append(
-            f"{m:<17}" + "".join(f"{_metric(v, e.metric):>8}" for v, e in zip(values, entries, strict=True))
+            f"{m:<17}" + "".join(f"{_metric(v, e.metric):>9}" for v, e in zip(values, entries, strict=True))
         )
     for k, e in zip(keys, entries, strict=True):
         better = "higher" if e.higher_is_better else "lower"

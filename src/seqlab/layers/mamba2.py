@@ -1,13 +1,13 @@
-r"""Mamba-2: the SSD block (Dao & Gu 2024, arXiv 2405.21060, Section 7 and Figure 6), a token mixer.
+r"""Mamba-2: the SSD block (Dao & Gu 2024, arXiv 2405.21060, Section 7), a token mixer.
 
 Notation: ``b`` batch, ``t`` time, ``d`` model width, ``d_inner = expand · d`` channels in ``h = d_inner / p``
 heads of ``p = headdim`` channels, ``n`` state size, ``g`` groups of heads sharing B and C.
 
-What changes from Mamba (``seqlab.layers.mamba``): A is one scalar per head (SSD, ``seqlab.layers.ssd``), so the
-state can be wider (the paper: n = 64 to 256 against Mamba's 16); Δ, B and C come from the block's input
-projection beside x and the gate, in parallel, instead of from x after the convolution (the "parallel
-projections" of Section 7.1); B and C go through the convolution with x; a gated RMSNorm before the output
-projection (Section 7.2: "an extra normalization layer ... improves stability").
+What changes from Mamba (``seqlab.layers.mamba``), all in the paper's Section 7: A is one scalar per head (SSD,
+``seqlab.layers.ssd``), so the state can be wider (the paper: n = 64 to 256 against Mamba's 16); Δ, B and C
+come from the block's input projection beside x and the gate, in parallel, instead of from x after the
+convolution; B and C go through the convolution with x; a normalization (RMSNorm of y ⊙ silu(z)) before the
+output projection, for stability at scale.
 
 Two paths (``seqlab.layers.fastpath``): ``forward`` runs :func:`seqlab.layers.ssd.ssd_scan` (Mamba's fused
 selective-scan kernel) and, on the CPU without a mask, the convolution's C++ kernel; ``forward_ref`` (and
@@ -82,7 +82,7 @@ def width_multiple(c) -> int:
 
 
 class Mamba2(FastPathMixin, nn.Module):
-    r"""The Mamba-2 block (Dao & Gu 2024, arXiv 2405.21060, Figure 6) as a token mixer.
+    r"""The Mamba-2 block (Dao & Gu 2024, arXiv 2405.21060, Section 7) as a token mixer.
 
         z, xBC, Δ = in_proj(u)                   # (b, t, d) -> d_inner, d_inner + 2 g n, h
         x, B, C = silu(causal_depthwise_conv1d(xBC))       # kernel d_conv, per channel

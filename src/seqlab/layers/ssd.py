@@ -4,14 +4,15 @@ three forms that give the same numbers.
 Notation: ``b`` batch, ``t`` time, ``h`` heads, ``p`` channels per head, ``n`` state size, ``g`` groups of heads
 that share B and C (head i reads group i // (h / g)), ``q`` positions per chunk.
 
-SSD is a selective SSM whose state matrix is a scalar times the identity for each head (Section 3.1, and
-Section 7: a_t = exp(Δ_t A) with one A < 0 per head):
+SSD is a selective SSM whose state matrix is a scalar times the identity for each head (the paper's Sections 3
+and 7: a_t = exp(Δ_t A) with one A < 0 per head):
 
     a_t = exp(Δ_t A)                          (b, h)           Δ_t > 0 per head and position
     H_t = a_t H_{t-1} + (Δ_t x_t) ⊗ B_t        (b, h, p, n)     H_{-1} = the initial state (zeros)
     y_t = H_t C_t + D x_t                      (b, h, p)
 
-Unrolled, y = M (Δ x) + D x with one (t, t) matrix per head (eq. (4) and Section 5, "the dual"):
+Unrolled, y = M (Δ x) + D x with one (t, t) matrix per head (the SSM as a structured matrix, Section 3; its
+dual, Section 5):
 
     M[s, r] = ⟨C_s, B_r⟩ · exp(Σ_{k=r+1..s} Δ_k A)   for r ≤ s, 0 above the diagonal
 
@@ -19,7 +20,7 @@ a causal attention matrix (scores C Bᵀ, no softmax) masked by a decay: the qua
 the same recurrence. The three forms:
 
 - :func:`ssd_ref`: the recurrence, one position at a time (the reference; float64 tests hold the others to it).
-- :func:`ssd_chunked`: the paper's block decomposition (Section 6, Figure 5): in each chunk of q positions the
+- :func:`ssd_chunked`: the paper's block decomposition (Section 6): in each chunk of q positions the
   quadratic form (matrix products); across chunks the recurrence, carried by each chunk's final state. O(t q)
   work in products, what GPUs' matrix units want.
 - :func:`ssd_scan`: the selective scan of ``seqlab.layers.scan`` (Mamba's fused kernel on the CPU, Triton on a
