@@ -102,3 +102,44 @@ def test_bad_inputs_and_states_are_named():
         m(torch.randn(2, 5, 16), (conv, ssm[:, :, :, :3]))
     with pytest.raises(ValueError, match="x_t"):
         m.step(torch.randn(2, 8))
+
+
+def test_fused_gated_norm_equals_the_ops_with_first_and_second_derivatives():
+    from seqlab.layers.mamba2 import _GatedRMSNorm, gated_rms_norm_ref
+
+    g = torch.Generator().manual_seed(3)
+    y, z = (torch.randn(3, 5, 12, generator=g, dtype=F64).requires_grad_() for _ in range(2))
+    w = (torch.rand(12, generator=g, dtype=F64) + 0.5).requires_grad_()
+    out = _GatedRMSNorm.apply(y, z, w, 4, 1e-5)
+    want = gated_rms_norm_ref(y, z, w, 4, 1e-5)
+    torch.testing.assert_close(out, want, atol=1e-14, rtol=1e-13)
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (y, z, w), dout)
+    ref = torch.autograd.grad(want, (y, z, w), dout)
+    for name, a, b in zip(("dy", "dz", "dw"), got, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12, msg=name)
+    assert torch.autograd.gradcheck(lambda *a: _GatedRMSNorm.apply(*a, 4, 1e-5), (y, z, w))
+    assert torch.autograd.gradgradcheck(lambda *a: _GatedRMSNorm.apply(*a, 4, 1e-5), (y, z, w))
+
+
+def test_fused_gated_norm_keeps_less_for_the_backward():
+    """y, z and the groups' 1 / rms only: the ops keep silu(z), the product and its normalized form as well."""
+    from seqlab.layers.mamba2 import _GatedRMSNorm, gated_rms_norm_ref
+
+    y, z = (torch.randn(4, 64, 32).requires_grad_() for _ in range(2))
+    w = torch.ones(32, requires_grad=True)
+
+    def saved(fn) -> int:
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            total += t.numel() if t.dim() else 0
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(y, z, w, 8, 1e-5).sum().backward()
+        return total
+
+    fused, ops = saved(_GatedRMSNorm.apply), saved(gated_rms_norm_ref)
+    assert fused <= 2 * y.numel() + w.numel() + 4 * 64 * 4 < ops
