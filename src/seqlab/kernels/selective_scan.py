@@ -49,10 +49,11 @@ def check_scan_shapes(
     owner: str = "selective_scan",
 ) -> None:
     """A ValueError naming the expected and the given shape unless u, delta (b, t, d), A (d, n) or (d, 1) (one
-    value for all n states of a channel, as Mamba-2's SSD has), B, C (b, t, n), initial_state (b, d, n) and, where given, D (d,), z (b, t, d) and delta_bias (d,) agree, all floating: the
-    contract of every selective scan (reference, chunked, kernels). D, z and delta_bias may also be any shape
-    that broadcasts to (b, t, d) without changing it, as the reference computes them (the fused kernels take
-    the exact shapes only: :func:`unsupported_shapes`). ``owner`` starts the message."""
+    value for all n states of a channel, as Mamba-2's SSD has), B, C (b, t, n), initial_state (b, d, n) and,
+    where given, D (d,), z (b, t, d) and delta_bias (d,) agree, all floating: the contract of every selective
+    scan (reference, chunked, kernels). D, z and delta_bias may also be any shape that broadcasts to (b, t, d)
+    without changing it, as the reference computes them (the fused kernels take the exact shapes only:
+    :func:`unsupported_shapes`). ``owner`` starts the message."""
     named = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "initial_state": initial_state}
     named |= {"D": D, "z": z, "delta_bias": delta_bias}
     for name, x in named.items():
