@@ -3,21 +3,13 @@
 Tiny random-init models (no downloads); HF runs its pure-PyTorch path on CPU.
 """
 
-import logging
-
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 from seqlab.interop import from_hf  # noqa: E402
 
-pytestmark = pytest.mark.hf
-
-
-@pytest.fixture(autouse=True)
-def _quiet_transformers():
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    transformers.logging.set_verbosity_error()
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("quiet_transformers")]
 
 
 def _hf_mamba(seed=0, **kw):
@@ -57,29 +49,9 @@ def test_same_logits_and_config(tie):
     torch.testing.assert_close(mine, theirs, atol=2e-6, rtol=0)  # 8.3e-7 measured (README: to 1e-6)
 
 
-def test_same_greedy_generation_and_step_logits():
+def test_same_greedy_generation_and_step_logits(same_decoding):
     hf = _hf_mamba(seed=1)
-    ours = from_hf(hf)
-    prompt = torch.randint(1, 61, (2, 6))
-    out = hf.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=24,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    mine = ours.generate(prompt, 24, temperature=0)
-    assert torch.equal(mine, out.sequences)
-    assert len(set(mine[0, 6:].tolist())) > 5  # varied tokens, so that equal sequences mean something
-    # the logits of every decoding step: our O(1) step() against HF's cached decoding
-    logits, state = ours(prompt, return_state=True)
-    steps = [logits[:, -1]]
-    with torch.no_grad():
-        for i in range(23):
-            y, state = ours.step(mine[:, 6 + i], state)
-            steps.append(y)
-    torch.testing.assert_close(torch.stack(steps, 1), torch.stack(out.logits, 1), atol=1e-4, rtol=1e-4)
+    same_decoding(hf, from_hf(hf), vocab_size=61)
 
 
 def test_rejects_unsupported_configs_and_models():

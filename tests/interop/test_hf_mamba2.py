@@ -5,8 +5,6 @@ Tiny random-init models (no downloads); HF runs its pure-PyTorch path (``torch_f
 CPU, seqlab its selective-scan kernel, so the two forms of SSD are compared as well as the weights' map.
 """
 
-import logging
-
 import pytest
 import torch
 
@@ -14,13 +12,7 @@ transformers = pytest.importorskip("transformers")
 from seqlab.interop import from_hf  # noqa: E402
 from seqlab.layers import Mamba2  # noqa: E402
 
-pytestmark = pytest.mark.hf
-
-
-@pytest.fixture(autouse=True)
-def _quiet_transformers():
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    transformers.logging.set_verbosity_error()
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("quiet_transformers")]
 
 
 def _config(**kw):
@@ -80,28 +72,9 @@ def test_same_logits_and_config(tie):
     torch.testing.assert_close(mine, theirs, atol=2e-5, rtol=0)
 
 
-def test_same_greedy_generation_and_step_logits():
+def test_same_greedy_generation_and_step_logits(same_decoding):
     hf = _hf_mamba2(seed=1)
-    ours = from_hf(hf)
-    prompt = torch.randint(1, 61, (2, 6))
-    out = hf.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=24,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    mine = ours.generate(prompt, 24, temperature=0)
-    assert torch.equal(mine, out.sequences)
-    assert len(set(mine[0, 6:].tolist())) > 5  # varied tokens, so that equal sequences mean something
-    logits, state = ours(prompt, return_state=True)
-    steps = [logits[:, -1]]
-    with torch.no_grad():
-        for i in range(23):
-            y, state = ours.step(mine[:, 6 + i], state)
-            steps.append(y)
-    torch.testing.assert_close(torch.stack(steps, 1), torch.stack(out.logits, 1), atol=1e-4, rtol=1e-4)
+    same_decoding(hf, from_hf(hf), vocab_size=61)
 
 
 @pytest.mark.parametrize("fast", [True, False])
