@@ -49,6 +49,12 @@ def width_multiple(mixer: str) -> int:
     return mixer_spec(mixer).width_multiple(make_mixer_config(mixer))
 
 
+def width_range(step: int, lo: int = 16, hi: int = 256) -> range:
+    """The widths from ``lo`` to ``hi`` that are multiples of ``step`` (a mixer's :func:`width_multiple`): the
+    d_model values the speech and video suites search."""
+    return range(step * -(-lo // step), hi + 1, step)
+
+
 def count(mixer: str, d_model: int, base: dict[str, Any]) -> int:
     model = build("lm", make_config("lm", lm_fields(mixer, d_model, base)), device=torch.device("meta"))
     return sum(p.numel() for p in model.parameters())

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from seqlab.lab.budget import width_multiple
+from seqlab.lab.budget import width_multiple, width_range
 from seqlab.lab.records import write_output
 from seqlab.lab.translation import slug, timed_train, train_all
 
@@ -57,8 +57,7 @@ def _size(contender: str, d_model: int, task: str) -> int:
 def _match(contender: str, task: str, target: int) -> int:
     """The d_model (a multiple of the mixer's registered width step, in 16..256) whose model has the parameter
     count nearest ``target``: a bisection, the count growing with d_model."""
-    step = width_multiple(contender)
-    widths = list(range(step * -(-16 // step), 257, step))
+    widths = list(width_range(width_multiple(contender)))
     lo, hi = 0, len(widths) - 1
     while lo < hi:  # the first width whose count reaches the target
         mid = (lo + hi) // 2

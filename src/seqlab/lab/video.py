@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from seqlab.lab.budget import width_multiple
+from seqlab.lab.budget import width_multiple, width_range
 from seqlab.lab.records import write_output
 from seqlab.lab.translation import slug, timed_train, train_all
 
@@ -90,10 +90,7 @@ def plan(
         target = _size(*REFERENCE, task)
         for contender in mixers:
             width = 8 if contender == VIVIT_LABEL else width_multiple(contender)  # the registry's step
-            d = min(
-                range(width * -(-16 // width), 257, width),
-                key=lambda d: abs(_size(contender, d, task) - target),
-            )
+            d = min(width_range(width), key=lambda d: abs(_size(contender, d, task) - target))
             runs[f"{task} {contender}"] = {
                 "task": task,
                 "contender": contender,
