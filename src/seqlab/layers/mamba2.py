@@ -243,9 +243,8 @@ class Mamba2(FastPathMixin, nn.Module):
 
     def _split_xbc(self, xbc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(..., conv_dim) -> x (..., h, p), B and C (..., g, n)."""
-        gn = self.n_groups * self.d_state
-        x, B, C = xbc.split([self.d_inner, gn, gn], dim=-1)
         g, n = self.n_groups, self.d_state
+        x, B, C = xbc.split([self.d_inner, g * n, g * n], dim=-1)
         return x.unflatten(-1, (self.n_heads, self.headdim)), B.unflatten(-1, (g, n)), C.unflatten(-1, (g, n))
 
     def forward(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None, mask: Tensor | None = None):

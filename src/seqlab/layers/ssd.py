@@ -197,9 +197,9 @@ def ssd_scan(
     g, n = B.size(2), B.size(-1)
     hg = h // g  # heads per group
     u = x.reshape(b, t, h * p)
-    delta = dt[..., None].expand(b, t, h, p).reshape(b, t, h * p)
+    delta = dt.repeat_interleave(p, dim=-1)  # (b, t, h p): head i's Δ for each of its p channels
     A_full = A.repeat_interleave(p)[:, None]  # (h p, 1): the scan's one A for all n states of a channel
-    D_full = None if D is None else D[:, None].expand(h, p).reshape(h * p)
+    D_full = None if D is None else D.repeat_interleave(p)
     H0 = None if initial_state is None else initial_state.reshape(b, h * p, n)
     ys, Hs = [], []
     for j in range(g):  # one scan per group: its hg p channels, its B and C
