@@ -68,7 +68,9 @@ def check_scan_shapes(
     if delta.shape != u.shape:
         raise ValueError(f"{owner}: delta must have u's shape {tuple(u.shape)}, got {tuple(delta.shape)}")
     if A.dim() != 2 or A.size(0) != d:
-        raise ValueError(f"{owner}: A must be (d, n) = ({d}, n) or (d, 1), got {tuple(A.shape)}")
+        raise ValueError(
+            f"{owner}: A must be (d, n) = ({d}, n), or ({d}, 1) for one A per channel, got {tuple(A.shape)}"
+        )
     n = B.size(-1) if A.size(1) == 1 and B.dim() == 3 else A.size(1)  # (d, 1): one A for a channel's n states
     for name, m in (("B", B), ("C", C)):
         if tuple(m.shape) != (b, t, n):
