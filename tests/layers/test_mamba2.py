@@ -105,7 +105,7 @@ def test_bad_inputs_and_states_are_named():
 
 
 def test_fused_gated_norm_equals_the_ops_with_first_and_second_derivatives():
-    from seqlab.layers.mamba2 import _GatedRMSNorm, gated_rms_norm_ref
+    from seqlab.kernels.gated_norm import _GatedRMSNorm, gated_rms_norm_ref
 
     g = torch.Generator().manual_seed(3)
     y, z = (torch.randn(3, 5, 12, generator=g, dtype=F64).requires_grad_() for _ in range(2))
@@ -124,7 +124,7 @@ def test_fused_gated_norm_equals_the_ops_with_first_and_second_derivatives():
 
 def test_fused_gated_norm_keeps_less_for_the_backward():
     """y, z and the groups' 1 / rms only: the ops keep silu(z), the product and its normalized form as well."""
-    from seqlab.layers.mamba2 import _GatedRMSNorm, gated_rms_norm_ref
+    from seqlab.kernels.gated_norm import _GatedRMSNorm, gated_rms_norm_ref
 
     y, z = (torch.randn(4, 64, 32).requires_grad_() for _ in range(2))
     w = torch.ones(32, requires_grad=True)

@@ -215,6 +215,7 @@ KERNEL_NAMES = (
     "activations",
     "causal_conv",
     "layer_norm",
+    "gated_norm",
     "attention",
     "mingru_scan",
     "linear_attention",

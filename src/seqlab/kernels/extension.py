@@ -1,8 +1,8 @@
 """Compiling one of seqlab's pybind C++ kernels on first use, caching it across processes, saying what it cost.
 
 Each kernel is one source file beside this module (``recurrent.cpp``, ``decode.cpp``, ``activations.cpp``,
-``causal_conv.cpp``, ``mingru_scan.cpp``, ``linear_attention.cpp``, ``layer_norm.cpp``, ``attention.cpp``,
-``additive_score.cpp``) wrapped
+``causal_conv.cpp``, ``mingru_scan.cpp``, ``linear_attention.cpp``, ``layer_norm.cpp``, ``gated_norm.cpp``,
+``attention.cpp``, ``additive_score.cpp``) wrapped
 by a :class:`CppExtension`. Its first ``load()`` in a process builds the file with
 ``torch.utils.cpp_extension.load`` (g++ and ninja) or, when an earlier process built it, only imports it;
 ``build_info()`` says which and how long. (The selective scan, a library of torch operators rather than a

@@ -22,6 +22,7 @@ from seqlab.kernels import (
     build,
     causal_conv,
     decode,
+    gated_norm,
     layer_norm,
     linear_attention,
     mingru_scan,
@@ -41,6 +42,7 @@ EXTENSIONS = tuple(
         decode,
         activations,
         layer_norm,
+        gated_norm,
         attention,
         additive_score,
     )

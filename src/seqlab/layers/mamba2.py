@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqlab.kernels.gated_norm import gated_rms_norm, gated_rms_norm_ref
 from seqlab.layers.checks import check_batch_size, check_input, check_state
 from seqlab.layers.discretization import _log_uniform, _wide
 from seqlab.layers.fastpath import FastPathMixin
@@ -40,55 +41,11 @@ from seqlab.validation import check_positive_floats, check_positive_ints
 __all__ = ["GatedRMSNorm", "Mamba2", "gated_rms_norm_ref"]
 
 
-def gated_rms_norm_ref(y: Tensor, z: Tensor, weight: Tensor, group_size: int, eps: float) -> Tensor:
-    """RMSNorm(y ⊙ silu(z)) · weight over groups of ``group_size`` channels, as PyTorch ops, in float32 at least:
-    y, z (..., d), weight (d,) -> (..., d). The reference of :class:`GatedRMSNorm`'s fused backward."""
-    wide = torch.promote_types(y.dtype, torch.float32)
-    g = (y.to(wide) * F.silu(z.to(wide))).unflatten(-1, (-1, group_size))  # (..., groups, group_size)
-    return F.rms_norm(g, (group_size,), eps=eps).flatten(-2).to(y.dtype) * weight
-
-
-class _GatedRMSNorm(torch.autograd.Function):
-    """gated_rms_norm_ref, keeping for the backward only y, z and each group's 1 / rms (the ops keep silu(z), the
-    product and its normalized form besides: at a lab Mamba-2 LM's b 8, t 1024, 3.4 MB each per layer). The
-    backward recomputes them: with n = g r, g = y ⊙ silu(z), r = 1 / rms(g),
-        ∂L/∂n = ∂L/∂out ⊙ w,  ∂L/∂w = Σ ∂L/∂out ⊙ n,  ∂L/∂g = r (∂L/∂n - n · mean(∂L/∂n ⊙ n)),
-        ∂L/∂y = ∂L/∂g ⊙ silu(z),  ∂L/∂z = ∂L/∂g ⊙ y ⊙ σ(z) (1 + z (1 - σ(z))).
-    A backward with create_graph=True differentiates the reference."""
-
-    @staticmethod
-    def forward(ctx, y, z, weight, group_size: int, eps: float):
-        wide = torch.promote_types(y.dtype, torch.float32)
-        g = (y.to(wide) * F.silu(z.to(wide))).unflatten(-1, (-1, group_size))
-        r = torch.rsqrt(g.square().mean(-1, keepdim=True) + eps)  # (..., groups, 1)
-        ctx.save_for_backward(y, z, weight, r)
-        ctx.group_size, ctx.eps = group_size, eps
-        return (g * r).flatten(-2).to(y.dtype) * weight
-
-    @staticmethod
-    def backward(ctx, dout):
-        y, z, weight, r = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: second derivatives through the reference
-            with torch.enable_grad():
-                out = gated_rms_norm_ref(y, z, weight, ctx.group_size, ctx.eps)
-                grads = torch.autograd.grad(out, (y, z, weight), dout, create_graph=True)
-            return (*grads, None, None)
-        wide = r.dtype
-        yw, zw, sg = y.to(wide), z.to(wide), torch.sigmoid(z.to(wide))
-        silu = zw * sg
-        n = (yw * silu).unflatten(-1, (-1, ctx.group_size)) * r  # (..., groups, group_size)
-        dout = dout.to(wide)
-        dn = (dout * weight.to(wide)).unflatten(-1, (-1, ctx.group_size))
-        dw = (dout * n.flatten(-2)).reshape(-1, weight.numel()).sum(0)
-        dg = (r * (dn - n * (dn * n).mean(-1, keepdim=True))).flatten(-2)
-        dy, dz = dg * silu, dg * yw * sg * (1 + zw * (1 - sg))
-        return dy.to(y.dtype), dz.to(z.dtype), dw.to(weight.dtype), None, None
-
-
 class GatedRMSNorm(nn.Module):
     """RMSNorm(y ⊙ silu(z)) · weight, over groups of ``group_size`` channels (Mamba-2's output norm, ``norm_before_gate
-    = False`` in the paper's code), in float32 at least. y, z (..., d) -> (..., d). ``fast`` (default) runs the
-    fused backward of :class:`_GatedRMSNorm`, False the ops of :func:`gated_rms_norm_ref`."""
+    = False`` in the paper's code), in float32 at least. y, z (..., d) -> (..., d). ``fast`` (default) runs
+    :func:`seqlab.kernels.gated_norm.gated_rms_norm` (a C++ kernel each way, or torch ops with a backward of
+    their own), False the ops of :func:`gated_rms_norm_ref`."""
 
     def __init__(self, d: int, group_size: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
@@ -98,8 +55,8 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d, device=device, dtype=dtype))
 
     def forward(self, y: Tensor, z: Tensor, fast: bool = True) -> Tensor:
-        if fast and torch.is_grad_enabled():
-            return _GatedRMSNorm.apply(y, z, self.weight, self.group_size, self.eps)
+        if fast:
+            return gated_rms_norm(y, z, self.weight, self.group_size, self.eps)
         return gated_rms_norm_ref(y, z, self.weight, self.group_size, self.eps)
 
 
