@@ -110,8 +110,10 @@ def test_float32_matches_reference(t, n):
 def test_channel_block_groups_match_reference_at_any_thread_count(dtype, b, d):
     """A task takes one batch row and a group of channel blocks, sized by the batch and the thread count: at
     b = 8 and 2 threads one group of a row's 3 blocks; at b = 4, d = 100 (7 float32 blocks) groups of 4 + 3;
-    one block a task at b = 1; at d = 200 (13 blocks) groups of at most 8, 7 + 6. The outputs and the per-position gradients are the same bits whatever the
-    grouping (only the sums over channels and batch rows, dA, dB, dC, dD, may round differently)."""
+    one block a task at b = 1; at d = 200 (13 blocks) groups of at most 8, 7 + 6. Where a whole row is one task
+    (the first and third), dB and dC are written to one slice; elsewhere each thread sums into its own, added at
+    the end. The outputs and the per-position gradients are the same bits whatever the grouping (only the sums
+    over channels and batch rows, dA, dB, dC, dD, may round differently)."""
     x = {k: v.to(dtype) for k, v in _inputs(b, 70, d, 16, seed=b + d).items()}
     tol = 1e-10 if dtype == F64 else 2e-4
     threads = torch.get_num_threads()

@@ -473,7 +473,7 @@ template <typename T>
 struct Grads {  // incoming gradients and the outputs of the backward
   const T *dy, *dh_last, *bounds;  // dh_last null: no gradient reaches the last state
   T *du, *ddelta, *dz, *dh0;       // dz null when there is no gate
-  T *dB_part, *dC_part;            // (threads, b, t, n), zeroed: each thread's share of the sums over d
+  T *dB_part, *dC_part;            // (slots, b, t, n), zeroed: each thread's share of the sums over d (scan_bwd)
   T *dA_part, *dD_part, *dbias_part;  // (b, n, d), (b, d), (b, d): each batch row's share of the sums over b, t
 };
 
@@ -855,24 +855,29 @@ std::vector<Tensor> scan_bwd(const Tensor& u, const Tensor& delta, const Tensor&
   Tensor du = at::empty({b, t, d}, o), ddelta = at::empty({b, t, d}, o), dh0 = at::empty({b, d, n}, o);
   const bool gated = z && z->defined();
   Tensor dz = at::empty({gated ? b : 0, t, d}, o), dA = at::empty({b, n, d}, o), dD = at::empty({b, d}, o);
-  Tensor dbias = at::empty({b, d}, o), dB = at::zeros({threads, b, t, n}, o), dC = at::zeros({threads, b, t, n}, o);
+  // ∂L/∂B and ∂L/∂C sum over the channels: one slice per thread, added at the end, unless every batch row is one
+  // task's (a whole row's channel blocks in one group, as at the lab's widths), when no two threads share a row
+  const Groups plan(b, d, u.scalar_type() == at::kDouble ? kWidth<double> : kWidth<float>, threads);
+  const bool own_rows = plan.per_row == 1;
+  const int64_t slots = own_rows ? 1 : threads;
+  Tensor dbias = at::empty({b, d}, o), dB = at::zeros({slots, b, t, n}, o), dC = at::zeros({slots, b, t, n}, o);
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "seqlab_scan_bwd", [&] {
     constexpr int W = kWidth<scalar_t>;
     const Scan<scalar_t> s = make_scan<scalar_t>(u, delta, A, B, C, D, z, bias, softplus, chunk);
     auto p = [](Tensor& x) { return x.numel() ? x.data_ptr<scalar_t>() : nullptr; };
     const Grads<scalar_t> g{dy.data_ptr<scalar_t>(), ptr<scalar_t>(dh_last), bounds.data_ptr<scalar_t>(),
                             p(du), p(ddelta), p(dz), p(dh0), p(dB), p(dC), p(dA), p(dD), p(dbias)};
-    const Groups plan(b, d, W, threads);
     at::parallel_for(0, plan.tasks, 1, [&](int64_t lo, int64_t hi) {
       seqlab_vec::FlushDenormals flush;  // this task: subnormals flushed (vec_math.h)
-      const int64_t slot = at::get_thread_num();
-      TORCH_CHECK(slot < threads, "thread ", slot, " of ", threads, ": called inside another parallel region?");
-      Work<scalar_t, W> w(s, slot, plan.size);
+      const int64_t thread = at::get_thread_num();
+      TORCH_CHECK(thread < threads, "thread ", thread, " of ", threads, ": called inside another parallel region?");
+      Work<scalar_t, W> w(s, own_rows ? 0 : thread, plan.size);
       for (int64_t task = lo; task < hi; ++task) backward_task<scalar_t, W>(s, plan, g, task, w);
     });
   });
   Tensor dA_dn = A.size(1) == 1 ? dA.sum({0, 1}).unsqueeze(1) : dA.sum(0).t().contiguous();  // (d, 1) or (d, n)
-  return {du, ddelta, dA_dn, dB.sum(0), dC.sum(0), dD.sum(0), dz, dbias.sum(0), dh0};
+  auto slot_sum = [&](const Tensor& x) { return own_rows ? x.select(0, 0) : x.sum(0); };
+  return {du, ddelta, dA_dn, slot_sum(dB), slot_sum(dC), dD.sum(0), dz, dbias.sum(0), dh0};
 }
 
 }  // namespace

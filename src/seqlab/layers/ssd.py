@@ -204,12 +204,14 @@ def ssd_scan(
     ys, Hs = [], []
     for j in range(g):  # one scan per group: its hg p channels, its B and C
         c = slice(j * hg * p, (j + 1) * hg * p)
+        # one group: squeeze, whose backward is a view (select's fills a zero (b, t, 1, n) tensor and copies into it)
+        Bj, Cj = (B.squeeze(2), C.squeeze(2)) if g == 1 else (B[:, :, j], C[:, :, j])
         y, H = selective_scan(
             u[..., c].contiguous() if g > 1 else u,
             delta[..., c].contiguous() if g > 1 else delta,
             A_full[c],
-            B[:, :, j].contiguous(),
-            C[:, :, j].contiguous(),
+            Bj.contiguous(),
+            Cj.contiguous(),
             D=None if D_full is None else D_full[c],
             initial_state=None if H0 is None else H0[:, c].contiguous(),
             return_last_state=True,
