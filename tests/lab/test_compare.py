@@ -101,7 +101,7 @@ def test_throughput_times_every_model_in_alternating_rounds():
     class Probe(torch.nn.Module):
         def __init__(self, name):
             super().__init__()
-            self.name, self.embed = name, torch.nn.Embedding(11, 4)
+            self.name, self.embed = name, torch.nn.Embedding(11, 11)  # logits over the 11 tokens
 
         def forward(self, x):
             calls.append(self.name)

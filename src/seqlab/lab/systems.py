@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from seqlab.lab.budget import build_lab_model, layout
@@ -28,13 +29,17 @@ from seqlab.lab.decode import decode_profiles, row_spread
 from seqlab.lab.records import SPREAD_LIMIT, Record, RunCache, Spread, interleave, slug
 from seqlab.lab.suite import Suite
 from seqlab.layers.mixer import mixer_spec
+from seqlab.training.config import TrainConfig
+from seqlab.training.optim import clip_gradients, make_optimizer
 
 VOCAB_SIZE = 256
 """Token vocabulary of the systems models (speed and memory do not depend on a task)."""
 BATCH_SIZE = 8
 """Batch of the throughput and activation-memory measurements."""
-TIMING = 2
-"""The version of the timing method stored in the settings: records of an older method are measured again."""
+TIMING = 3
+"""The version of the timing method stored in the settings: records of an older method are measured again
+(3: the throughput step is ``seqlab train``'s, cross-entropy, clipping and fused AdamW; 2 took logsumexp as its
+loss and torch's default AdamW)."""
 
 
 def load_1min() -> float | None:
@@ -75,21 +80,28 @@ def throughput(
     max_rounds: int = 60,
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Spread]:
-    """The seconds of one training step (forward + backward + AdamW step) of each model at one length.
+    """The seconds of one training step of each model at one length: the step ``seqlab train`` takes with its
+    defaults (:class:`seqlab.training.config.TrainConfig`): next-token cross-entropy on random tokens, backward,
+    the gradient norm clipped to 1, seqlab's AdamW (torch's fused kernel where it takes the parameters).
 
     The models are timed round-robin by :func:`seqlab.lab.records.interleave`: a warm-up round, then at least
     ``rounds`` rounds, until every spread is small or ``time_cap_s`` has passed. Tokens/s is
     ``batch_size * seq_len`` over the median.
     """
-    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    c = TrainConfig()
+    opts = {name: make_optimizer(m, c.lr, c.weight_decay, (c.beta1, c.beta2)) for name, m in models.items()}
     x = torch.randint(0, vocab_size, (batch_size, seq_len))
+    y = torch.randint(0, vocab_size, (batch_size * seq_len,))
 
     def unit(name: str) -> Callable[[], float]:
+        model, opt = models[name], opts[name]
+
         def step() -> float:
             t0 = clock()
-            models[name](x).float().logsumexp(-1).mean().backward()
-            opts[name].step()
-            opts[name].zero_grad(set_to_none=True)
+            F.cross_entropy(model(x).flatten(0, 1).float(), y).backward()
+            clip_gradients(model, c.grad_clip, 0, lambda: "")
+            opt.step()
+            opt.zero_grad(set_to_none=True)
             return clock() - t0
 
         return step
