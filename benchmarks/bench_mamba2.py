@@ -11,6 +11,9 @@ Hugging Face's Mamba2ForCausalLM.
    PyTorch's products), and Hugging Face's ``mamba2_chunk_scan`` (what ``Mamba2ForCausalLM`` runs on a CPU).
 2. The LM: seqlab's Mamba-2 LM and HF's Mamba2ForCausalLM with the same weights (``seqlab.interop.from_hf``),
    one training step (forward, cross-entropy, backward), tokens/s.
+3. The gated RMSNorm, forward + backward: its C++ kernel (``seqlab.kernels.gated_norm``), the torch ops with
+   their own backward (where the kernel cannot run) and the plain ops; and the lab's Mamba-2 LM training step
+   (the quick suite's model, b 8, t 1024) with the kernel and with ``SEQLAB_DISABLE_KERNELS=gated_norm``.
 
 Contenders alternate within each repeat (``common.alternate``), medians and interquartile ranges over repeats.
 """
@@ -159,6 +162,62 @@ def lm_rows(repeats: int) -> list[str]:
     return rows
 
 
+NORM_SHAPES = [
+    (8, 1024, 104, 104),
+    (4, 1024, 512, 512),
+]  # b, t, d, group: the lab's layer, the LM rows' layer
+
+
+def norm_rows(repeats: int) -> list[str]:
+    from seqlab.kernels.gated_norm import _GatedRMSNorm, gated_rms_norm, gated_rms_norm_ref
+
+    forms = {
+        "C++ kernel": gated_rms_norm,
+        "torch ops, their own backward": _GatedRMSNorm.apply,
+        "torch ops": gated_rms_norm_ref,
+    }
+    rows = []
+    for b, t, d, group in NORM_SHAPES:
+        g = torch.Generator().manual_seed(0)
+        y, z = (torch.randn(b, t, d, generator=g).requires_grad_() for _ in range(2))
+        args = (y, z, torch.ones(d, requires_grad=True))
+        fns = {
+            name: _ssd_step(lambda *a, f=f, group=group: (f(*a, group, 1e-5), None), args)
+            for name, f in forms.items()
+        }
+        times = alternate(fns, repeats)
+        base = statistics.median(times["C++ kernel"])
+        for name, ts in times.items():
+            med, iqr = _spread(ts)
+            rows.append(f"| b {b}, t {t}, d {d} | {name} | {med * 1e3:.2f} | ±{iqr:.0%} | {med / base:.2f} |")
+    return rows
+
+
+def lab_step_rows(repeats: int) -> list[str]:
+    """The quick suite's Mamba-2 LM, one training step with the norm's kernel and without."""
+    from seqlab.lab.budget import build_lab_model
+    from seqlab.lab.suite import QUICK
+
+    model, _, _ = build_lab_model("mamba2", QUICK, {"vocab_size": 256}, 0)
+    ids = torch.randint(0, 256, (8, 1024))
+    plain = _lm_step(model, ids, lambda out: out)
+
+    def switched(off: bool):
+        def run():
+            if off:
+                os.environ["SEQLAB_DISABLE_KERNELS"] = "gated_norm"
+            try:
+                plain()
+            finally:
+                os.environ.pop("SEQLAB_DISABLE_KERNELS", None)
+
+        return run
+
+    times = alternate({"kernel": switched(False), "ops": switched(True)}, repeats)
+    (mk, rk), (mo, ro) = _spread(times["kernel"]), _spread(times["ops"])
+    return [f"| {mk * 1e3:.1f} ±{rk:.0%} | {mo * 1e3:.1f} ±{ro:.0%} | {mo / mk:.2f} |"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a smoke run that writes no file")
@@ -168,6 +227,7 @@ def main() -> None:
     before = load_1min()
     ssd = ssd_rows(repeats)
     lm = lm_rows(max(3, repeats // 3))
+    norm, lab_step = norm_rows(repeats), lab_step_rows(repeats)
     after = load_1min()
     import transformers
 
@@ -194,6 +254,19 @@ def main() -> None:
         "| batch x length | seqlab | HF Mamba2ForCausalLM | seqlab / HF |",
         "|---|---:|---:|---:|",
         *lm,
+        "",
+        "## The gated RMSNorm, forward + backward",
+        "",
+        "| shape | form | ms | ± | × the kernel's time |",
+        "|---|---|---:|---:|---:|",
+        *norm,
+        "",
+        "The lab's Mamba-2 LM (the quick suite's model: d_model 52, 2 layers), one training step (forward, "
+        "cross-entropy, backward) at b 8, t 1024, ms:",
+        "",
+        "| norm kernel | `SEQLAB_DISABLE_KERNELS=gated_norm` (ops, their own backward) | speed-up |",
+        "|---:|---:|---:|",
+        *lab_step,
     ]
     report("mamba2", "\n".join(lines) + "\n", args.quick)
 
