@@ -48,6 +48,23 @@ def test_fast_path_equals_the_recurrence_with_gradients(padded, carried):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=f"d{name}")
 
 
+@pytest.mark.parametrize("n_groups", [1, 2])
+def test_steps_equal_the_whole_sequence_with_groups(n_groups):
+    """step, one position at a time, against forward: each head reads its own group's B and C."""
+    m = block(n_groups=n_groups)
+    x = torch.randn(2, 9, 12, dtype=F64)
+    conv, ssm = m.init_state(2)
+    state = (torch.randn_like(conv), torch.randn_like(ssm))
+    y, (conv_end, ssm_end) = m(x, state)
+    ys = []
+    for i in range(9):
+        y_t, state = m.step(x[:, i], state)
+        ys.append(y_t)
+    torch.testing.assert_close(torch.stack(ys, 1), y, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(state[0], conv_end, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(state[1], ssm_end, atol=1e-12, rtol=1e-12)
+
+
 def test_float32_fast_path_near_float64():
     m64 = block()
     m32 = block().float()

@@ -251,15 +251,16 @@ class Mamba2(FastPathMixin, nn.Module):
         xbc, conv_state = causal_conv_step(xbc, conv_state, self.conv1d)
         x, B, C = self._split_xbc(xbc)  # (b, h, p), (b, g, n), (b, g, n)
         dt = F.softplus(_wide(dt) + _wide(self.dt_bias))  # (b, h)
-        wide, rep = dt.dtype, self.n_heads // self.n_groups
-        x_w, B, C = x.to(wide), B.to(wide).repeat_interleave(rep, 1), C.to(wide).repeat_interleave(rep, 1)
+        wide, b, g = dt.dtype, x.size(0), self.n_groups
+        x_w = x.to(wide)
         a = torch.exp(dt * -torch.exp(_wide(self.A_log)))  # (b, h)
-        H = (
-            a[..., None, None] * H.to(wide) + (dt[..., None] * x_w)[..., None] * B[:, :, None, :]
-        )  # (b, h, p, n)
-        y = (H @ C[..., None]).squeeze(-1) + _wide(self.D)[:, None] * x_w  # (b, h, p)
+        # heads as (g, h / g): a group's B and C broadcast over its heads, no copies
+        shape = (b, g, self.n_heads // g, self.headdim, self.d_state)
+        decay, dx = a.view(*shape[:3], 1, 1), (dt[..., None] * x_w).view(*shape[:4], 1)
+        H = decay * H.to(wide).reshape(shape) + dx * B.to(wide).view(b, g, 1, 1, -1)  # (b, g, h / g, p, n)
+        y = (H @ C.to(wide).view(b, g, 1, -1, 1)).view(x.shape) + _wide(self.D)[:, None] * x_w  # (b, h, p)
         y = self.norm(y.flatten(-2).to(x_t.dtype), z)
-        return self.out_proj(y), (conv_state, H.to(self.D.dtype))
+        return self.out_proj(y), (conv_state, H.flatten(1, 2).to(self.D.dtype))
 
     def extra_repr(self) -> str:
         s = f"{self.d_model}, d_inner={self.d_inner}, n_heads={self.n_heads}, headdim={self.headdim}, "
