@@ -71,7 +71,8 @@ def causal_conv(xs: Tensor, conv_state: Tensor, conv1d: nn.Conv1d, mask: Tensor 
 def causal_conv_step(x_t: Tensor, conv_state: Tensor, conv1d: nn.Conv1d) -> tuple[Tensor, Tensor]:
     """One position of :func:`causal_conv`: x_t (b, c) -> silu(conv output) (b, c), the new conv_state."""
     conv_state = torch.cat([conv_state[..., 1:], x_t[..., None]], dim=-1)  # (b, c, d_conv)
-    y = (conv_state * conv1d.weight[:, 0]).sum(-1)  # depthwise conv, one output (einsum cost 3x as long a call)
+    # depthwise conv, one output (as einsum, a call took 3x as long)
+    y = (conv_state * conv1d.weight[:, 0]).sum(-1)
     if conv1d.bias is not None:
         y = y + conv1d.bias
     return F.silu(y), conv_state
