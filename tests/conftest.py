@@ -8,7 +8,9 @@ or fails on the code alone; ``HYPOTHESIS_PROFILE=explore`` draws fresh ones, to 
 one found with ``@example``).
 """
 
+import contextlib
 import os
+import warnings
 
 import pytest
 import torch
@@ -36,3 +38,41 @@ def _graph_names(t: torch.Tensor) -> set[str]:
 def graph_names():
     """The names of the autograd nodes behind a tensor (``graph_names(y)``): which kernel a path ran."""
     return _graph_names
+
+
+class _FailedBuild:
+    """A kernel whose build fails as on a machine without a C++ compiler (``failed_build``)."""
+
+    MESSAGE = "error: c++: command not found"
+
+    def __init__(self, monkeypatch):
+        self._monkeypatch = monkeypatch
+
+    def __call__(self, extension) -> None:
+        """Forget ``extension``'s loaded module (a CppExtension) and make its next build fail."""
+
+        def no_compiler():
+            raise RuntimeError(self.MESSAGE)
+
+        self._monkeypatch.setattr(extension, "_loaded", {})
+        self._monkeypatch.setattr(extension, "_compile", no_compiler)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def warns_once(what: str):
+        """Inside: the code that uses the kernel, any number of times. After: exactly one warning that ``what``
+        could not be built, naming the compiler's error."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+        mine = [w for w in caught if f"{what} could not be built" in str(w.message)]
+        assert len(mine) == 1 and "command not found" in str(mine[0].message), [
+            str(w.message) for w in caught
+        ]
+
+
+@pytest.fixture
+def failed_build(monkeypatch):
+    """``failed_build(EXTENSION)`` makes that kernel's build fail (no compiler); ``with
+    failed_build.warns_once("LayerNorm kernel"):`` checks the one warning a user gets for it."""
+    return _FailedBuild(monkeypatch)

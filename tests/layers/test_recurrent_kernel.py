@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import warnings
 
 import pytest
 import torch
@@ -402,22 +401,15 @@ def test_the_lstm_under_cpu_autocast_runs_as_torch_nn_does():
     assert ours.why_not_kernel(x) is None  # outside autocast: seqlab's kernel
 
 
-def test_failed_build_warns_once_and_falls_back_to_torch_nn(monkeypatch, caplog):
-    def no_compiler():
-        raise RuntimeError("error: c++: command not found")
-
-    monkeypatch.setattr(kernel_module.EXTENSION, "_loaded", {})
-    monkeypatch.setattr(kernel_module.EXTENSION, "_compile", no_compiler)
+def test_failed_build_warns_once_and_falls_back_to_torch_nn(monkeypatch, failed_build):
+    failed_build(kernel_module.EXTENSION)
     monkeypatch.setattr("seqlab.layers.fastpath._logged", set())
     x = torch.randn(2, 5, IN, dtype=torch.float64)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with failed_build.warns_once("recurrent kernel"):
         for kind in KINDS:
             ours, theirs = make_pair(kind, num_layers=2)
             assert "could not be built" in ours.why_not_kernel(x)
             assert_same(outputs_and_grads(ours, x, None), outputs_and_grads(theirs, x, None))
-    mine = [w for w in caught if "recurrent kernel could not be built" in str(w.message)]
-    assert len(mine) == 1 and "command not found" in str(mine[0].message)
     assert kernel_module.build_info() == {"error": "RuntimeError: error: c++: command not found"}
 
 
