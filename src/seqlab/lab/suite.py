@@ -126,9 +126,9 @@ SUITES = {"quick": QUICK, "full": FULL}
 OTHER_SUITES = {
     "translation": "four encoder-decoders on the Bible pairs, --minutes each (2 at a time by default)",
     "captioning": "Show and Tell, Show-Attend-Tell and ViT + Transformer on generated scenes, --minutes each",
-    "video": "every mixer on actions, frame events, captions and long-range actions (15-30 min)",
+    "video": "every mixer on actions, frame events, captions and long-range actions (8-30 min)",
     "timeseries": "every mixer against naive, seasonal-naive and linear forecasts; --tasks picks data sets",
-    "speech": "every mixer on spoken keywords and CTC digit strings (~45 min)",
+    "speech": "every mixer on spoken keywords and CTC digit strings (15-45 min)",
 }
 """The suites with their own runners (``seqlab.lab.translation``, ``captioning``, ``video``, ``timeseries``,
 ``speech``): name -> what they compare."""
