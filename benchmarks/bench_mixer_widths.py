@@ -5,7 +5,7 @@ The lab's quick suite compares every mixer at 60,000 parameters, where the LSTM'
 (b, d) x (d, 4d) product per position is a few microseconds, and Mamba's projections (expand 2, no MLP, so a
 wider d at the same budget) cost more multiply-adds per token than they save. The textbook claim that SSMs
 "train in parallel" is about how the cost grows. This benchmark times the lab's own training step
-(``seqlab.lab.systems.throughput``: forward, backward and AdamW, batch 8, round-robin until the spread is small)
+(``seqlab.lab.systems.throughput``: ``seqlab train``'s step, batch 8, round-robin until the spread is small)
 of the lab's models (``seqlab.lab.budget.build_lab_model``: the shared backbone, 2 layers, d_model matched to
 the budget) at several budgets, every mixer of a budget timed together: the LSTM, the GRU, Mamba and Mamba-2
 (whose state, 64 per channel by default, is four times Mamba's).
@@ -69,8 +69,8 @@ def main() -> None:
         "# The lab's LMs as the budget grows: training tokens/s of the LSTM, GRU, Mamba and Mamba-2",
         "",
         f"{cpu_name()}, torch {torch.__version__}, {dt.date.today()}, {torch.get_num_threads()} threads; batch "
-        f"{BATCH_SIZE} x {length} tokens, 2 layers, vocabulary {VOCAB_SIZE}; one training step = forward, "
-        "backward and AdamW (`seqlab.lab.systems.throughput`, the mixers of a budget round-robin until the "
+        f"{BATCH_SIZE} x {length} tokens, 2 layers, vocabulary {VOCAB_SIZE}; one training step = `seqlab train`'s "
+        "(cross-entropy, backward, clipping, fused AdamW; `seqlab.lab.systems.throughput`, the mixers of a budget round-robin until the "
         f"interquartile range is under 10% of the median or {cap:g} s pass; * marks a spread left above "
         f"10%). malloc keeps freed memory: {'yes' if keep else 'no'}. Command: "
         "`python benchmarks/bench_mixer_widths.py`.",
