@@ -93,8 +93,15 @@ def test_bad_shapes_are_named_at_the_boundary():
         gated_rms_norm(y, z[..., :4], w, 4, 1e-5)
     with pytest.raises(ValueError, match=r"weight \(5,\)"):
         gated_rms_norm(y, z, torch.ones(5), 4, 1e-5)
-    with pytest.raises(ValueError, match="group_size 3"):
-        gated_rms_norm(y, z, w, 3, 1e-5)
+    for group_size in (3, 0):
+        with pytest.raises(ValueError, match=f"group_size {group_size}"):
+            gated_rms_norm(y, z, w, group_size, 1e-5)
+
+
+def test_the_module_refuses_a_group_that_does_not_divide_the_width():
+    for group_size in (0, 5):
+        with pytest.raises(ValueError, match=f"group_size={group_size} must be positive and divide d=12"):
+            GatedRMSNorm(12, group_size)
 
 
 @needs_compiler

@@ -122,7 +122,7 @@ def gated_rms_norm(y: Tensor, z: Tensor, weight: Tensor, group_size: int, eps: f
     (d,), ``group_size`` dividing d -> (..., d) of y's dtype; through the C++ kernel where it runs (module
     docstring)."""
     d = y.size(-1) if y.dim() else 0
-    if z.shape != y.shape or weight.shape != (d,) or d == 0 or d % group_size:
+    if z.shape != y.shape or weight.shape != (d,) or d == 0 or group_size < 1 or d % group_size:
         raise ValueError(
             f"gated_rms_norm: expected y and z of one shape (..., d), weight (d,) and group_size dividing d, got "
             f"y {tuple(y.shape)}, z {tuple(z.shape)}, weight {tuple(weight.shape)}, group_size {group_size}"

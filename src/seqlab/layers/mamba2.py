@@ -49,8 +49,8 @@ class GatedRMSNorm(nn.Module):
 
     def __init__(self, d: int, group_size: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
-        if d % group_size:
-            raise ValueError(f"GatedRMSNorm: group_size={group_size} must divide d={d}")
+        if group_size < 1 or d % group_size:
+            raise ValueError(f"GatedRMSNorm: group_size={group_size} must be positive and divide d={d}")
         self.group_size, self.eps = group_size, eps
         self.weight = nn.Parameter(torch.ones(d, device=device, dtype=dtype))
 
