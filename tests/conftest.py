@@ -76,3 +76,12 @@ def failed_build(monkeypatch):
     """``failed_build(EXTENSION)`` makes that kernel's build fail (no compiler); ``with
     failed_build.warns_once("LayerNorm kernel"):`` checks the one warning a user gets for it."""
     return _FailedBuild(monkeypatch)
+
+
+@pytest.fixture
+def torch_threads():
+    """``torch_threads(n)`` runs torch's intra-op work on n threads for the rest of the test (any number of
+    calls); the suite's own count comes back after it, passed or failed."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)

@@ -70,14 +70,10 @@ def test_saturated_and_tiny_sums_stay_finite_and_exact():
 
 @needs_compiler
 @pytest.mark.parametrize("threads", [1, 2])
-def test_threads_change_no_number(threads):
+def test_threads_change_no_number(threads, torch_threads):
     q, k, v = _inputs((5, 3, 40), 11)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        got = _scores_and_grads(additive_scores, q, k, v)
-    finally:
-        torch.set_num_threads(before)
+    torch_threads(threads)
+    got = _scores_and_grads(additive_scores, q, k, v)
     for a, b in zip(got, _scores_and_grads(additive_scores_ref, q, k, v), strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 

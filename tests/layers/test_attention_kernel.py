@@ -130,17 +130,13 @@ def test_output_layout_and_no_grad_path():
 
 
 @needs_compiler
-def test_same_result_on_any_thread_count():
+def test_same_result_on_any_thread_count(torch_threads):
     qkv, q, k, v = packed(3, 70, 4, 32, torch.float32)
-    before = torch.get_num_threads()
-    try:
-        results = []
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            out = kernel.attention(q, k, v, True)
-            results.append((out.detach(), grads(out, qkv)[0]))
-    finally:
-        torch.set_num_threads(before)
+    results = []
+    for threads in (1, 2):
+        torch_threads(threads)
+        out = kernel.attention(q, k, v, True)
+        results.append((out.detach(), grads(out, qkv)[0]))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 

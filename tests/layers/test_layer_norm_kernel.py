@@ -55,20 +55,16 @@ def test_gradcheck_and_double_backward():
 
 
 @needs_compiler
-def test_the_gradients_of_many_rows_on_two_threads_add_up():
+def test_the_gradients_of_many_rows_on_two_threads_add_up(torch_threads):
     """Each thread sums its rows' weight and bias gradients in a slot of its own; the slots are added at the end."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        x, w, b = inputs((64, 300, 60), torch.float64)
-        y, ref = layer_norm(x, w, b, 1e-5), F.layer_norm(x, (60,), w, b, 1e-5)
-        g = torch.randn_like(y)
-        for got, want in zip(
-            torch.autograd.grad(y, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g), strict=True
-        ):
-            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    finally:
-        torch.set_num_threads(threads)
+    torch_threads(2)
+    x, w, b = inputs((64, 300, 60), torch.float64)
+    y, ref = layer_norm(x, w, b, 1e-5), F.layer_norm(x, (60,), w, b, 1e-5)
+    g = torch.randn_like(y)
+    for got, want in zip(
+        torch.autograd.grad(y, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g), strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 @needs_compiler

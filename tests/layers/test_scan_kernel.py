@@ -107,7 +107,7 @@ def test_float32_matches_reference(t, n):
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize(("b", "d"), [(8, 40), (4, 100), (5, 19), (1, 100), (8, 200)])
-def test_channel_block_groups_match_reference_at_any_thread_count(dtype, b, d):
+def test_channel_block_groups_match_reference_at_any_thread_count(dtype, b, d, torch_threads):
     """A task takes one batch row and a group of channel blocks, sized by the batch and the thread count: at
     b = 8 and 2 threads one group of a row's 3 blocks; at b = 4, d = 100 (7 float32 blocks) groups of 4 + 3;
     one block a task at b = 1; at d = 200 (13 blocks) groups of at most 8, 7 + 6. Where a whole row is one task
@@ -116,18 +116,14 @@ def test_channel_block_groups_match_reference_at_any_thread_count(dtype, b, d):
     over channels and batch rows, dA, dB, dC, dD, may round differently)."""
     x = {k: v.to(dtype) for k, v in _inputs(b, 70, d, 16, seed=b + d).items()}
     tol = 1e-10 if dtype == F64 else 2e-4
-    threads = torch.get_num_threads()
     runs = []
-    try:
-        for n_threads in (1, 2, 3):
-            torch.set_num_threads(n_threads)
-            _compare(x, True, 16, atol=tol, rtol=tol)
-            xg = {k: v.clone().requires_grad_() for k, v in x.items()}
-            y, h = _call(selective_scan_kernel, xg, chunk_size=16)
-            grads = torch.autograd.grad((y * y).sum() + h.sum(), [xg["u"], xg["delta"], xg["z"]])
-            runs.append((y, h, *grads))
-    finally:
-        torch.set_num_threads(threads)
+    for n_threads in (1, 2, 3):
+        torch_threads(n_threads)
+        _compare(x, True, 16, atol=tol, rtol=tol)
+        xg = {k: v.clone().requires_grad_() for k, v in x.items()}
+        y, h = _call(selective_scan_kernel, xg, chunk_size=16)
+        grads = torch.autograd.grad((y * y).sum() + h.sum(), [xg["u"], xg["delta"], xg["z"]])
+        runs.append((y, h, *grads))
     for other in runs[1:]:
         for a, e in zip(other, runs[0], strict=True):
             assert torch.equal(a, e)
