@@ -53,19 +53,15 @@ def test_gradcheck_and_double_backward():
 
 
 @needs_compiler
-def test_the_weight_gradients_of_many_rows_on_two_threads_add_up():
+def test_the_weight_gradients_of_many_rows_on_two_threads_add_up(torch_threads):
     """Each thread sums its rows' ∂L/∂w in a slot of its own; the slots are added at the end."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        y, z, w = inputs((64, 300, 24), torch.float64)
-        out, ref = gated_rms_norm(y, z, w, 8, 1e-5), gated_rms_norm_ref(y, z, w, 8, 1e-5)
-        dout = torch.randn_like(out)
-        got, want = torch.autograd.grad(out, (y, z, w), dout), torch.autograd.grad(ref, (y, z, w), dout)
-        for a, b in zip(got, want, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-    finally:
-        torch.set_num_threads(threads)
+    torch_threads(2)
+    y, z, w = inputs((64, 300, 24), torch.float64)
+    out, ref = gated_rms_norm(y, z, w, 8, 1e-5), gated_rms_norm_ref(y, z, w, 8, 1e-5)
+    dout = torch.randn_like(out)
+    got, want = torch.autograd.grad(out, (y, z, w), dout), torch.autograd.grad(ref, (y, z, w), dout)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 @needs_compiler
@@ -93,6 +89,13 @@ def test_bad_shapes_are_named_at_the_boundary():
         gated_rms_norm(y, z[..., :4], w, 4, 1e-5)
     with pytest.raises(ValueError, match=r"weight \(5,\)"):
         gated_rms_norm(y, z, torch.ones(5), 4, 1e-5)
+    with pytest.raises(ValueError, match=r"y must be a floating tensor, got torch.int64 of shape \(2, 4\)"):
+        gated_rms_norm(torch.ones(2, 4, dtype=torch.long), z[0, :2, :4], w[:4], 4, 1e-5)
+    with pytest.raises(ValueError, match="z must be a floating tensor, got list"):
+        gated_rms_norm(y, [1.0], w, 4, 1e-5)
+    for eps in (0.0, -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="eps must be a positive finite number"):
+            gated_rms_norm(y, z, w, 4, eps)
     for group_size in (3, 0):
         with pytest.raises(ValueError, match=f"group_size {group_size}"):
             gated_rms_norm(y, z, w, group_size, 1e-5)

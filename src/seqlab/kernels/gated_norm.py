@@ -15,6 +15,8 @@ A backward with ``create_graph=True`` (double backward) differentiates :func:`ga
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -121,6 +123,12 @@ def gated_rms_norm(y: Tensor, z: Tensor, weight: Tensor, group_size: int, eps: f
     """RMSNorm(y ⊙ silu(z)) · weight over groups of ``group_size`` channels: y, z (..., d) of one shape, weight
     (d,), ``group_size`` dividing d -> (..., d) of y's dtype; through the C++ kernel where it runs (module
     docstring)."""
+    for name, t in (("y", y), ("z", z), ("weight", weight)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"gated_rms_norm: {name} must be a floating tensor, got {got}")
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"gated_rms_norm: eps must be a positive finite number, got {eps!r}")
     d = y.size(-1) if y.dim() else 0
     if z.shape != y.shape or weight.shape != (d,) or d == 0 or group_size < 1 or d % group_size:
         raise ValueError(
